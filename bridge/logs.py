@@ -1,0 +1,42 @@
+"""structlog set-up: JSON lines under systemd or when not on a TTY, console on a TTY.
+
+Events are snake_case facts with stable keys (``node``, ``phase``, ``job``, ``reason``):
+``log.info("node_lent", node="gpu-node-07", idle_for_s=912)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import structlog
+
+
+def configure(*, json: bool | None = None, level: str = "info", stream: Any = None) -> None:
+    """Configure structlog once for the process. ``json=None`` picks JSON unless stderr is a TTY."""
+    stream = stream if stream is not None else sys.stderr
+    if json is None:
+        json = bool(os.environ.get("JOURNAL_STREAM")) or not getattr(stream, "isatty", lambda: False)()
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if json:
+        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer(sort_keys=True)]
+    else:
+        processors += [structlog.dev.ConsoleRenderer(colors=False)]
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get(name: str | None = None) -> Any:
+    """A bound structlog logger; ``name`` becomes the ``logger`` key."""
+    log = structlog.get_logger()
+    return log.bind(logger=name) if name else log

@@ -1,0 +1,37 @@
+"""Every name gpu-bridge writes into the outside world, in one place.
+
+Kubernetes labels/annotations/taints live under one prefix; Slurm reasons carry one prefix,
+so the daemon recognises what it set itself and never touches what an administrator set.
+"""
+
+from __future__ import annotations
+
+PREFIX = "gpu-bridge.io"
+
+# --- Kubernetes node labels (selectable) -------------------------------------------------
+LABEL_POOL = f"{PREFIX}/pool"  # which lending pool a node belongs to (opt-in marker)
+LABEL_PHASE = f"{PREFIX}/phase"  # serving | lending | lent | reclaiming | returning
+LABEL_PIN = f"{PREFIX}/pin"  # serving | slurm: operator override, the policy never moves it
+
+# --- Kubernetes node annotations (facts with detail) -------------------------------------
+ANNOTATION_PHASE_SINCE = f"{PREFIX}/phase-since"  # unix seconds, float, when the phase began
+ANNOTATION_REASON = f"{PREFIX}/reason"  # human-readable reason of the last transition
+ANNOTATION_OWNER = f"{PREFIX}/owner"  # identity of the daemon instance that made the change
+
+# --- Kubernetes taint placed on a node while it is not serving ---------------------------
+TAINT_KEY = f"{PREFIX}/lent"
+TAINT_EFFECT = "NoSchedule"
+
+# Standard Kubernetes keys the bridge reads or writes.
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# --- Slurm ---------------------------------------------------------------------------------
+SLURM_REASON_PREFIX = "gpu-bridge:"  # every drain reason the bridge sets starts with this
+SLURM_PREEMPT_PARTITION = "preempt"  # research jobs: PreemptMode=REQUEUE, GraceTime
+SLURM_HOLD_PARTITION = "gpu-bridge"  # high PriorityTier, only the bridge's user: placeholder jobs
+SLURM_HOLD_JOB_PREFIX = "gpu-bridge-hold:"  # job name of a placeholder holding a node for serving
+SLURM_CHECKPOINT_COMMENT = "gpu-bridge:checkpoint="  # jobs publish their last checkpoint time
+
+# --- Leader election -----------------------------------------------------------------------
+LEASE_NAME = "gpu-bridge"

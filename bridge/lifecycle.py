@@ -1,0 +1,187 @@
+"""The node lifecycle as pure code: from what is observed on a node, the next idempotent step.
+
+A node's phase lives on the node (Kubernetes label + annotations); everything else is read
+back from Kubernetes and Slurm every tick. So after a crash at any point the same function,
+given the same facts, names the same next step, and a step that already happened is simply
+observed as done: the daemon converges without state of its own.
+
+Lend:    serving -> lending (fence, steer the Deployment's scale-down to this node's pod,
+         wait until no serving pod is left) -> release to Slurm (cancel our hold job,
+         resume the node) -> lent.
+Reclaim: lent -> reclaiming (submit a hold job pinned to the node in the high-tier
+         partition: Slurm preempts the research jobs with GraceTime and REQUEUE; wait until
+         the hold job runs, i.e. the node is empty) -> drain with our reason (no research
+         job can land, even across slurmd/slurmctld restarts) -> returning (unfence; the
+         Deployment scales up onto it) -> wait for a Ready replica -> serving.
+
+Invariant: research jobs never run on a node while a serving pod may be placed or run on
+it. A node is unfenced in Kubernetes only after it is drained by us in Slurm and its hold
+job runs (or Slurm reports it down with nothing allocated); it is released to Slurm only
+after no serving pod is left on it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from bridge.model import Phase
+
+# The deletion cost put on the pod of a node being lent, so that the ReplicaSet removes
+# exactly that pod when the Deployment is scaled down (lower cost goes first).
+LENDING_POD_DELETION_COST = -10_000
+
+
+class Step(enum.StrEnum):
+    """One write (or a wait) of the lifecycle. Names say what the actuator does."""
+
+    ADOPT = "adopt"  # an unmanaged pool node: record phase serving
+    ENSURE_DRAINED = "ensure_drained"  # serving node not drained by us in Slurm: drain it
+    ENSURE_HOLD = "ensure_hold"  # serving node without our hold job: submit one
+    FENCE = "fence"  # cordon + taint
+    MARK_POD = "mark_pod"  # low pod-deletion-cost on the node's serving pod
+    EVICT_POD = "evict_pod"  # the scale-down removed another pod: evict ours (PDB-respecting)
+    WAIT_PODS_GONE = "wait_pods_gone"
+    CANCEL_HOLD = "cancel_hold"
+    RESUME = "resume"  # undrain in Slurm (only our own drain)
+    MARK_LENT = "mark_lent"
+    SUBMIT_HOLD = "submit_hold"
+    WAIT_HOLD = "wait_hold"  # research jobs are being preempted (GraceTime)
+    DRAIN = "drain"
+    MARK_RETURNING = "mark_returning"
+    UNFENCE = "unfence"
+    WAIT_READY = "wait_ready"
+    MARK_SERVING = "mark_serving"
+    BLOCKED = "blocked"  # something outside our control: report, do nothing
+
+
+WAITS = frozenset({Step.WAIT_PODS_GONE, Step.WAIT_HOLD, Step.WAIT_READY, Step.BLOCKED})
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """A serving pod bound to the node."""
+
+    name: str
+    ready: bool
+    terminating: bool
+    deletion_cost: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HoldFacts:
+    """Our placeholder job on the node."""
+
+    job_id: str
+    running: bool  # False: pending (waiting for the research jobs to leave)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """Everything the lifecycle needs about one node, read back from both schedulers."""
+
+    name: str
+    phase: Phase | None  # None: never managed by gpu-bridge
+    phase_since: float
+    fenced: bool  # cordoned and carrying our taint
+    pods: tuple[PodFacts, ...]  # serving pods bound to this node
+    slurm_drained_by_us: bool
+    slurm_drained_by_other: bool  # an administrator's drain: never undone by us
+    slurm_down: bool  # not responding / DOWN in Slurm
+    slurm_allocated: bool  # slurmctld has any job (ours or research) allocated on it
+    hold: HoldFacts | None
+    research_jobs: tuple[str, ...]  # research jobs running on the node
+
+
+def next_step(facts: NodeFacts, *, now: float, scaled_down: bool, evict_after_s: float = 20.0) -> Step | None:
+    """The next step for a node, or None when it is at rest in its phase.
+
+    ``scaled_down``: the pool's Deployment already has no replica counted for this node
+    (``desired_replicas`` excludes it and the scale was written), so a remaining pod on a
+    lending node means the ReplicaSet removed another pod; after ``evict_after_s`` in the
+    phase it is evicted instead.
+    """
+    phase = facts.phase
+    if phase is None:
+        return Step.ADOPT
+    if phase is Phase.SERVING:
+        if not facts.slurm_drained_by_us and not facts.slurm_drained_by_other:
+            return Step.ENSURE_DRAINED
+        if facts.hold is None and not facts.slurm_down:
+            return Step.ENSURE_HOLD
+        return None
+    if phase is Phase.LENDING:
+        if not facts.fenced:
+            return Step.FENCE
+        live = [p for p in facts.pods if not p.terminating]
+        unmarked = [p for p in live if p.deletion_cost != LENDING_POD_DELETION_COST]
+        if unmarked:
+            return Step.MARK_POD
+        if live:
+            if scaled_down and now - facts.phase_since >= evict_after_s:
+                return Step.EVICT_POD
+            return Step.WAIT_PODS_GONE
+        if facts.pods:  # terminating: vLLM drains in-flight requests within its grace
+            return Step.WAIT_PODS_GONE
+        if facts.hold is not None:
+            return Step.CANCEL_HOLD
+        if facts.slurm_drained_by_us:
+            return Step.RESUME
+        return Step.MARK_LENT
+    if phase is Phase.LENT:
+        # Re-assert the release (idempotent): e.g. a crash between resume and mark.
+        if facts.hold is not None:
+            return Step.CANCEL_HOLD
+        if facts.slurm_drained_by_us:
+            return Step.RESUME
+        return None
+    if phase is Phase.RECLAIMING:
+        slurm_empty_and_down = facts.slurm_down and not facts.slurm_allocated
+        if facts.slurm_drained_by_other and not facts.slurm_drained_by_us and not slurm_empty_and_down:
+            return Step.BLOCKED  # an administrator's drain keeps our hold job from starting
+        if facts.hold is None and not facts.slurm_drained_by_us:
+            if slurm_empty_and_down:
+                return Step.DRAIN
+            return Step.SUBMIT_HOLD
+        if not facts.slurm_drained_by_us:
+            if facts.hold is not None and facts.hold.running and not facts.research_jobs:
+                return Step.DRAIN
+            if slurm_empty_and_down:
+                return Step.DRAIN
+            return Step.WAIT_HOLD
+        if facts.research_jobs:  # drained but jobs still on it: the hold has not got it yet
+            return Step.WAIT_HOLD if facts.hold is not None else Step.SUBMIT_HOLD
+        return Step.MARK_RETURNING
+    if phase is Phase.RETURNING:
+        if not facts.slurm_drained_by_us and not facts.slurm_drained_by_other:
+            return Step.DRAIN  # never unfence a node Slurm could still schedule on
+        if facts.research_jobs:
+            return Step.BLOCKED
+        if facts.fenced:
+            return Step.UNFENCE
+        if any(p.ready and not p.terminating for p in facts.pods):
+            return Step.MARK_SERVING
+        return Step.WAIT_READY
+    return Step.BLOCKED
+
+
+def counts_for_serving(phase: Phase | None) -> bool:
+    """Does a node in this phase get a replica in the Deployment's desired count?"""
+    return phase in (None, Phase.SERVING, Phase.RETURNING)
+
+
+def desired_replicas(nodes: list[NodeFacts]) -> int:
+    """One replica per node that serves or is returning to serving.
+
+    A lending node keeps its replica counted until its pod carries the low deletion cost,
+    so the scale-down removes exactly that pod.
+    """
+    total = 0
+    for n in nodes:
+        if counts_for_serving(n.phase):
+            total += 1
+        elif n.phase is Phase.LENDING:
+            live = [p for p in n.pods if not p.terminating]
+            if any(p.deletion_cost != LENDING_POD_DELETION_COST for p in live) or not n.fenced:
+                total += 1
+    return total

@@ -1,0 +1,273 @@
+"""The daemon's own Prometheus metrics, defined once, on a registry the daemon passes around.
+
+No metric is registered on prometheus_client's global default registry, so tests (and the
+simulator) can create as many ``BridgeMetrics`` as they like. Every name starts with
+``gpu_bridge_``; docs/metrics.md documents each one, and deploy/prometheus and deploy/grafana
+query them by these names (tests/unit/test_metrics.py keeps the three in sync).
+
+Only the leader records cluster facts (nodes, pools, lends, reclaims, decisions); a standby
+exports ``gpu_bridge_leader 0``, its ticks and its adapter errors, so sums over instances do
+not double count.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import start_http_server
+
+from bridge import __version__
+from bridge.model import ClusterView, NodeState, Phase, Plan, SlurmJob
+
+# Reclaim latency is seconds (a node whose jobs checkpoint fast and a warm vLLM start) to
+# many minutes (GraceTime plus a cold model load).
+RECLAIM_BUCKETS_S: tuple[float, ...] = (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1200, 1800)
+# One tick observes, plans and starts actions; it should take well under a second.
+TICK_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+API_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+RECLAIM_PHASES: tuple[str, ...] = ("detection", "slurm_release", "kubernetes_ready")
+SYSTEMS: tuple[str, ...] = ("slurm", "kubernetes", "prometheus")
+
+
+class BridgeMetrics:
+    """All of gpu-bridge's metrics on one registry; the attributes are the prometheus_client
+    objects (for direct use) and the ``record_*`` methods are what the daemon calls."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.build_info = Info("gpu_bridge_build", "Version of the running gpu-bridge.", registry=r)
+        self.build_info.info({"version": __version__})
+
+        # --- nodes and pools (leader only) -------------------------------------------------
+        self.nodes = Gauge("gpu_bridge_nodes", "Nodes of each pool by lifecycle phase.", ["pool", "phase"], registry=r)
+        self.nodes_held = Gauge(
+            "gpu_bridge_nodes_held", "Nodes the daemon refuses to move (pinned, administrator drain, bad state).",
+            ["pool"], registry=r,
+        )
+        self.demand = Gauge(
+            "gpu_bridge_pool_demand_replicas", "Serving replicas the current load needs (NaN: signals missing or stale).",
+            ["pool"], registry=r,
+        )
+        self.forecast = Gauge(
+            "gpu_bridge_pool_forecast_peak_replicas", "Serving replicas needed at the peak of the forecast horizon.",
+            ["pool"], registry=r,
+        )
+        self.serving_ready = Gauge(
+            "gpu_bridge_pool_serving_ready_replicas", "Ready serving replicas of the pool's Deployment.", ["pool"], registry=r,
+        )
+        self.desired_serving = Gauge(
+            "gpu_bridge_pool_desired_serving_nodes", "Serving nodes the policy wants in the pool.", ["pool"], registry=r,
+        )
+        self.min_serving = Gauge(
+            "gpu_bridge_pool_min_serving_nodes", "Configured floor of serving nodes (alerts compare Ready with it).",
+            ["pool"], registry=r,
+        )
+        self.reclaim_budget = Gauge(
+            "gpu_bridge_pool_reclaim_budget_seconds", "Configured reclaim latency budget (alerts compare with it).",
+            ["pool"], registry=r,
+        )
+        self.signal_staleness = Gauge(
+            "gpu_bridge_pool_signal_staleness_seconds", "Age of the newest vLLM load sample the policy used.",
+            ["pool"], registry=r,
+        )
+
+        # --- transitions (leader only) -------------------------------------------------------
+        self.lent_gpu_hours = Counter(
+            "gpu_bridge_lent_gpu_hours", "GPU-hours the pool's nodes spent lent to Slurm.", ["pool"], registry=r,
+        )
+        self.lends = Counter("gpu_bridge_lends", "Nodes lent to Slurm (lend completed).", ["pool"], registry=r)
+        self.reclaims = Counter(
+            "gpu_bridge_reclaims", "Nodes reclaimed for serving (reclaim completed), by reason.", ["pool", "reason"], registry=r,
+        )
+        self.reclaim_failures = Counter(
+            "gpu_bridge_reclaim_failures", "Reclaims abandoned (node never became Ready in time), by reason.",
+            ["pool", "reason"], registry=r,
+        )
+        self.reclaim_latency = Histogram(
+            "gpu_bridge_reclaim_duration_seconds", "From the load change that called for a node to its Ready replica.",
+            ["pool"], buckets=RECLAIM_BUCKETS_S, registry=r,
+        )
+        self.reclaim_phase_latency = Histogram(
+            "gpu_bridge_reclaim_phase_duration_seconds",
+            "Reclaim latency by phase: detection, slurm_release, kubernetes_ready.",
+            ["pool", "phase"], buckets=RECLAIM_BUCKETS_S, registry=r,
+        )
+        self.preempted_jobs = Counter(
+            "gpu_bridge_preempted_jobs", "Slurm jobs preempted (requeued) by reclaims.", ["pool"], registry=r,
+        )
+        self.lost_gpu_hours = Counter(
+            "gpu_bridge_lost_gpu_hours",
+            "GPU-hours of research work lost by preemption (since each job's last published checkpoint).",
+            ["pool"], registry=r,
+        )
+        self.decisions = Counter(
+            "gpu_bridge_decisions", "Policy decisions by action (lend, reclaim, hold) and reason code.",
+            ["action", "reason"], registry=r,
+        )
+
+        # --- the daemon itself (every instance) -----------------------------------------------
+        self.adapter_errors = Counter(
+            "gpu_bridge_adapter_errors", "Failed calls to an outside system.", ["system"], registry=r,
+        )
+        self.api_calls = Counter(
+            "gpu_bridge_api_calls", "Calls to an outside system by verb.", ["system", "verb"], registry=r,
+        )
+        self.api_call_latency = Histogram(
+            "gpu_bridge_api_call_duration_seconds", "Latency of calls to an outside system.", ["system"],
+            buckets=API_BUCKETS_S, registry=r,
+        )
+        self.tick_duration = Histogram(
+            "gpu_bridge_tick_duration_seconds", "Duration of one observe-plan-act tick.", buckets=TICK_BUCKETS_S, registry=r,
+        )
+        self.last_successful_tick = Gauge(
+            "gpu_bridge_last_successful_tick_timestamp_seconds", "Unix time of the last tick that completed.", registry=r,
+        )
+        self.leader = Gauge("gpu_bridge_leader", "1 while this instance holds the leader Lease, else 0.", registry=r)
+        self.dry_run = Gauge("gpu_bridge_dry_run", "1 when the instance plans without acting (--dry-run).", registry=r)
+        self.leader.set(0)
+        self.dry_run.set(0)
+        for system in SYSTEMS:  # so rate() sees a zero before the first error
+            self.adapter_errors.labels(system=system)
+
+        self._lock = threading.Lock()
+        self._last_view_t: float | None = None
+
+    # --- what the daemon calls -------------------------------------------------------------------
+    def record_view(self, view: ClusterView) -> None:
+        """Nodes by pool and phase (every phase, zeros included), held nodes, Ready replicas;
+        and lent GPU-hours accrued since the previous call (by the nodes lent now)."""
+        pools = sorted({n.pool for n in view.nodes} | set(view.pools))
+        for pool in pools:
+            members = [n for n in view.nodes if n.pool == pool]
+            for phase in Phase:
+                self.nodes.labels(pool=pool, phase=phase.value).set(sum(1 for n in members if n.phase is phase))
+            self.nodes_held.labels(pool=pool).set(sum(1 for n in members if n.problem is not None or n.pin is not None))
+        for name, state in view.pools.items():
+            self.serving_ready.labels(pool=name).set(state.ready_replicas)
+            if state.signals is not None:
+                self.signal_staleness.labels(pool=name).set(max(0.0, view.now - state.signals.t))
+            else:
+                self.signal_staleness.labels(pool=name).set(float("inf"))
+        with self._lock:
+            last, self._last_view_t = self._last_view_t, view.now
+        if last is not None and view.now > last:
+            self._accrue_lent(view.nodes, view.now - last)
+
+    def _accrue_lent(self, nodes: Iterable[NodeState], dt_s: float) -> None:
+        for node in nodes:
+            if node.phase is Phase.LENT:
+                self.lent_gpu_hours.labels(pool=node.pool).inc(node.gpus * dt_s / 3600.0)
+
+    def record_plan(self, plan: Plan) -> None:
+        """Per-pool demand/forecast/desired gauges and one decision count per action and held node."""
+        for d in plan.pools:
+            self.demand.labels(pool=d.pool).set(float("nan") if d.demand_now is None else d.demand_now)
+            self.forecast.labels(pool=d.pool).set(float("nan") if d.forecast_peak is None else d.forecast_peak)
+            self.desired_serving.labels(pool=d.pool).set(d.desired_serving)
+        for action in plan.actions:
+            self.decisions.labels(action=action.kind.value, reason=action.reason).inc()
+        for _node, why in plan.held.items():
+            self.decisions.labels(action="hold", reason=_reason_code(why)).inc()
+
+    def record_settings(self, *, pool: str, min_serving: int, reclaim_budget_s: float) -> None:
+        """Configured thresholds, exported so alert rules need no copy of the config."""
+        self.min_serving.labels(pool=pool).set(min_serving)
+        self.reclaim_budget.labels(pool=pool).set(reclaim_budget_s)
+
+    def record_lend(self, pool: str) -> None:
+        self.lends.labels(pool=pool).inc()
+
+    def record_reclaim(
+        self, *, pool: str, reason: str, detection_s: float, slurm_release_s: float, kubernetes_ready_s: float
+    ) -> None:
+        """A completed reclaim: total latency is the sum of its three phases."""
+        phases = {"detection": detection_s, "slurm_release": slurm_release_s, "kubernetes_ready": kubernetes_ready_s}
+        for phase, seconds in phases.items():
+            if seconds < 0:
+                raise ValueError(f"record_reclaim: {phase}_s must be >= 0, got {seconds}")
+            self.reclaim_phase_latency.labels(pool=pool, phase=phase).observe(seconds)
+        self.reclaim_latency.labels(pool=pool).observe(sum(phases.values()))
+        self.reclaims.labels(pool=pool, reason=reason).inc()
+
+    def record_reclaim_failure(self, *, pool: str, reason: str) -> None:
+        self.reclaim_failures.labels(pool=pool, reason=reason).inc()
+
+    def record_preemption(self, *, pool: str, job: SlurmJob, now: float) -> float:
+        """A job requeued by a reclaim; returns (and counts) the GPU-hours of work it loses:
+        since its last published checkpoint, or since its start when it published none."""
+        self.preempted_jobs.labels(pool=pool).inc()
+        since = job.checkpoint_time if job.checkpoint_time is not None else job.start_time
+        lost = 0.0
+        if since is not None and now > since:
+            lost = (now - since) * job.gpus_per_node * max(1, len(job.nodes)) / 3600.0
+        self.lost_gpu_hours.labels(pool=pool).inc(lost)
+        return lost
+
+    @contextmanager
+    def api_call(self, system: str, verb: str) -> Iterator[None]:
+        """Count and time one call; an exception counts as an adapter error and propagates."""
+        self.api_calls.labels(system=system, verb=verb).inc()
+        t0 = time.monotonic()
+        try:
+            yield
+        except Exception:
+            self.adapter_errors.labels(system=system).inc()
+            raise
+        finally:
+            self.api_call_latency.labels(system=system).observe(time.monotonic() - t0)
+
+    def record_tick(self, *, duration_s: float, ok: bool, now: float) -> None:
+        self.tick_duration.observe(duration_s)
+        if ok:
+            self.last_successful_tick.set(now)
+
+    def set_leader(self, is_leader: bool) -> None:
+        self.leader.set(1 if is_leader else 0)
+
+    def set_dry_run(self, dry_run: bool) -> None:
+        self.dry_run.set(1 if dry_run else 0)
+
+
+def _reason_code(text: str) -> str:
+    """Held-node reasons are sentences; keep label cardinality bounded with their first word."""
+    word = text.strip().split(" ", 1)[0].split(":", 1)[0] if text.strip() else "unknown"
+    code = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in word.lower())[:40]
+    return code or "unknown"
+
+
+@dataclass
+class MetricsServer:
+    """A running /metrics HTTP endpoint; ``port`` is the bound port (useful with port 0)."""
+
+    port: int
+    addr: str
+    _server: object
+    _thread: threading.Thread
+
+    def close(self) -> None:
+        self._server.shutdown()  # type: ignore[attr-defined]
+        self._server.server_close()  # type: ignore[attr-defined]
+        self._thread.join(timeout=5)
+
+
+def serve(registry: CollectorRegistry, *, port: int, addr: str = "127.0.0.1") -> MetricsServer:
+    """Serve ``registry`` at http://addr:port/metrics in a daemon thread; port 0 picks a free one."""
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(port=int(server.server_address[1]), addr=addr, _server=server, _thread=thread)
+
+
+def metric_names(registry: CollectorRegistry) -> Mapping[str, str]:
+    """Exposed sample-family names -> type, as Prometheus sees them (counters get ``_total``)."""
+    out: dict[str, str] = {}
+    for family in registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        name = name + ("_info" if family.type == "info" else "")
+        out[name] = family.type
+    return out

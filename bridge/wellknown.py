@@ -17,6 +17,7 @@ LABEL_PIN = f"{PREFIX}/pin"  # serving | slurm: operator override, the policy ne
 ANNOTATION_PHASE_SINCE = f"{PREFIX}/phase-since"  # unix seconds, float, when the phase began
 ANNOTATION_REASON = f"{PREFIX}/reason"  # human-readable reason of the last transition
 ANNOTATION_OWNER = f"{PREFIX}/owner"  # identity of the daemon instance that made the change
+ANNOTATION_CORDONED = f"{PREFIX}/cordoned"  # "true": gpu-bridge set spec.unschedulable, so it may undo it
 
 # --- Kubernetes taint placed on a node while it is not serving ---------------------------
 TAINT_KEY = f"{PREFIX}/lent"

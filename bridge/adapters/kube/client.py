@@ -1,0 +1,392 @@
+"""The real Kubernetes adapter over the official ``kubernetes`` client.
+
+Reads come from informers (list + watch), so a tick costs no API call; writes cost one
+request when the cache is current (the patch carries the cached resourceVersion), plus one
+GET and a retry per 409. Every response body is read as raw JSON (``_preload_content=False``),
+the same shape the parsers in ``objects`` take.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from bridge import logs
+from bridge import wellknown as wk
+from bridge.errors import AdapterError
+from bridge.model import Phase
+
+from . import patches
+from .calls import ApiCalls, KubeApiError, KubeConflictError, read_json
+from .informer import Informer
+from .objects import (
+    DeploymentInfo,
+    EvictOutcome,
+    NodeInfo,
+    PodInfo,
+    ScaleInfo,
+    parse_deployment,
+    parse_node,
+    parse_pod,
+    parse_scale,
+    selector_from_match_labels,
+)
+from .protocol import CacheStatus, PoolTarget
+
+log = logs.get(__name__)
+
+SMP = "application/strategic-merge-patch+json"
+EVENT_COMPONENT = "gpu-bridge"
+
+
+def api_client_from_config(
+    *, kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None
+) -> k8s.ApiClient:
+    """An ApiClient from ``load_incluster_config`` (in a pod, or ``in_cluster=True``) or
+    ``load_kube_config`` (``kubeconfig`` path, else $KUBECONFIG / ~/.kube/config)."""
+    import os
+
+    cfg = k8s.Configuration()
+    if in_cluster is None:
+        in_cluster = kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
+    try:
+        if in_cluster:
+            k8s_config.load_incluster_config(client_configuration=cfg)
+        else:
+            k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    except (k8s_config.ConfigException, OSError, ValueError) as e:
+        raise AdapterError("kubernetes", f"cannot load {'in-cluster' if in_cluster else 'kubeconfig'} configuration: {e}") from None
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 32)  # one per watch + writes
+    return k8s.ApiClient(cfg)
+
+
+def _rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeAdapter:
+    """Implements ``KubeReader`` and ``KubeWriter``. ``start()`` begins the watches; the daemon
+    should wait for ``cache_status().synced`` before deciding anything."""
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        pools: Sequence[PoolTarget],
+        identity: str,
+        event_namespace: str = "default",
+        request_timeout_s: float = 10.0,
+        watch_timeout_s: int = 60,
+        max_conflict_retries: int = 5,
+        clock: Callable[[], float] = time.time,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        if not pools:
+            raise ValueError("pools: at least one pool is needed")
+        self.calls = ApiCalls()
+        self.identity = identity
+        self._api = api_client
+        self._core = k8s.CoreV1Api(api_client)
+        self._apps = k8s.AppsV1Api(api_client)
+        self._policy = k8s.PolicyV1Api(api_client)
+        self._pools = {p.name: p for p in pools}
+        self._event_ns = event_namespace
+        self._timeout = request_timeout_s
+        self._watch_timeout_s = watch_timeout_s
+        self._retries = max_conflict_retries
+        self._clock = clock
+        self._on_change = on_change
+        self._started = False
+        self._lock = threading.Lock()
+        selector = f"{wk.LABEL_POOL} in ({','.join(sorted(self._pools))})"
+        self._nodes: Informer[NodeInfo] = self._informer(
+            "nodes", "nodes", partial(self._core.list_node, label_selector=selector), parse_node
+        )
+        self._pods: dict[str, Informer[PodInfo]] = {}
+        self._deployments: dict[str, Informer[DeploymentInfo]] = {}
+        for p in pools:
+            self._deployments[p.name] = self._informer(
+                f"deployment/{p.name}",
+                "deployments",
+                partial(self._apps.list_namespaced_deployment, p.namespace, field_selector=f"metadata.name={p.deployment}"),
+                parse_deployment,
+            )
+
+    def _informer(self, name: str, resource: str, fn: Callable[..., Any], parse: Callable[[Mapping[str, Any]], Any]) -> Informer[Any]:
+        return Informer(
+            name,
+            resource,
+            fn,
+            parse,
+            calls=self.calls,
+            watch_timeout_s=self._watch_timeout_s,
+            request_timeout_s=self._timeout,
+            on_change=self._on_change,
+        )
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Resolve each pool's pod selector (from its Deployment if not configured) and start
+        the watches. Raises AdapterError if a Deployment without a configured selector
+        cannot be read."""
+        if self._started:
+            return
+        for p in self._pools.values():
+            selector = p.pod_selector or self._deployment_selector(p)
+            self._pods[p.name] = self._informer(
+                f"pods/{p.name}",
+                "pods",
+                partial(self._core.list_namespaced_pod, p.namespace, label_selector=selector),
+                partial(_parse_pool_pod, pool=p.name),
+            )
+        for inf in self._all_informers():
+            inf.start()
+        self._started = True
+        log.info("kube_adapter_started", pools=sorted(self._pools), identity=self.identity)
+
+    def stop(self) -> None:
+        for inf in self._all_informers():
+            inf.stop()
+        self._started = False
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        for inf in self._all_informers():
+            inf.wait_synced(max(0.0, deadline - time.monotonic()))
+        return self.cache_status().synced
+
+    def _all_informers(self) -> list[Informer[Any]]:
+        return [self._nodes, *self._deployments.values(), *self._pods.values()]
+
+    def _deployment_selector(self, p: PoolTarget) -> str:
+        obj = read_json(
+            self.calls.run(
+                "get", "deployments", p.deployment, self._apps.read_namespaced_deployment,
+                p.deployment, p.namespace, _preload_content=False, _request_timeout=self._timeout,
+            )
+        )
+        labels = parse_deployment(obj).match_labels
+        if not labels:
+            raise AdapterError("kubernetes", f"deployment {p.namespace}/{p.deployment}: spec.selector.matchLabels is empty; configure pod_selector")
+        return selector_from_match_labels(labels)
+
+    # --- read side ----------------------------------------------------------------------
+    def cache_status(self) -> CacheStatus:
+        infos = tuple(inf.status() for inf in self._all_informers())
+        ages = [s.last_event_age_s for s in infos]
+        age = None if not ages or any(a is None for a in ages) else max(a for a in ages if a is not None)
+        return CacheStatus(synced=self._started and all(s.synced for s in infos), last_event_age_s=age, informers=infos)
+
+    def nodes(self) -> tuple[NodeInfo, ...]:
+        return self._nodes.items()
+
+    def node(self, name: str) -> NodeInfo | None:
+        return self._nodes.get(name)
+
+    def pods(self, pool: str) -> tuple[PodInfo, ...]:
+        inf = self._pods.get(self._pool(pool).name)
+        return inf.items() if inf is not None else ()
+
+    def deployment(self, pool: str) -> DeploymentInfo | None:
+        p = self._pool(pool)
+        return self._deployments[p.name].get(p.deployment)
+
+    def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
+        obj = read_json(
+            self.calls.run(
+                "get", "deployments/scale", deployment, self._apps.read_namespaced_deployment_scale,
+                deployment, namespace, _preload_content=False, _request_timeout=self._timeout,
+            )
+        )
+        return parse_scale(obj)
+
+    def _pool(self, pool: str) -> PoolTarget:
+        try:
+            return self._pools[pool]
+        except KeyError:
+            raise ValueError(f"pool {pool!r}: not configured (known: {', '.join(sorted(self._pools))})") from None
+
+    # --- write side ---------------------------------------------------------------------
+    def set_phase(self, node: str, phase: Phase, reason: str, since: float) -> bool:
+        ok = self._patch_node(node, lambda n: patches.phase_patch(n, Phase(phase), reason, since, self.identity))
+        if ok:
+            log.info("node_phase_set", node=node, phase=str(phase), reason=patches.clean_reason(reason))
+        return ok
+
+    def fence(self, node: str) -> bool:
+        ok = self._patch_node(node, patches.fence_patch)
+        if ok:
+            log.info("node_fenced", node=node)
+        return ok
+
+    def unfence(self, node: str) -> bool:
+        ok = self._patch_node(node, patches.unfence_patch)
+        if ok:
+            log.info("node_unfenced", node=node)
+        return ok
+
+    def _get_node(self, name: str) -> NodeInfo:
+        obj = read_json(
+            self.calls.run("get", "nodes", name, self._core.read_node, name, _preload_content=False, _request_timeout=self._timeout)
+        )
+        self._nodes.write_through(obj)
+        return parse_node(obj)
+
+    def _patch_node(self, name: str, build: Callable[[NodeInfo], dict[str, Any] | None]) -> bool:
+        current = self._nodes.get(name) or self._get_node(name)
+        for _attempt in range(self._retries + 1):
+            body = build(current)
+            if body is None:
+                return False
+            try:
+                obj = read_json(
+                    self.calls.run(
+                        "patch", "nodes", name, self._core.patch_node, name, body,
+                        _content_type=SMP, _preload_content=False, _request_timeout=self._timeout,
+                    )
+                )
+            except KubeApiError as e:
+                if e.status != 409:
+                    raise
+                log.info("write_conflict_retry", node=name, resource="nodes")
+                current = self._get_node(name)
+                continue
+            self._nodes.write_through(obj)
+            return True
+        raise KubeConflictError("patch", "nodes", name, 409, f"still conflicting after {self._retries} retries")
+
+    def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool:
+        current = self._cached_pod(namespace, pod) or self._get_pod(namespace, pod)
+        for _attempt in range(self._retries + 1):
+            body = patches.deletion_cost_patch(current, cost)
+            if body is None:
+                return False
+            try:
+                obj = read_json(
+                    self.calls.run(
+                        "patch", "pods", f"{namespace}/{pod}", self._core.patch_namespaced_pod, pod, namespace, body,
+                        _content_type=SMP, _preload_content=False, _request_timeout=self._timeout,
+                    )
+                )
+            except KubeApiError as e:
+                if e.status != 409:
+                    raise
+                current = self._get_pod(namespace, pod)
+                continue
+            self._write_through_pod(current.pool, obj)
+            log.info("pod_deletion_cost_set", pod=pod, namespace=namespace, cost=cost)
+            return True
+        raise KubeConflictError("patch", "pods", f"{namespace}/{pod}", 409, f"still conflicting after {self._retries} retries")
+
+    def _cached_pod(self, namespace: str, pod: str) -> PodInfo | None:
+        for inf in self._pods.values():
+            found = inf.get(pod)
+            if found is not None and found.namespace == namespace:
+                return found
+        return None
+
+    def _get_pod(self, namespace: str, pod: str) -> PodInfo:
+        obj = read_json(
+            self.calls.run(
+                "get", "pods", f"{namespace}/{pod}", self._core.read_namespaced_pod, pod, namespace,
+                _preload_content=False, _request_timeout=self._timeout,
+            )
+        )
+        pool = next((p.name for p in self._pools.values() if p.namespace == namespace), "")
+        cached = self._cached_pod(namespace, pod)
+        return parse_pod(obj, cached.pool if cached else pool)
+
+    def _write_through_pod(self, pool: str, obj: Mapping[str, Any]) -> None:
+        inf = self._pods.get(pool)
+        if inf is not None and inf.get(str(obj["metadata"]["name"])) is not None:
+            inf.write_through(obj)
+
+    def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
+        if replicas < 0:
+            raise ValueError(f"replicas: expected >= 0, got {replicas}")
+        for _attempt in range(self._retries + 1):
+            current = self.read_scale(namespace, deployment)
+            if current.replicas == replicas:
+                return False
+            body = {
+                "apiVersion": "autoscaling/v1",
+                "kind": "Scale",
+                "metadata": {"name": deployment, "namespace": namespace, "resourceVersion": current.resource_version},
+                "spec": {"replicas": int(replicas)},
+            }
+            try:
+                read_json(
+                    self.calls.run(
+                        "update", "deployments/scale", f"{namespace}/{deployment}",
+                        self._apps.replace_namespaced_deployment_scale, deployment, namespace, body,
+                        _preload_content=False, _request_timeout=self._timeout,
+                    )
+                )
+            except KubeApiError as e:
+                if e.status != 409:
+                    raise
+                continue
+            log.info("deployment_scaled", namespace=namespace, deployment=deployment, replicas=replicas, was=current.replicas)
+            return True
+        raise KubeConflictError("update", "deployments/scale", f"{namespace}/{deployment}", 409, f"still conflicting after {self._retries} retries")
+
+    def evict(self, namespace: str, pod: str) -> EvictOutcome:
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
+        try:
+            read_json(
+                self.calls.run(
+                    "create", "pods/eviction", f"{namespace}/{pod}", self._core.create_namespaced_pod_eviction,
+                    pod, namespace, body, _preload_content=False, _request_timeout=self._timeout,
+                )
+            )
+        except KubeApiError as e:
+            if e.status == 429:
+                log.info("pod_eviction_blocked", pod=pod, namespace=namespace, reason="disruption_budget")
+                return EvictOutcome.BLOCKED
+            if e.status == 404:
+                return EvictOutcome.GONE
+            raise
+        log.info("pod_evicted", pod=pod, namespace=namespace)
+        return EvictOutcome.EVICTED
+
+    def emit_event(self, node: str, reason: str, message: str, event_type: str = "Normal") -> None:
+        """A core/v1 Event on the node (namespace ``event_namespace``), as kubelet and
+        controllers write them, so ``kubectl describe node`` lists it."""
+        if event_type not in ("Normal", "Warning"):
+            raise ValueError(f"event_type: expected Normal or Warning, got {event_type!r}")
+        info = self._nodes.get(node)
+        uid = info.uid if info is not None else self._get_node(node).uid
+        now = self._clock()
+        stamp = _rfc3339(now)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{node}.{int(now * 1e9):x}", "namespace": self._event_ns},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
+            "reason": patches.clean_reason(reason)[:128],
+            "message": patches.clean_reason(message),
+            "type": event_type,
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": self.identity[:128],
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        read_json(
+            self.calls.run(
+                "create", "events", node, self._core.create_namespaced_event, self._event_ns, body,
+                _preload_content=False, _request_timeout=self._timeout,
+            )
+        )
+
+
+def _parse_pool_pod(obj: Mapping[str, Any], *, pool: str) -> PodInfo:
+    return parse_pod(obj, pool)

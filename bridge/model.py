@@ -4,6 +4,14 @@ Plain frozen data, no I/O: the adapters build these from the outside world (``ob
 the policy reads them and returns a ``Plan``, the actuator carries the plan out. The
 offline simulator builds the same types from its model, so the daemon, ``--dry-run`` and
 ``gpu-bridge simulate`` run the very same policy functions.
+
+Changes since the lead's first version (all additive, every earlier name still works):
+``Reason`` and ``HoldReason`` (the stable codes carried by ``Action.reason``,
+``PoolDecision.reason`` and ``Plan.hold_reasons``; both are ``str`` enums, so comparing with
+plain strings works); ``NodeState.inflight`` (requests on the node's replica, to pick the
+cheapest node to lend); ``Action.urgent``, ``Action.jobs``, ``Action.lost_gpu_hours``
+(what a reclaim will preempt and its estimated cost); ``PoolDecision.ready_now``;
+``Plan.hold_reasons`` (node -> code, next to ``Plan.held``'s sentences).
 """
 
 from __future__ import annotations
@@ -31,6 +39,42 @@ class Pin(enum.StrEnum):
 
     SERVING = "serving"
     SLURM = "slurm"
+
+
+class Reason(enum.StrEnum):
+    """Stable reason codes of actions and pool decisions (metrics labels, tests, alerts)."""
+
+    # actions
+    LOW_FORECAST = "low_forecast"  # lend: forecast over the lend horizon fits without this node
+    SPIKE = "spike"  # reclaim now: current demand exceeds Ready capacity (urgent)
+    FORECAST_RISE = "forecast_rise"  # reclaim ahead of a forecast need (voluntary)
+    MIN_SERVING = "min_serving"  # reclaim: below the pool's min_serving
+    CALENDAR = "calendar"  # reclaim: a calendar rule needs the node serving soon
+    SIGNALS_LOST = "signals_lost"  # reclaim toward blind_serving: no valid signal for too long
+    # decisions that move nothing
+    STEADY = "steady"  # serving matches the need
+    AT_FLOOR = "at_floor"  # could lend, but min_serving / a calendar floor holds
+    STABILIZING = "stabilizing"  # demand has not been low (or observed) for the whole window
+    SIGNALS_STALE = "signals_stale"  # newest sample older than policy.signal_max_age_s
+    SIGNALS_MISSING = "signals_missing"  # no sample, or a configured signal absent/NaN/negative
+    SIGNALS_PARTIAL = "signals_partial"  # fewer replicas reporting than are Ready
+    CALENDAR_NO_LEND = "calendar_no_lend"  # a calendar rule forbids lending over the horizon
+    MAX_LENT = "max_lent"  # the pool's max_lent is reached
+    NO_RESEARCH_DEMAND = "no_research_demand"  # require_pending_jobs and nothing waits
+    CAPACITY_IN_TRANSIT = "capacity_in_transit"  # nodes of the pool are being reclaimed/returned
+    MIN_LEND_DURATION = "min_lend_duration"  # reclaim wanted, every lent node is too recently lent
+    MIN_RUNTIME = "min_runtime"  # reclaim wanted, remaining victims run jobs younger than min_runtime_s
+    NO_CANDIDATES = "no_candidates"  # nothing that may be moved
+    RATE_LIMITED = "rate_limited"  # max lends/reclaims per tick spent
+
+
+class HoldReason(enum.StrEnum):
+    """Why a node is left where it is, whatever the demand (``Plan.hold_reasons``)."""
+
+    PROBLEM = "problem"  # NodeState.problem is set: fail closed
+    PINNED = "pinned"  # an operator's pin
+    IN_TRANSIT = "in_transit"  # lending / reclaiming / returning: the actuator owns it
+    UNKNOWN_POOL = "unknown_pool"  # its pool is not in the config
 
 
 class ActionKind(enum.StrEnum):
@@ -100,6 +144,9 @@ class NodeState:
     # Fail closed: a node whose state could not be read or makes no sense (bad labels, an
     # administrator's drain, a lookup error) is held where it is and never lent.
     problem: str | None = None
+    # running + waiting requests on the replica(s) of this node; None = unknown. Used only to
+    # pick which serving node to lend (least in-flight work first).
+    inflight: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +169,9 @@ class Action:
     pool: str
     reason: str  # a stable code, e.g. "low_forecast", "spike", "forecast_rise"
     detail: str  # "lend gpu-node-07: forecast peak 11.2 replicas over next 14 min < 13 serving - 1"
+    urgent: bool = False  # a reclaim for load that exceeds Ready capacity now
+    jobs: tuple[str, ...] = ()  # research jobs the reclaim preempts (all nodes of each)
+    lost_gpu_hours: float = 0.0  # estimated work lost by those preemptions (first action carries it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +186,7 @@ class PoolDecision:
     desired_serving: int
     reason: str
     detail: str
+    ready_now: int = 0  # nodes with a Ready serving replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,4 +194,5 @@ class Plan:
     now: float
     actions: tuple[Action, ...]
     pools: tuple[PoolDecision, ...]
-    held: Mapping[str, str] = field(default_factory=dict)  # node -> why it is not moved
+    held: Mapping[str, str] = field(default_factory=dict)  # node -> why it is not moved (a sentence)
+    hold_reasons: Mapping[str, str] = field(default_factory=dict)  # node -> HoldReason code

@@ -1,0 +1,175 @@
+"""Which lent nodes to take back: the cheapest in lost research work.
+
+Cost of preempting a job = GPU-hours since its last checkpoint (``checkpoint_time``, else
+its start) x every GPU it holds (all its nodes). A node is free once every job on it is
+preempted, so a 2-node job's preemption frees both nodes and, if both are reclaimed, its
+loss is paid once. Order of preference:
+
+1. nodes idle in Slurm (no jobs): free;
+2. nodes whose jobs all ran at least ``min_runtime_s``, greedily by lost GPU-hours per node
+   freed (counting only the nodes still needed), then a trimming pass that drops any
+   preempted job the reclaim can do without (as Kueue does);
+3. only when ``allow_young`` (urgent demand) and still short: nodes with younger jobs or
+   jobs the view does not know (unknown = assumed expensive, fail safe).
+
+Ties break by node name, so the same view always gives the same victims. The naive
+``newest_first`` rule (most recently started job first) exists for comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bridge.config import VictimRule
+from bridge.model import NodeState, SlurmJob
+
+UNKNOWN_JOB_HOURS = 24.0  # a job we cannot see is assumed to lose this many hours per GPU
+
+
+@dataclass(frozen=True, slots=True)
+class VictimChoice:
+    nodes: tuple[str, ...]  # in reclaim order
+    jobs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # node -> jobs its reclaim preempts first
+    lost_gpu_hours: float = 0.0  # total estimated loss of every preempted job
+    short: int = 0  # nodes wanted but not choosable
+    short_because_young: int = 0  # of those, blocked only by min_runtime_s
+
+
+def job_loss_gpu_hours(job: SlurmJob, now: float) -> float:
+    """GPU-hours a preemption of ``job`` throws away (all its nodes)."""
+    since = job.checkpoint_time if job.checkpoint_time is not None and job.requeueable else job.start_time
+    if since is None or not math.isfinite(since):
+        return 0.0 if job.state == "pending" else UNKNOWN_JOB_HOURS * job.gpus_per_node * max(1, len(job.nodes))
+    hours = max(0.0, now - since) / 3600.0
+    return hours * job.gpus_per_node * max(1, len(job.nodes))
+
+
+def choose_victims(
+    candidates: Sequence[NodeState],
+    count: int,
+    jobs: Mapping[str, SlurmJob],
+    now: float,
+    *,
+    rule: VictimRule = VictimRule.LEAST_LOST_WORK,
+    min_runtime_s: float = 0.0,
+    allow_young: bool = False,
+) -> VictimChoice:
+    """Pick up to ``count`` nodes among ``candidates`` (already filtered: lent, not pinned)."""
+    if count <= 0 or not candidates:
+        return VictimChoice((), short=max(0, count))
+    cands = sorted(candidates, key=lambda n: n.name)
+    node_jobs: dict[str, frozenset[str]] = {n.name: frozenset(n.jobs) for n in cands}
+    loss: dict[str, float] = {}
+    young: set[str] = set()
+    for js in node_jobs.values():
+        for j in js:
+            if j in loss:
+                continue
+            job = jobs.get(j)
+            if job is None:
+                loss[j] = UNKNOWN_JOB_HOURS * 4
+                young.add(j)  # unknown: only as a last resort
+                continue
+            loss[j] = job_loss_gpu_hours(job, now)
+            if job.start_time is None or now - job.start_time < min_runtime_s:
+                if job.state != "pending":
+                    young.add(j)
+    idle = [n.name for n in cands if not node_jobs[n.name]]
+    old = [n.name for n in cands if node_jobs[n.name] and not (node_jobs[n.name] & young)]
+    rest = [n.name for n in cands if node_jobs[n.name] & young]
+
+    chosen: list[str] = idle[:count]
+    preempted: set[str] = set()
+    tiers = [old] + ([rest] if allow_young else [])
+    for tier in tiers:
+        if len(chosen) >= count:
+            break
+        if rule is VictimRule.NEWEST_FIRST:
+            _newest_first(tier, count, chosen, preempted, node_jobs, jobs)
+        else:
+            _least_lost(tier, count, chosen, preempted, node_jobs, loss)
+    if rule is VictimRule.LEAST_LOST_WORK:
+        _trim(chosen, preempted, node_jobs, loss)
+    per_node = {n: tuple(sorted(node_jobs[n])) for n in chosen if node_jobs[n]}
+    short = count - len(chosen)
+    blocked_young = 0
+    if short > 0 and not allow_young:
+        blocked_young = min(short, len([n for n in rest if n not in chosen]))
+    return VictimChoice(
+        tuple(chosen),
+        per_node,
+        sum(loss[j] for j in sorted(preempted)),
+        short,
+        blocked_young,
+    )
+
+
+def _least_lost(
+    tier: list[str],
+    count: int,
+    chosen: list[str],
+    preempted: set[str],
+    node_jobs: Mapping[str, frozenset[str]],
+    loss: Mapping[str, float],
+) -> None:
+    # Greedy: the step (preempt one node's remaining jobs) with the lowest loss per node it
+    # frees, counting at most the nodes still needed. Nodes freed on the way join in name order.
+    while len(chosen) < count:
+        need = count - len(chosen)
+        left = [n for n in tier if n not in chosen]
+        if not left:
+            return
+        best: tuple[float, float, str] | None = None
+        best_frees: list[str] = []
+        best_jobs: frozenset[str] = frozenset()
+        for n in left:
+            new = node_jobs[n] - preempted
+            cost = sum(loss[j] for j in new)
+            after = preempted | new
+            frees = [m for m in left if node_jobs[m] <= after]
+            gain = min(len(frees), need)
+            key = (cost / gain, cost, n)
+            if best is None or key < best:
+                best, best_frees, best_jobs = key, frees, new
+        preempted |= best_jobs
+        # the node picked first, then the others it freed
+        first = best[2]  # type: ignore[index]
+        order = [first] + [m for m in best_frees if m != first]
+        for m in order:
+            if len(chosen) < count:
+                chosen.append(m)
+
+
+def _newest_first(
+    tier: list[str],
+    count: int,
+    chosen: list[str],
+    preempted: set[str],
+    node_jobs: Mapping[str, frozenset[str]],
+    jobs: Mapping[str, SlurmJob],
+) -> None:
+    def newest(n: str) -> float:
+        starts = [jobs[j].start_time or 0.0 for j in node_jobs[n] if j in jobs]
+        return max(starts) if starts else math.inf
+
+    for n in sorted(tier, key=lambda n: (-newest(n), n)):
+        if len(chosen) >= count:
+            return
+        if n not in chosen:
+            chosen.append(n)
+            preempted |= node_jobs[n]
+
+
+def _trim(
+    chosen: list[str],
+    preempted: set[str],
+    node_jobs: Mapping[str, frozenset[str]],
+    loss: Mapping[str, float],
+) -> None:
+    """Drop preempted jobs no chosen node needs (a greedy step may have freed extra nodes)."""
+    needed = set().union(*(node_jobs[n] for n in chosen)) if chosen else set()
+    for j in list(preempted):
+        if j not in needed:
+            preempted.discard(j)

@@ -1,0 +1,59 @@
+--[[
+cli_filter.lua for gpu-bridge (the client-side cli_filter/lua plugin; CliFilterPlugins=cli_filter/lua).
+Install next to slurm.conf on every submit host (it is read by sbatch/salloc/srun from the
+directory of the slurm.conf they use). Tested on Slurm 22.05 by
+tests/integration/test_job_submit_lua.py.
+
+It gives every batch job of the preemptible partition a default pre-preemption signal:
+  --signal=B:USR1@<GRACE_S>
+when the user gave no --signal. With SlurmctldParameters=preempt_send_user_signal, Slurm then
+sends SIGUSR1 to the batch shell as soon as the job is chosen for preemption, so it can
+checkpoint during GraceTime (without a --signal, a batch script gets nothing until GraceTime
+is over and SIGTERM arrives, KillWait seconds before SIGKILL).
+
+Why client-side: slurmctld's job_submit/lua cannot set a job's signal (warn_signal/warn_time
+are not exposed to it). A user can bypass a client-side filter (another slurm.conf), so the
+server-side rules (requeue, the hold partition) live in job_submit.lua.
+--]]
+
+-- Site settings (keep in step with job_submit.lua and slurm.conf) --------------------------
+local PREEMPT_PARTITION = "preempt"
+local PREEMPT_IS_DEFAULT = true -- Default=YES on the preemptible partition
+local GRACE_S = 120             -- GraceTime of the preemptible partition
+local SIGNAL = "USR1"
+-- -------------------------------------------------------------------------------------------
+
+local function in_preempt(partition)
+   if partition == nil or partition == "" then
+      return PREEMPT_IS_DEFAULT
+   end
+   for name in string.gmatch(partition, "[^,]+") do
+      if name == PREEMPT_PARTITION then
+         return true
+      end
+   end
+   return false
+end
+
+-- An unset --signal reads back as "0@0" (warn_signal 0) in 22.05.
+local function has_signal(value)
+   return value ~= nil and value ~= "" and string.match(value, "^0@") == nil
+end
+
+function slurm_cli_setup_defaults(options, early_pass)
+   return slurm.SUCCESS
+end
+
+function slurm_cli_pre_submit(options, pack_offset)
+   if options["type"] ~= nil and options["type"] ~= "sbatch" then
+      return slurm.SUCCESS -- srun/salloc: B: (batch shell) signals only make sense for sbatch
+   end
+   if in_preempt(options["partition"]) and not has_signal(options["signal"]) then
+      options["signal"] = "B:" .. SIGNAL .. "@" .. tostring(GRACE_S)
+   end
+   return slurm.SUCCESS
+end
+
+function slurm_cli_post_submit(offset, job_id, step_id)
+   return slurm.SUCCESS
+end

@@ -1,7 +1,7 @@
-"""Placeholder: registers nothing until its owner implements it."""
+"""The vLLM replica simulator (`gpu-bridge sandbox vllm`): queueing model, trace-driven
+arrivals, vLLM's Prometheus metrics, a control API and follow-kube mode.
+See docs/vllm-simulator.md."""
 
-from typing import Any
+from bridge.sandbox.vllm.cli import register_cli
 
-
-def register_cli(subparsers: Any) -> None:
-    return None
+__all__ = ["register_cli"]

@@ -207,11 +207,17 @@ class Replica:
 
     def drain(self, t: float, timeout_s: float | None = None) -> None:
         """Stop taking requests; in-flight ones get ``timeout_s`` (default: the params')."""
-        if self.state in (DRAINING, GONE):
+        if self.state == GONE:
             return
         timeout = self.params.shutdown_timeout_s if timeout_s is None else max(0.0, timeout_s)
-        self.state = DRAINING
-        self.drain_deadline = t + timeout
+        if self.state == DRAINING:  # a second removal can only bring the deadline forward
+            if timeout_s is None:
+                return
+            assert self.drain_deadline is not None
+            self.drain_deadline = min(self.drain_deadline, t + timeout)
+        else:
+            self.state = DRAINING
+            self.drain_deadline = t + timeout
         if self.load == 0 or timeout <= 0:
             self._abort_all()
 

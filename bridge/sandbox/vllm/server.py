@@ -58,11 +58,14 @@ class SimServer:
     def start(self) -> "SimServer":
         self._t0 = time.monotonic()
         self._sim_t0 = self.sim.t
-        for target, name in ((self._tick_loop, "vllm-sim-tick"), (self._httpd.serve_forever, "vllm-sim-http")):
+        for target, name in ((self._tick_loop, "vllm-sim-tick"), (self._serve, "vllm-sim-http")):
             th = threading.Thread(target=target, name=name, daemon=True)
             th.start()
             self._threads.append(th)
         return self
+
+    def _serve(self) -> None:
+        self._httpd.serve_forever(poll_interval=0.05)
 
     def stop(self) -> None:
         self._stop.set()

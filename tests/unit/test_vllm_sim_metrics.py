@@ -1,0 +1,92 @@
+"""Exposition: vLLM's names, types and labels; a removed replica's series disappear."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bridge.sandbox.vllm.metrics import LABELS, V0_FAMILIES, V1_FAMILIES, make_registry
+from bridge.sandbox.vllm.model import REQUEST_LATENCY_BUCKETS_S, TTFT_BUCKETS_S
+from bridge.sandbox.vllm.sim import Simulation
+from bridge.trace import Trace
+
+FLAT = Trace((0.0, 600.0), (20.0, 20.0), (1.0, 1.0), 600.0, "flat")
+
+
+def scrape(sim: Simulation, version: str = "v1") -> dict:
+    text = generate_latest(make_registry(sim, version)).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def make_sim() -> Simulation:
+    sim = Simulation(FLAT, ["llama", "qwen"], seed=1)
+    sim.add_replica("llama-a", "llama", "gpu-node-01")
+    sim.add_replica("llama-b", "llama")
+    sim.add_replica("qwen-a", "qwen", "gpu-node-03")
+    sim.advance(30)
+    return sim
+
+
+def test_v1_families_types_and_labels() -> None:
+    fams = scrape(make_sim())
+    for name, typ in V1_FAMILIES.items():
+        assert name in fams, name
+        assert fams[name].type == typ, name
+    assert "vllm:gpu_cache_usage_perc" not in fams and "vllm:num_requests_swapped" not in fams
+    running = fams["vllm:num_requests_running"]
+    pods = {s.labels["pod"]: s.labels for s in running.samples}
+    assert set(pods) == {"llama-a", "llama-b", "qwen-a"}
+    assert pods["llama-a"] == {"model_name": "llama", "engine": "0", "pod": "llama-a", "node": "gpu-node-01"}
+    assert pods["qwen-a"]["model_name"] == "qwen"
+    for s in fams["vllm:kv_cache_usage_perc"].samples:
+        assert 0.0 <= s.value <= 1.0
+        assert set(s.labels) == set(LABELS)
+    sample_names = {s.name for s in fams["vllm:prompt_tokens"].samples}
+    assert sample_names == {"vllm:prompt_tokens_total"}
+    reasons = {s.labels["finished_reason"] for s in fams["vllm:request_success"].samples}
+    assert reasons == {"stop", "length", "abort"}
+    assert sum(s.value for s in fams["vllm:request_success"].samples) > 0
+
+
+def test_histograms_use_vllms_buckets() -> None:
+    fams = scrape(make_sim())
+    for name, bounds in (
+        ("vllm:time_to_first_token_seconds", TTFT_BUCKETS_S),
+        ("vllm:e2e_request_latency_seconds", REQUEST_LATENCY_BUCKETS_S),
+        ("vllm:request_queue_time_seconds", REQUEST_LATENCY_BUCKETS_S),
+    ):
+        les = [float(s.labels["le"]) for s in fams[name].samples
+               if s.name == name + "_bucket" and s.labels["pod"] == "llama-a"]
+        assert les == [*bounds, float("inf")], name
+        counts = [s.value for s in fams[name].samples if s.name == name + "_bucket" and s.labels["pod"] == "llama-a"]
+        assert counts == sorted(counts)
+        total = [s.value for s in fams[name].samples if s.name == name + "_count" and s.labels["pod"] == "llama-a"]
+        assert total == [counts[-1]]
+
+
+def test_v0_names() -> None:
+    fams = scrape(make_sim(), "v0")
+    for name, typ in V0_FAMILIES.items():
+        assert fams[name].type == typ, name
+    assert "vllm:kv_cache_usage_perc" not in fams
+
+
+def test_removed_replica_series_disappear_and_starting_ones_are_not_shown() -> None:
+    sim = make_sim()
+    sim.add_replica("warming", "llama", warmup_s=60)
+    sim.remove_replica("llama-b", shutdown_timeout_s=0)
+    fams = scrape(sim)
+    for name in V1_FAMILIES:
+        pods = {s.labels.get("pod") for s in fams[name].samples}
+        assert "llama-b" not in pods and "warming" not in pods, name
+    aborted = {s.labels["model_name"]: s.value for s in fams["vllm_sim:requests_aborted"].samples}
+    assert aborted["llama"] > 0 and aborted["qwen"] == 0
+    states = {(s.labels["model_name"], s.labels["state"]): s.value for s in fams["vllm_sim:replicas"].samples}
+    assert states[("llama", "serving")] == 1 and states[("llama", "starting")] == 1
+
+
+def test_sim_families() -> None:
+    fams = scrape(make_sim())
+    rate = {s.labels["model_name"]: s.value for s in fams["vllm_sim:arrival_rate"].samples}
+    assert rate == {"llama": 20.0, "qwen": 20.0}
+    assert fams["vllm_sim:trace_time_seconds"].samples[0].value == 30.0

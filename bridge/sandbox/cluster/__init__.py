@@ -1,7 +1,10 @@
-"""Placeholder: registers nothing until its owner implements it."""
+"""The local sandbox's real daemons: munged, slurmctld + one slurmd per node, Prometheus
+(and, as subprocesses, the vLLM simulator and the Kubernetes API server). See docs/sandbox.md.
 
-from typing import Any
+`gpu-bridge sandbox up | down | status`; Python API: ``Sandbox``.
+"""
 
+from bridge.sandbox.cluster.cli import register_cli
+from bridge.sandbox.cluster.sandbox import DEFAULT_DIR, Sandbox
 
-def register_cli(subparsers: Any) -> None:
-    return None
+__all__ = ["DEFAULT_DIR", "Sandbox", "register_cli"]

@@ -276,6 +276,13 @@ class KubernetesConfig:
     timeout_s: float = setting(10.0, gt=0, doc="timeout of one API call")
 
 
+class LogLevel(enum.StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
     dry_run: bool = setting(False, doc="decide and log, never write to Slurm or Kubernetes")
@@ -284,13 +291,7 @@ class DaemonConfig:
     lease_name: str = setting(wellknown.LEASE_NAME, doc="Kubernetes Lease used for leader election")
     lease_namespace: str = setting("gpu-bridge", doc="namespace of that Lease")
     lease_duration_s: float = setting(15.0, gt=0, doc="a leader that has not renewed for this long is replaced")
-    log_level: str = setting("info", doc="debug | info | warning | error")
-
-    def _check(self) -> list[tuple[str, str]]:
-        levels = ("debug", "info", "warning", "error")
-        if self.log_level not in levels:
-            return [("log_level", f"expected one of {', '.join(levels)}, got {_show(self.log_level)}{_hint(self.log_level, levels)}")]
-        return []
+    log_level: LogLevel = setting(LogLevel.INFO, doc="debug | info | warning | error")
 
 
 @dataclass(frozen=True, slots=True)

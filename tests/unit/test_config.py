@@ -1,0 +1,299 @@
+"""Config loading: defaults, every problem collected and worded exactly, did-you-mean hints,
+the check-config command. Error messages are asserted word for word: operators read them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from bridge import cli
+from bridge.config import (
+    CalendarEffect,
+    Config,
+    VictimRule,
+    default_config,
+    describe_keys,
+    load_config,
+    parse_config,
+)
+from bridge.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpu-bridge.yaml"
+
+
+def problems(data: object) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, source="bridge.yaml")
+    return info.value.problems
+
+
+def test_minimal_config_gets_documented_defaults() -> None:
+    cfg = parse_config({"pools": [{"name": "llama"}]})
+    assert cfg.pools[0].name == "llama"
+    assert cfg.pools[0].selector == {"gpu-bridge.io/pool": "llama"}
+    assert cfg.pools[0].model == "llama"
+    assert cfg.policy.scale_down_window_s == 300.0
+    assert cfg.slurm.preempt_partition == "preempt"
+    assert cfg.slurm.hold_partition == "gpu-bridge"
+    assert cfg.policy.victims is VictimRule.LEAST_LOST_WORK
+    assert cfg.daemon.dry_run is False
+
+
+def test_default_config_is_valid_and_frozen() -> None:
+    cfg = default_config("a", "b", cold_start_s=60)
+    assert [p.name for p in cfg.pools] == ["a", "b"]
+    assert cfg.pool("b").cold_start_s == 60
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.policy.tick_s = 1  # type: ignore[misc]
+    # What the defaults render to must load back to the same config.
+    from bridge.config import to_dict
+
+    assert parse_config(to_dict(cfg)) == cfg
+
+
+def test_example_file_is_valid() -> None:
+    cfg = load_config(EXAMPLE)
+    assert isinstance(cfg, Config)
+    assert any(r.effect is CalendarEffect.NO_LEND for r in cfg.policy.calendar)
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        pytest.param(
+            {"pools": [{"name": "a", "target": {"waiting_per_replica": -1}}]},
+            ["bridge.yaml: pools[0].target.waiting_per_replica: must be > 0, got -1"],
+            id="negative-target",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a", "target": {"concurrency_per_replica": "fast"}}]},
+            ['bridge.yaml: pools[0].target.concurrency_per_replica: expected a number, got "fast"'],
+            id="string-for-number",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a", "target": {"kv_cache_usage": 1.5}}]},
+            ["bridge.yaml: pools[0].target.kv_cache_usage: must be <= 1, got 1.5"],
+            id="fraction-above-one",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a", "min_serving": 1.5}]},
+            ["bridge.yaml: pools[0].min_serving: expected an integer, got 1.5"],
+            id="float-for-int",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a", "min_serving": True}]},
+            ["bridge.yaml: pools[0].min_serving: expected an integer, got true"],
+            id="bool-for-int",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a"}], "policy": {"tick": 30}},
+            ['bridge.yaml: policy.tick: unknown key; did you mean "tick_s"?'],
+            id="unknown-key-hint",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a"}], "polcy": {}},
+            ['bridge.yaml: polcy: unknown key; did you mean "policy"?'],
+            id="unknown-section-hint",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a"}], "zzz": 1},
+            ["bridge.yaml: zzz: unknown key; expected one of pools, slurm, policy, prometheus, kubernetes, daemon"],
+            id="unknown-key-no-hint",
+        ),
+        pytest.param(
+            {},
+            ["bridge.yaml: pools: required, expected a list"],
+            id="pools-required",
+        ),
+        pytest.param(
+            {"pools": []},
+            ["bridge.yaml: pools: must list at least one pool, got none"],
+            id="pools-empty",
+        ),
+        pytest.param(
+            {"pools": [{"deployment": "x"}]},
+            ["bridge.yaml: pools[0].name: required, expected a string"],
+            id="pool-name-required",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a"}, {"name": "a"}]},
+            ['bridge.yaml: pools[1].name: duplicate pool name "a" (also pools[0])'],
+            id="duplicate-pool",
+        ),
+        pytest.param(
+            {"pools": [{"name": "Big Model"}]},
+            ['bridge.yaml: pools[0].name: expected a label value (lowercase letters, digits, - _ .), got "Big Model"'],
+            id="pool-name-not-a-label",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a"}], "policy": {"victims": "newest"}},
+            ['bridge.yaml: policy.victims: expected one of least_lost_work, newest_first, got "newest"; did you mean "newest_first"?'],
+            id="enum-hint",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a", "target": {"concurrency_per_replica": None, "kv_cache_usage": None}}]},
+            ["bridge.yaml: pools[0].target: at least one target must be set, got all null"],
+            id="no-target",
+        ),
+        pytest.param(
+            {"pools": "a"},
+            ['bridge.yaml: pools: expected a list, got "a"'],
+            id="pools-not-a-list",
+        ),
+        pytest.param(
+            [1, 2],
+            ["bridge.yaml: (top level): expected a mapping, got [1, 2]"],
+            id="top-level-list",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a", "node_selector": {"pool": 3}}]},
+            ["bridge.yaml: pools[0].node_selector.pool: expected a string, got 3"],
+            id="selector-value",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a"}], "daemon": {"metrics_port": 70000, "log_level": "verbose"}},
+            [
+                "bridge.yaml: daemon.metrics_port: must be <= 65535, got 70000",
+                'bridge.yaml: daemon.log_level: expected one of debug, info, warning, error, got "verbose"',
+            ],
+            id="daemon",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a"}], "policy": {"forecast": {"ratio_min": 2, "ratio_max": 1}}},
+            ["bridge.yaml: policy.forecast.ratio_min: must be <= ratio_max (1), got 2"],
+            id="ratio-order",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a"}], "policy": {"forecast": {"seasonal_lags_s": [86400, -1]}}},
+            ["bridge.yaml: policy.forecast.seasonal_lags_s[1]: must be > 0, got -1"],
+            id="list-item-bound",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a"}], "prometheus": {"timeout_s": float("nan")}},
+            ["bridge.yaml: prometheus.timeout_s: expected a finite number, got nan"],
+            id="nan",
+        ),
+    ],
+)
+def test_problem_messages_word_for_word(data: object, expected: list[str]) -> None:
+    assert problems(data) == expected
+
+
+@pytest.mark.parametrize(
+    "rule, expected",
+    [
+        pytest.param(
+            {"name": "day", "effect": "no_lend", "start": "8:00", "end": "20:00"},
+            ['bridge.yaml: policy.calendar[0].start: expected a time HH:MM (00:00..24:00), got "8:00"'],
+            id="time-format",
+        ),
+        pytest.param(
+            {"name": "day", "effect": "no_lend", "start": "08:00", "end": "08:00"},
+            ['bridge.yaml: policy.calendar[0].end: must differ from start, got "08:00" for both'],
+            id="empty-window",
+        ),
+        pytest.param(
+            {"name": "day", "effect": "no_lend", "start": "08:00", "end": "20:00", "days": ["mon", "fr"]},
+            ['bridge.yaml: policy.calendar[0].days[1]: expected one of mon, tue, wed, thu, fri, sat, sun, got "fr"; did you mean "fri"?'],
+            id="day-name",
+        ),
+        pytest.param(
+            {"name": "day", "effect": "no_lend", "start": "08:00", "end": "20:00", "timezone": "Europe/Berln"},
+            ['bridge.yaml: policy.calendar[0].timezone: unknown IANA timezone, got "Europe/Berln"'],
+            id="timezone",
+        ),
+        pytest.param(
+            {"name": "day", "effect": "min_serving", "start": "08:00", "end": "20:00"},
+            ["bridge.yaml: policy.calendar[0].min_serving: required when effect is min_serving"],
+            id="min-serving-required",
+        ),
+        pytest.param(
+            {"name": "day", "effect": "no_lend", "start": "08:00", "end": "20:00", "min_serving": 3},
+            ['bridge.yaml: policy.calendar[0].min_serving: only allowed with effect min_serving, got effect "no_lend"'],
+            id="min-serving-misplaced",
+        ),
+        pytest.param(
+            {"name": "day", "effect": "no_lend", "start": "08:00", "end": "20:00", "pools": ["lama"]},
+            ['bridge.yaml: policy.calendar[0].pools[0]: no pool named "lama"; did you mean "llama"?'],
+            id="unknown-pool",
+        ),
+        pytest.param(
+            {"name": "day", "effect": "never", "start": "08:00", "end": "20:00"},
+            ['bridge.yaml: policy.calendar[0].effect: expected one of no_lend, lend_only, min_serving, got "never"'],
+            id="effect",
+        ),
+    ],
+)
+def test_calendar_rule_problems(rule: dict[str, object], expected: list[str]) -> None:
+    assert problems({"pools": [{"name": "llama"}], "policy": {"calendar": [rule]}}) == expected
+
+
+def test_every_problem_is_collected_in_one_pass() -> None:
+    found = problems(
+        {
+            "pools": [{"name": "a", "min_serving": -1, "target": {"waiting_per_replica": 0}}, {"nme": "b"}],
+            "slurm": {"grace_s": "2m"},
+            "policy": {"tick_s": 0},
+        }
+    )
+    assert found == [
+        "bridge.yaml: pools[0].target.waiting_per_replica: must be > 0, got 0",
+        "bridge.yaml: pools[0].min_serving: must be >= 0, got -1",
+        'bridge.yaml: pools[1].nme: unknown key; did you mean "name"?',
+        "bridge.yaml: pools[1].name: required, expected a string",
+        'bridge.yaml: slurm.grace_s: expected a number, got "2m"',
+        "bridge.yaml: policy.tick_s: must be > 0, got 0",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        pytest.param("pools: [\n", "invalid YAML at line 2, column 1", id="syntax"),
+        pytest.param("pools: []\npools: []\n", 'duplicate key "pools" at line 2', id="duplicate-key"),
+    ],
+)
+def test_yaml_errors_name_the_file_and_place(tmp_path: Path, text: str, expected: str) -> None:
+    f = tmp_path / "bridge.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith(f"{f}: {expected}")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "nope.yaml")
+    assert info.value.problems == [f"{tmp_path / 'nope.yaml'}: cannot read: No such file or directory"]
+
+
+def test_every_key_is_documented() -> None:
+    rows = describe_keys()
+    assert all(doc for _, _, doc in rows)
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
+    missing = [key for key, _, _ in rows if f"`{key}`" not in docs]
+    assert missing == []
+
+
+def test_check_config_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "bridge.yaml"
+    f.write_text("pools:\n  - name: llama\n")
+    assert cli.main(["check-config", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "scale_down_window_s: 300.0" in out
+    assert "gpu-bridge.io/pool: llama" in out
+
+
+def test_check_config_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "bridge.yaml"
+    f.write_text("pools:\n  - name: llama\n    target: {waiting_per_replica: -1}\npolicy: {tick: 5}\n")
+    assert cli.main(["check-config", str(f)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"{f}: pools[0].target.waiting_per_replica: must be > 0, got -1",
+        f'{f}: policy.tick: unknown key; did you mean "tick_s"?',
+        f"{f}: 2 problems",
+    ]

@@ -1,0 +1,170 @@
+"""slurm_conf/job_submit.lua and cli_filter.lua on a real slurmctld (Slurm 22.05).
+
+The cluster runs with JobRequeue=0, so a job that ends up requeueable proves the script set it.
+Covered: --no-requeue rejected in `preempt` (and allowed elsewhere), requeue forced, the
+`gpu-bridge` partition and hold job names refused to other users with a clear message, the
+bridge (root here) may use them, `scontrol update Requeue=0` refused, GPU_BRIDGE_GRACE_S
+exported, and the default --signal=B:USR1@<grace> (cli_filter) that reaches the batch shell
+when a hold job preempts it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+try:
+    from slurm_mini import MiniSlurm, have_slurm
+except ImportError:  # tests/integration became a package
+    from .slurm_mini import MiniSlurm, have_slurm  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parents[2]
+GRACE_S = 4
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not have_slurm(), reason="Slurm daemons not installed"),
+    pytest.mark.timeout(120),
+]
+
+
+def lua_with_grace(name: str, grace_s: int) -> str:
+    """The shipped script with only its GRACE_S site setting changed to the test partition's."""
+    text = (ROOT / "slurm_conf" / name).read_text()
+    text, n = re.subn(r"^local GRACE_S = \d+", f"local GRACE_S = {grace_s}", text, flags=re.M)
+    assert n == 1, f"{name}: GRACE_S setting not found"
+    return text
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[MiniSlurm]:
+    with MiniSlurm(
+        nodes=1,
+        grace_s=GRACE_S,
+        job_requeue=0,
+        job_submit_lua=lua_with_grace("job_submit.lua", GRACE_S),
+        cli_filter_lua=lua_with_grace("cli_filter.lua", GRACE_S),
+    ) as c:
+        yield c
+
+
+def submit(c: MiniSlurm, *args: str, user: str | None = None) -> tuple[int, str, str]:
+    r = c.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", *args, "--wrap", "sleep 30"], user=user)
+    return r.returncode, r.stdout.strip(), r.stderr.strip()
+
+
+def show_job(c: MiniSlurm, job_id: str) -> dict[str, str]:
+    out = c.run(["scontrol", "-o", "show", "job", job_id]).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def test_no_requeue_rejected_in_preempt(cluster: MiniSlurm) -> None:
+    rc, _, err = submit(cluster, "-p", "preempt", "--no-requeue")
+    assert rc != 0
+    assert "gpu-bridge: jobs in partition 'preempt' must be requeueable" in err
+    assert "Drop --no-requeue" in err
+
+
+def test_no_requeue_rejected_in_default_partition(cluster: MiniSlurm) -> None:
+    rc, _, err = submit(cluster, "--no-requeue")  # preempt is Default=YES
+    assert rc != 0 and "must be requeueable" in err
+
+
+def test_preempt_jobs_are_made_requeueable(cluster: MiniSlurm) -> None:
+    rc, job, err = submit(cluster, "-p", "preempt")
+    assert rc == 0, err
+    assert show_job(cluster, job)["Requeue"] == "1"  # JobRequeue=0 here: the script set it
+    rc, job, err = submit(cluster, "-p", "batch")
+    assert rc == 0, err
+    assert show_job(cluster, job)["Requeue"] == "0"  # other partitions untouched
+
+
+def test_no_requeue_allowed_outside_preempt(cluster: MiniSlurm) -> None:
+    rc, _, err = submit(cluster, "-p", "batch", "--no-requeue")
+    assert rc == 0, err
+
+
+def test_requeue_cannot_be_switched_off_later(cluster: MiniSlurm) -> None:
+    rc, job, err = submit(cluster, "-p", "preempt")
+    assert rc == 0, err
+    r = cluster.run(["scontrol", "update", f"JobId={job}", "Requeue=0"])
+    assert r.returncode != 0
+    assert show_job(cluster, job)["Requeue"] == "1"
+
+
+def test_hold_partition_refused_to_other_users(cluster: MiniSlurm) -> None:
+    rc, _, err = submit(cluster, "-p", "gpu-bridge", user="nobody")
+    assert rc != 0
+    assert "gpu-bridge: partition 'gpu-bridge' is reserved for gpu-bridge's placeholder jobs" in err
+
+
+def test_hold_job_name_refused_to_other_users(cluster: MiniSlurm) -> None:
+    rc, _, err = submit(cluster, "-p", "preempt", "-J", "gpu-bridge-hold:gpu-node-01", user="nobody")
+    assert rc != 0
+    assert "job names starting with 'gpu-bridge-hold:' are reserved for gpu-bridge" in err
+
+
+def test_bridge_may_submit_hold_jobs(cluster: MiniSlurm) -> None:
+    rc, job, err = submit(cluster, "-p", "gpu-bridge", "-J", "gpu-bridge-hold:gpu-node-01", "-w", "gpu-node-01")
+    assert rc == 0, err
+    assert show_job(cluster, job)["Partition"] == "gpu-bridge"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["-p", "preempt"], f"B:USR1@{GRACE_S}"),
+        ([], f"B:USR1@{GRACE_S}"),  # default partition is preempt
+        (["-p", "preempt", "--signal=B:TERM@30"], "B:TERM@30"),  # the user's own signal is kept
+    ],
+    ids=["preempt", "default-partition", "explicit-signal-kept"],
+)
+def test_cli_filter_default_signal(cluster: MiniSlurm, args: list[str], expected: str) -> None:
+    r = cluster.run(["sbatch", "-v", "--parsable", "--hold", "-o", "/dev/null", *args, "--wrap", "true"])
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"signal\s+:\s+" + re.escape(expected), r.stderr), r.stderr
+
+
+def test_cli_filter_leaves_other_partitions_alone(cluster: MiniSlurm) -> None:
+    r = cluster.run(["sbatch", "-v", "--parsable", "--hold", "-o", "/dev/null", "-p", "batch", "--wrap", "true"])
+    assert r.returncode == 0, r.stderr
+    assert "signal" not in r.stderr
+
+
+def test_default_signal_reaches_batch_shell_on_preemption(cluster: MiniSlurm) -> None:
+    """End to end: no --signal given; a hold job preempts it; the shell gets USR1 at once and
+    knows its grace time from GPU_BRIDGE_GRACE_S."""
+    cluster.run(["scancel", "-u", "root"])
+    out = cluster.work / "sig.out"
+    script = (
+        'echo "grace=$GPU_BRIDGE_GRACE_S"; trap \'echo "USR1 $(date +%s)"\' USR1; '
+        'for i in $(seq 120); do sleep 0.25; done'
+    )
+    r = cluster.run(["sbatch", "--parsable", "-p", "preempt", "-o", str(out), "--wrap", script])
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    _wait(lambda: show_job(cluster, job).get("JobState") == "RUNNING" and out.exists(), 20)
+    time.sleep(0.5)
+    t0 = time.time()
+    r = cluster.run(["sbatch", "--parsable", "-p", "gpu-bridge", "-J", "gpu-bridge-hold:gpu-node-01", "-w",
+                     "gpu-node-01", "-o", "/dev/null", "--wrap", "sleep 1"])
+    assert r.returncode == 0, r.stderr
+    _wait(lambda: "USR1" in out.read_text(), 10)
+    text = out.read_text()
+    assert "grace=%d" % GRACE_S in text
+    got = int(re.search(r"USR1 (\d+)", text).group(1))  # type: ignore[union-attr]
+    assert got - t0 < GRACE_S  # at the start of GraceTime, not at its end
+    _wait(lambda: show_job(cluster, job).get("Restarts") == "1", 30)  # and it was requeued
+
+
+def _wait(cond, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"condition not met within {timeout_s} s")

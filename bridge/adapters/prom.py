@@ -1,0 +1,375 @@
+"""Prometheus adapter: the vLLM load signals of each pool, now and over a past window.
+
+Thin on purpose: build one PromQL query per pool, send it with ``PrometheusConnect`` (with a
+timeout, no retries: the daemon's next tick is the retry), parse and validate the result.
+
+One query per pool and instant, a union (``or``) of terms each tagged with a ``bridge_q``
+label, so every signal is evaluated at the same instant in one round trip:
+
+- ``value:<metric>``: each gauge per series (running, waiting, V1 and V0 KV-cache usage);
+- ``ts:<metric>``: ``timestamp(<metric>{...})``, the sample's own time, for staleness;
+- ``rate:prompt`` / ``rate:generation``: ``rate(<counter>{...}[w])`` per series.
+
+Validation, fail closed: a signal whose series include one that is stale (sample older than
+``staleness_s``), NaN, infinite or negative (KV usage also > 1) becomes None, with the reason
+in ``SignalsReading.problems``; a signal with no series at all is None too. A partial sum is
+never reported, since it would read as less load than there is. Series of a model the pool
+does not serve are dropped (noted). A failed query raises AdapterError: never "no load".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
+
+from bridge import logs
+from bridge.errors import AdapterError
+from bridge.model import LoadSignals
+
+log = logs.get(__name__)
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_V1 = "vllm:kv_cache_usage_perc"
+KV_V0 = "vllm:gpu_cache_usage_perc"
+PROMPT = "vllm:prompt_tokens_total"
+GENERATION = "vllm:generation_tokens_total"
+GAUGES = (RUNNING, WAITING, KV_V1, KV_V0)
+TAG = "bridge_q"
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+ERROR_CAP = 300
+
+
+@dataclass(frozen=True, slots=True)
+class PromPool:
+    """What selects one pool's vLLM series: its ``model_name`` and extra exact matchers."""
+
+    name: str
+    model: str
+    matchers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in self.matchers:
+            if not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
+                raise ValueError(f"pools[{self.name}].prometheus_matchers: {key!r} is not a label name")
+            if key in ("model_name", TAG):
+                raise ValueError(f"pools[{self.name}].prometheus_matchers: {key!r} is set by gpu-bridge itself")
+
+    @classmethod
+    def from_config(cls, pool: Any) -> PromPool:
+        """From a ``bridge.config.PoolConfig`` (name, model, prometheus_matchers)."""
+        return cls(name=pool.name, model=pool.model, matchers=dict(pool.prometheus_matchers))
+
+
+@dataclass(frozen=True, slots=True)
+class SignalsReading:
+    """The signals of one pool at one instant, and why any of them is None."""
+
+    pool: str
+    signals: LoadSignals
+    problems: Mapping[str, str] = field(default_factory=dict)  # signal field -> reason it is None
+    ignored: tuple[str, ...] = ()  # series dropped because they are not the pool's model
+
+
+@runtime_checkable
+class PromReader(Protocol):
+    def current(self, pool: PromPool, *, at: float | None = None) -> SignalsReading: ...
+
+    def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]: ...
+
+
+# --- query building ---------------------------------------------------------------------------
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def selector(pool: PromPool) -> str:
+    """The label matchers of a pool, e.g. ``model_name="llama",namespace="serving"``."""
+    parts = [f'model_name="{_escape(pool.model)}"']
+    parts += [f'{k}="{_escape(v)}"' for k, v in sorted(pool.matchers.items())]
+    return ",".join(parts)
+
+
+def _tag(expr: str, tag: str) -> str:
+    return f'label_replace({expr}, "{TAG}", "{tag}", "", "")'
+
+
+def _window(seconds: float) -> str:
+    return f"{max(1, round(seconds))}s"
+
+
+def build_query(pool: PromPool, *, rate_window_s: float, with_timestamps: bool = True, gauge_window_s: float | None = None) -> str:
+    """The one query of a pool. ``gauge_window_s`` set = each gauge as ``max_over_time`` over
+    that window (history: the peak of each step) and no timestamps."""
+    sel = selector(pool)
+    terms = []
+    for g in GAUGES:
+        expr = f"{g}{{{sel}}}" if gauge_window_s is None else f"max_over_time({g}{{{sel}}}[{_window(gauge_window_s)}])"
+        terms.append(_tag(expr, f"value:{g}"))
+    if with_timestamps and gauge_window_s is None:
+        terms += [_tag(f"timestamp({g}{{{sel}}})", f"ts:{g}") for g in GAUGES]
+    w = _window(rate_window_s)
+    terms.append(_tag(f"rate({PROMPT}{{{sel}}}[{w}])", "rate:prompt"))
+    terms.append(_tag(f"rate({GENERATION}{{{sel}}}[{w}])", "rate:generation"))
+    return "\n  or ".join(terms)
+
+
+# --- result parsing ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Step:
+    """Everything the query returned for one evaluation instant, keyed by replica."""
+
+    values: dict[str, dict[frozenset[tuple[str, str]], float]] = field(default_factory=dict)
+    stamps: dict[str, dict[frozenset[tuple[str, str]], float]] = field(default_factory=dict)
+
+
+def _replica_key(metric: Mapping[str, str]) -> frozenset[tuple[str, str]]:
+    return frozenset((k, v) for k, v in metric.items() if k not in ("__name__", TAG))
+
+
+def _describe(key: frozenset[tuple[str, str]]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(key)) + "}"
+
+
+def _float(raw: Any) -> float:
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _bad(value: float, *, upper: float | None = None) -> str | None:
+    if math.isnan(value):
+        return "is NaN"
+    if math.isinf(value):
+        return "is infinite"
+    if value < 0:
+        return f"is negative ({value:g})"
+    if upper is not None and value > upper + 1e-9:
+        return f"is above {upper:g} ({value:g})"
+    return None
+
+
+class _Signal:
+    """Sum of one signal over replicas, or the reason it cannot be trusted."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.replicas = 0
+        self.problem: str | None = None
+
+    def add(self, value: float, what: str, *, upper: float | None = None) -> None:
+        why = _bad(value, upper=upper)
+        if why is not None:
+            self.problem = self.problem or f"{what} {why}"
+            return
+        self.total += value
+        self.replicas += 1
+
+    def result(self, empty: str) -> float | None:
+        if self.problem is None and self.replicas == 0:
+            self.problem = empty
+        return None if self.problem is not None else self.total
+
+
+def signals_from_step(
+    step: _Step, *, t: float, staleness_s: float | None, check_timestamps: bool
+) -> tuple[LoadSignals, dict[str, str]]:
+    """Validate and sum one instant's series into LoadSignals (pure)."""
+    problems: dict[str, str] = {}
+
+    def gauge(metric: str, replicas: Iterable[frozenset[tuple[str, str]]], *, upper: float | None = None, sig: _Signal | None = None) -> _Signal:
+        sig = sig or _Signal()
+        values = step.values.get(metric, {})
+        stamps = step.stamps.get(metric, {})
+        for key in replicas:
+            what = f"{metric}{_describe(key)}"
+            if check_timestamps and staleness_s is not None:
+                ts = stamps.get(key)
+                if ts is None:
+                    sig.problem = sig.problem or f"{what} has no sample timestamp"
+                    continue
+                age = t - ts
+                if age > staleness_s:
+                    sig.problem = sig.problem or f"{what} is stale: last sample {age:.0f} s old (limit {staleness_s:g} s)"
+                    continue
+            sig.add(values[key], what, upper=upper)
+        return sig
+
+    running = gauge(RUNNING, sorted(step.values.get(RUNNING, {}), key=_describe))
+    waiting = gauge(WAITING, sorted(step.values.get(WAITING, {}), key=_describe))
+    v1 = step.values.get(KV_V1, {})
+    v0_only = [k for k in step.values.get(KV_V0, {}) if k not in v1]
+    kv = gauge(KV_V1, sorted(v1, key=_describe), upper=1.0)
+    kv = gauge(KV_V0, sorted(v0_only, key=_describe), upper=1.0, sig=kv)
+
+    tokens = _Signal()
+    for name, tag in ((PROMPT, "rate:prompt"), (GENERATION, "rate:generation")):
+        series = step.values.get(tag, {})
+        if not series and tokens.problem is None:
+            tokens.problem = f"no series of {name}"
+        for key in sorted(series, key=_describe):
+            tokens.add(series[key], f"rate({name}{_describe(key)})")
+
+    r = running.result(f"no series of {RUNNING}")
+    w = waiting.result(f"no series of {WAITING}")
+    k = kv.result(f"no series of {KV_V1} or {KV_V0}")
+    tok = tokens.result(f"no series of {PROMPT} / {GENERATION}")
+    for name, sig in (("running", running), ("waiting", waiting), ("kv_cache_usage_sum", kv), ("tokens_per_s", tokens)):
+        if sig.problem is not None:
+            problems[name] = sig.problem
+    # How many replicas the sums cover: those in the KV sum when it is known, else those in running.
+    reporting = kv.replicas if k is not None else (running.replicas if r is not None else 0)
+    return LoadSignals(t=t, running=r, waiting=w, kv_cache_usage_sum=k, tokens_per_s=tok, replicas_reporting=reporting), problems
+
+
+def _absorb(step: _Step, metric: Mapping[str, str], raw: Any, model: str, ignored: set[str]) -> None:
+    tag = metric.get(TAG, "")
+    key = _replica_key(metric)
+    if metric.get("model_name") != model:
+        ignored.add(f"{tag} {_describe(key)}: model_name is not {model!r}")
+        return
+    if tag.startswith("value:"):
+        step.values.setdefault(tag[len("value:") :], {})[key] = _float(raw)
+    elif tag.startswith("ts:"):
+        step.stamps.setdefault(tag[len("ts:") :], {})[key] = _float(raw)
+    elif tag.startswith("rate:"):
+        step.values.setdefault(tag, {})[key] = _float(raw)
+
+
+def parse_instant(result: Sequence[Mapping[str, Any]], *, pool: PromPool, staleness_s: float, at: float | None) -> SignalsReading:
+    """An instant-query result (a vector) -> SignalsReading (pure)."""
+    step = _Step()
+    ignored: set[str] = set()
+    t = at
+    for item in result:
+        metric = item.get("metric") or {}
+        ts, raw = item["value"]
+        t = float(ts) if t is None else t
+        _absorb(step, metric, raw, pool.model, ignored)
+    if t is None:
+        raise ValueError("an empty result needs the evaluation time")
+    signals, problems = signals_from_step(step, t=t, staleness_s=staleness_s, check_timestamps=True)
+    return SignalsReading(pool=pool.name, signals=signals, problems=problems, ignored=tuple(sorted(ignored)))
+
+
+def parse_range(result: Sequence[Mapping[str, Any]], *, pool: PromPool, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
+    """A range-query result (a matrix) -> one LoadSignals per step, oldest first (pure).
+    Steps where nothing was recorded come out with every signal None."""
+    n = int(math.floor((end - start) / step_s + 1e-9)) + 1
+    steps = [_Step() for _ in range(n)]
+    ignored: set[str] = set()
+    for item in result:
+        metric = item.get("metric") or {}
+        for ts, raw in item.get("values") or ():
+            i = round((float(ts) - start) / step_s)
+            if 0 <= i < n:
+                _absorb(steps[i], metric, raw, pool.model, ignored)
+    out = [signals_from_step(st, t=start + i * step_s, staleness_s=None, check_timestamps=False)[0] for i, st in enumerate(steps)]
+    return tuple(out)
+
+
+# --- the adapter ------------------------------------------------------------------------------
+
+
+class PromAdapter:
+    """Queries one Prometheus. ``staleness_s``: a gauge sample older than this is not used."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 10.0,
+        staleness_s: float = 60.0,
+        rate_window_s: float = 60.0,
+        client: PrometheusConnect | None = None,
+    ) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.staleness_s = staleness_s
+        self.rate_window_s = rate_window_s
+        self._client = client or PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s, retry=Retry(total=0))
+        self._lock = threading.Lock()
+        self._queries: Counter[str] = Counter()  # "query" | "query_range" -> count
+        self._failures: Counter[str] = Counter()
+
+    def calls(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._queries)
+
+    def failures(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._failures)
+
+    def current(self, pool: PromPool, *, at: float | None = None) -> SignalsReading:
+        """The pool's signals at ``at`` (unix s; None = Prometheus' now)."""
+        query = build_query(pool, rate_window_s=self.rate_window_s)
+        params = {"time": f"{at:.3f}"} if at is not None else {}
+        result = self._run("query", pool, lambda: self._client.custom_query(query, params=params, timeout=self.timeout_s))
+        try:
+            if not result and at is None:
+                at = datetime.now(UTC).timestamp()
+            reading = parse_instant(result, pool=pool, staleness_s=self.staleness_s, at=at)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise AdapterError("prometheus", f"pool {pool.name}: unexpected query result: {str(e)[:ERROR_CAP]}") from None
+        if reading.problems:
+            log.info("signals_incomplete", pool=pool.name, problems=dict(reading.problems))
+        return reading
+
+    def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
+        """One LoadSignals per ``step_s`` from ``start`` to ``end``, oldest first; gauges are
+        each step's peak (``max_over_time`` over the step), token rates over the rate window."""
+        if step_s < 1 or end < start:
+            raise ValueError(f"history: need step_s >= 1 and end >= start, got start={start} end={end} step_s={step_s}")
+        # prometheus-api-client sends whole seconds; Prometheus evaluates at start + k * step.
+        start, end, step_s = float(round(start)), float(round(end)), float(round(step_s))
+        query = build_query(pool, rate_window_s=self.rate_window_s, gauge_window_s=step_s)
+        result = self._run(
+            "query_range",
+            pool,
+            lambda: self._client.custom_query_range(
+                query,
+                start_time=datetime.fromtimestamp(start, UTC),
+                end_time=datetime.fromtimestamp(end, UTC),
+                step=_window(step_s),
+                timeout=self.timeout_s,
+            ),
+        )
+        try:
+            return parse_range(result, pool=pool, start=start, end=end, step_s=step_s)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
+
+    def _run(self, kind: Literal["query", "query_range"], pool: PromPool, fn: Any) -> Any:
+        with self._lock:
+            self._queries[kind] += 1
+        try:
+            result = fn()
+        except PrometheusApiClientException as e:
+            self._fail(kind)
+            raise AdapterError("prometheus", f"pool {pool.name}: {kind} failed: {str(e)[:ERROR_CAP]}") from None
+        except (requests.RequestException, OSError, ValueError) as e:
+            self._fail(kind)
+            raise AdapterError("prometheus", f"pool {pool.name}: {kind} failed: {type(e).__name__}: {str(e)[:ERROR_CAP]}") from None
+        if not isinstance(result, list):
+            self._fail(kind)
+            raise AdapterError("prometheus", f"pool {pool.name}: {kind}: expected a list of series, got {type(result).__name__}")
+        return result
+
+    def _fail(self, kind: str) -> None:
+        with self._lock:
+            self._failures[kind] += 1

@@ -1,0 +1,135 @@
+"""Prometheus adapter, pure parts: the query text and the parsing/validation of instant and
+range results (V1 preferred over V0 per replica, staleness by sample timestamp, NaN/Inf/
+negative/out-of-range values, series of another model, empty results)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bridge.adapters import prom
+from bridge.adapters.prom import PromPool, build_query, parse_instant, parse_range
+
+POOL = PromPool("llama", "llama-70b")
+T = 1_800_000_000.0
+
+
+def series(tag: str, value: float | str, pod: str = "a", model: str = "llama-70b", t: float = T, **extra: str) -> dict[str, Any]:
+    metric = {"bridge_q": tag, "model_name": model, "pod": pod, **extra}
+    if tag.startswith("value:"):
+        metric["__name__"] = tag[len("value:") :]
+    return {"metric": metric, "value": [t, str(value)]}
+
+
+def replica(pod: str, *, running: float = 1, waiting: float = 0, v1: float | None = 0.5, v0: float | None = None, ts: float = T - 1) -> list[dict[str, Any]]:
+    out = [series(f"value:{prom.RUNNING}", running, pod), series(f"value:{prom.WAITING}", waiting, pod)]
+    out += [series(f"ts:{prom.RUNNING}", ts, pod), series(f"ts:{prom.WAITING}", ts, pod)]
+    if v1 is not None:
+        out += [series(f"value:{prom.KV_V1}", v1, pod), series(f"ts:{prom.KV_V1}", ts, pod)]
+    if v0 is not None:
+        out += [series(f"value:{prom.KV_V0}", v0, pod), series(f"ts:{prom.KV_V0}", ts, pod)]
+    out += [series("rate:prompt", 10, pod), series("rate:generation", 5, pod)]
+    return out
+
+
+def test_query_text() -> None:
+    q = build_query(PromPool("p", 'we"ird', {"namespace": "serving"}), rate_window_s=30)
+    assert 'label_replace(vllm:num_requests_running{model_name="we\\"ird",namespace="serving"}, "bridge_q", "value:vllm:num_requests_running", "", "")' in q
+    assert 'label_replace(timestamp(vllm:kv_cache_usage_perc{model_name="we\\"ird",namespace="serving"}), "bridge_q", "ts:vllm:kv_cache_usage_perc", "", "")' in q
+    assert 'rate(vllm:generation_tokens_total{model_name="we\\"ird",namespace="serving"}[30s])' in q
+    assert q.count("\n  or ") == 9
+    hist = build_query(POOL, rate_window_s=60, gauge_window_s=60)
+    assert "timestamp(" not in hist and 'max_over_time(vllm:num_requests_waiting{model_name="llama-70b"}[60s])' in hist
+
+
+@pytest.mark.parametrize("key", ["model_name", "bridge_q", "__name__", "bad-label"])
+def test_pool_matchers_are_checked(key: str) -> None:
+    with pytest.raises(ValueError, match=r"pools\[p\]\.prometheus_matchers"):
+        PromPool("p", "m", {key: "x"})
+
+
+def test_sums_and_prefers_v1_per_replica() -> None:
+    result = replica("a", running=3, waiting=1, v1=0.5) + replica("b", running=2, v1=None, v0=0.25) + replica("c", v1=0.125, v0=0.9)
+    r = parse_instant(result, pool=POOL, staleness_s=30, at=None)
+    assert r.problems == {} and r.ignored == ()
+    s = r.signals
+    assert (s.t, s.running, s.waiting, s.replicas_reporting) == (T, 6, 1, 3)
+    assert s.kv_cache_usage_sum == pytest.approx(0.875)
+    assert s.tokens_per_s == pytest.approx(45)
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "problem"),
+    [
+        ({"running": float("nan")}, "running", 'vllm:num_requests_running{model_name="llama-70b",pod="b"} is NaN'),
+        ({"waiting": float("inf")}, "waiting", 'vllm:num_requests_waiting{model_name="llama-70b",pod="b"} is infinite'),
+        ({"waiting": -2}, "waiting", 'vllm:num_requests_waiting{model_name="llama-70b",pod="b"} is negative (-2)'),
+        ({"v1": 1.5}, "kv_cache_usage_sum", 'vllm:kv_cache_usage_perc{model_name="llama-70b",pod="b"} is above 1 (1.5)'),
+        (
+            {"ts": T - 90},
+            "running",
+            'vllm:num_requests_running{model_name="llama-70b",pod="b"} is stale: last sample 90 s old (limit 30 s)',
+        ),
+    ],
+    ids=["nan", "inf", "negative", "kv-above-1", "stale"],
+)
+def test_one_bad_replica_makes_the_signal_none_never_a_partial_sum(change: dict[str, float], field: str, problem: str) -> None:
+    result = replica("a") + replica("b", **change)  # type: ignore[arg-type]
+    r = parse_instant(result, pool=POOL, staleness_s=30, at=None)
+    assert getattr(r.signals, field) is None
+    assert r.problems[field] == problem
+
+
+def test_missing_timestamp_series_is_not_trusted() -> None:
+    result = [s for s in replica("a") if s["metric"]["bridge_q"] != f"ts:{prom.RUNNING}"]
+    r = parse_instant(result, pool=POOL, staleness_s=30, at=None)
+    assert r.signals.running is None and r.problems["running"].endswith("has no sample timestamp")
+
+
+def test_series_of_another_model_are_ignored() -> None:
+    result = replica("a") + [series(f"value:{prom.RUNNING}", 50, "x", model="other")]
+    r = parse_instant(result, pool=POOL, staleness_s=30, at=None)
+    assert r.signals.running == 1
+    assert r.ignored == ('value:vllm:num_requests_running {model_name="other",pod="x"}: model_name is not \'llama-70b\'',)
+
+
+def test_empty_result_is_all_none_with_reasons() -> None:
+    r = parse_instant([], pool=POOL, staleness_s=30, at=T)
+    s = r.signals
+    assert (s.running, s.waiting, s.kv_cache_usage_sum, s.tokens_per_s, s.replicas_reporting) == (None, None, None, None, 0)
+    assert r.problems == {
+        "running": "no series of vllm:num_requests_running",
+        "waiting": "no series of vllm:num_requests_waiting",
+        "kv_cache_usage_sum": "no series of vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc",
+        "tokens_per_s": "no series of vllm:prompt_tokens_total",
+    }
+    with pytest.raises(ValueError):
+        parse_instant([], pool=POOL, staleness_s=30, at=None)
+
+
+def test_missing_generation_counter_makes_tokens_none() -> None:
+    result = [s for s in replica("a") if s["metric"]["bridge_q"] != "rate:generation"]
+    r = parse_instant(result, pool=POOL, staleness_s=30, at=None)
+    assert r.signals.tokens_per_s is None and r.problems["tokens_per_s"] == "no series of vllm:generation_tokens_total"
+
+
+def test_range_result_one_signal_per_step_oldest_first() -> None:
+    def ranged(tag: str, points: list[tuple[float, float]], pod: str = "a") -> dict[str, Any]:
+        metric = {"bridge_q": tag, "model_name": "llama-70b", "pod": pod}
+        return {"metric": metric, "values": [[t, str(v)] for t, v in points]}
+
+    start = 1000.0
+    result = [
+        ranged(f"value:{prom.RUNNING}", [(1000, 1), (1060, 2), (1120, 3)]),
+        ranged(f"value:{prom.WAITING}", [(1000, 0), (1060, 0), (1120, 7)]),
+        ranged(f"value:{prom.KV_V0}", [(1060, 0.5), (1120, 0.75)]),
+        ranged(f"value:{prom.KV_V1}", [(1120, 0.25)]),
+        ranged("rate:prompt", [(1120, 4)]),
+        ranged("rate:generation", [(1120, 6)]),
+    ]
+    hist = parse_range(result, pool=POOL, start=start, end=1180, step_s=60)
+    assert [h.t for h in hist] == [1000, 1060, 1120, 1180]
+    assert [h.running for h in hist] == [1, 2, 3, None]
+    assert [h.kv_cache_usage_sum for h in hist] == [None, 0.5, 0.25, None]
+    assert [h.tokens_per_s for h in hist] == [None, None, 10, None]

@@ -64,7 +64,12 @@ class LeaseRecord:
         )
 
     def same_record(self, other: LeaseRecord | None) -> bool:
-        return other is not None and (self.holder, self.renew_time, self.transitions) == (other.holder, other.renew_time, other.transitions)
+        """Unchanged since ``other`` was seen: any write (a renewal) changes the rv."""
+        return other is not None and (self.resource_version, self.holder, self.renew_time) == (
+            other.resource_version,
+            other.holder,
+            other.renew_time,
+        )
 
 
 class LeaderElector:

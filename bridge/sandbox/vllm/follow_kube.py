@@ -171,8 +171,15 @@ class KubeFollower:
         w = self._watch
         if w is not None:
             w.stop()
+            resp = getattr(w, "_resp", None)  # unblock a read waiting for the next event
+            if resp is not None:
+                try:
+                    shutdown = getattr(resp, "shutdown", None)  # urllib3 >= 2.3: wakes a blocked read
+                    (shutdown or resp.close)()
+                except Exception:  # already closed or released: the thread ends anyway
+                    pass
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=2)
 
     def _list(self) -> str:
         resp = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector, _preload_content=False,
@@ -189,9 +196,12 @@ class KubeFollower:
         from kubernetes.client.exceptions import ApiException
 
         rv = ""
+        gone_streak = 0  # 410s in a row with no event between: back off instead of hammering
         while not self._stop.is_set():
             try:
                 if not rv:
+                    if gone_streak > 1:
+                        self._stop.wait(self.backoff_s)
                     rv = self._list()
                     log.info("follow_kube_listed", reason="list", pods=len(self.tracker.pods), rv=rv)
                 self._watch = watch.Watch()
@@ -207,10 +217,12 @@ class KubeFollower:
                     if kind == "ERROR":
                         if raw.get("code") == 410:
                             log.info("follow_kube_relist", reason="410 Gone")
+                            gone_streak += 1
                             rv = ""
                             break
                         raise RuntimeError(f"watch error event: {raw}")
                     new_rv = (raw.get("metadata") or {}).get("resourceVersion")
+                    gone_streak = 0
                     if kind != "BOOKMARK":
                         self.tracker.event(str(kind), raw)
                     if new_rv:
@@ -219,6 +231,7 @@ class KubeFollower:
             except ApiException as exc:
                 if exc.status == 410:
                     log.info("follow_kube_relist", reason="410 Gone")
+                    gone_streak += 1
                     rv = ""
                     continue
                 log.warning("follow_kube_error", reason=f"{exc.status} {exc.reason}")

@@ -45,6 +45,9 @@ def test_replica_lifecycle_over_http(server: SimServer) -> None:
     assert status == 201 and rep["state"] == "serving" and rep["node"] == "gpu-node-02"
     status, body = call(server, "GET", "/replicas")
     assert status == 200 and [r["name"] for r in body["replicas"]] == ["r1"]
+    assert call(server, "GET", "/replicas/r1")[1]["node"] == "gpu-node-02"
+    assert call(server, "GET", "/replicas/nope")[0] == 404
+    assert call(server, "GET", "/health")[0] == 200
     status, text = call(server, "GET", "/metrics")
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     assert {s.labels["pod"] for s in fams["vllm:num_requests_running"].samples} == {"r1"}

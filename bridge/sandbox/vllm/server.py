@@ -1,8 +1,9 @@
 """HTTP front of the simulator: ``/metrics`` plus a small JSON control API, on one port.
 
     GET    /metrics             Prometheus text exposition (vLLM names)
-    GET    /healthz             {"ok": true, ...}
+    GET    /healthz, /health    {"ok": true, ...}
     GET    /replicas            list of replicas with their state
+    GET    /replicas/{name}     one replica
     POST   /replicas            {"name", "model"?, "node"?, "warmup_s"?}  -> 201
     DELETE /replicas/{name}     drain (optional ?shutdown_timeout_s=S)    -> 202
     GET    /load                trace clock, rates, overrides
@@ -129,7 +130,7 @@ def _make_handler(server: SimServer) -> type[BaseHTTPRequestHandler]:
             try:
                 if path == "/metrics" and method in ("GET", "HEAD"):
                     self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
-                elif path == "/healthz" and method in ("GET", "HEAD"):
+                elif path in ("/healthz", "/health") and method in ("GET", "HEAD"):
                     self._json(200, {"ok": True, "sim_time_s": round(sim.t, 3), "replicas": len(sim.replicas)})
                 elif path == "/replicas" and method == "GET":
                     self._json(200, {"replicas": sim.replica_list()})
@@ -149,6 +150,12 @@ def _make_handler(server: SimServer) -> type[BaseHTTPRequestHandler]:
                     rep = sim.add_replica(body.get("name"), body.get("model"), node, warm)  # type: ignore[arg-type]
                     log.info("replica_added", pod=rep.name, node=rep.node, model=rep.model, phase=rep.state)
                     self._json(201, rep.snapshot())
+                elif path.startswith("/replicas/") and method == "GET":
+                    name = unquote(path[len("/replicas/"):])
+                    rep = sim.replicas.get(name)
+                    if rep is None:
+                        raise SimError(f"replica {name!r} not found", 404)
+                    self._json(200, rep.snapshot())
                 elif path.startswith("/replicas/") and method == "DELETE":
                     name = unquote(path[len("/replicas/"):])
                     timeout = None
@@ -166,7 +173,7 @@ def _make_handler(server: SimServer) -> type[BaseHTTPRequestHandler]:
                     status = sim.set_load(self._body())
                     log.info("load_override", reason=json.dumps(status["models"], sort_keys=True))
                     self._json(200, status)
-                elif path in ("/metrics", "/healthz", "/replicas", "/load") or path.startswith("/replicas/"):
+                elif path in ("/metrics", "/healthz", "/health", "/replicas", "/load") or path.startswith("/replicas/"):
                     self._error(405, f"{method} not allowed on {path}")
                 else:
                     self._error(404, f"no such path {path}; try /metrics, /healthz, /replicas, /load")

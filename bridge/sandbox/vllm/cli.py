@@ -69,7 +69,7 @@ def register_cli(subparsers: Any) -> None:
     g = p.add_argument_group("replicas")
     g.add_argument("--model", action="append", dest="models", metavar="NAME",
                    help="served model name (repeatable; default: meta-llama/Llama-3.1-70B-Instruct)")
-    g.add_argument("--replicas", type=int, default=0, help="replicas of each model at start (names MODEL-0, MODEL-1, ...)")
+    g.add_argument("--replicas", type=int, default=0, help="replicas of each model at start, named <model-slug>-0, -1, ... (slug: last path part, lower-case)")
     g.add_argument("--node", action="append", dest="nodes", default=[], metavar="NAME",
                    help="node label of the start replicas, in order (repeatable)")
     g.add_argument("--shutdown-timeout", type=_non_negative, default=_DEFAULTS.shutdown_timeout_s,

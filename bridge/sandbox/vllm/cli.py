@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from bridge import logs
     from bridge.errors import ConfigError
     from bridge.sandbox.vllm.server import SimServer
-    from bridge.sandbox.vllm.sim import Simulation
+    from bridge.sandbox.vllm.sim import SimError, Simulation
     from bridge.trace import load_trace
 
     logs.configure()
@@ -156,7 +156,11 @@ def run(args: argparse.Namespace) -> int:
         for i in range(args.replicas):
             node = args.nodes[i_node] if i_node < len(args.nodes) else ""
             i_node += 1
-            sim.add_replica(_replica_name(model, i), model, node, warmup_s=0.0)
+            try:
+                sim.add_replica(_replica_name(model, i), model, node, warmup_s=0.0)
+            except SimError as exc:
+                print(f"gpu-bridge sandbox vllm: --model {model}: {exc}", file=sys.stderr)
+                return 2
     try:
         server = SimServer(sim, args.host, args.port, metrics_version=args.metrics_version, tick_s=args.tick_s)
     except OSError as exc:

@@ -1,0 +1,197 @@
+"""KubeAdapter against the sandbox's Kubernetes API server, through the official client and
+a kubeconfig (``load_kube_config`` unchanged): watch cache of nodes/pods/deployment, every
+write (phase, fence/unfence, deletion cost, scale, eviction vs PDB, events seen by
+``kubectl describe node``), a 409 retried, idempotence costing no request, zero requests per
+tick at rest, fail closed (unsynced) when the server goes away."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from bridge import wellknown as wk
+from bridge.adapters.kube import EvictOutcome, KubeAdapter, PoolTarget, api_client_from_config
+from bridge.model import Phase
+
+from test_kube_adapter_support import seed_deployment, seed_node, seed_pdb, start_server, wait_for
+
+pytestmark = pytest.mark.integration
+
+NS = "serving"
+POOL = PoolTarget("llama", NS, "vllm")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[Any, Path, k8s.ApiClient]]:
+    for server, kubeconfig in start_server(tmp_path):
+        api = api_client_from_config(kubeconfig=str(kubeconfig))
+        for i in range(3):
+            seed_node(api, f"gpu-node-{i}", "llama", taints=[{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}] if i == 2 else None)
+        seed_node(api, "cpu-node", "other-pool")
+        yield server, kubeconfig, api
+        api.close()
+
+
+@pytest.fixture
+def kube(cluster: tuple[Any, Path, k8s.ApiClient]) -> Iterator[KubeAdapter]:
+    _, kubeconfig, _ = cluster
+    adapter = KubeAdapter(api_client_from_config(kubeconfig=str(kubeconfig)), pools=[POOL], identity="bridge-test", watch_timeout_s=5, request_timeout_s=3)
+    yield adapter
+    adapter.stop()
+
+
+def started(kube: KubeAdapter) -> KubeAdapter:
+    kube.start()
+    assert kube.wait_synced(10)
+    return kube
+
+
+def test_cache_sees_pool_nodes_only_with_parsed_fields(cluster: tuple[Any, Path, k8s.ApiClient], kube: KubeAdapter) -> None:
+    _, _, api = cluster
+    seed_deployment(api, NS, "vllm", "llama", 0)
+    started(kube)
+    nodes = kube.nodes()
+    assert [n.name for n in nodes] == ["gpu-node-0", "gpu-node-1", "gpu-node-2"]
+    n0 = nodes[0]
+    assert (n0.pool, n0.phase, n0.allocatable_gpus, n0.unschedulable, n0.problem) == ("llama", None, 4, False, None)
+    d = kube.deployment("llama")
+    assert d is not None and d.replicas == 0
+
+
+def test_writes_reach_the_server_and_the_cache(cluster: tuple[Any, Path, k8s.ApiClient], kube: KubeAdapter) -> None:
+    _, _, api = cluster
+    seed_deployment(api, NS, "vllm", "llama", 0)
+    started(kube)
+    core = k8s.CoreV1Api(api)
+    assert kube.set_phase("gpu-node-0", Phase.LENDING, "low load", 1_800_000_000.0)
+    live = core.read_node("gpu-node-0")
+    assert live.metadata.labels[wk.LABEL_PHASE] == "lending"
+    assert live.metadata.annotations[wk.ANNOTATION_PHASE_SINCE] == "1800000000.000"
+    assert live.metadata.annotations[wk.ANNOTATION_OWNER] == "bridge-test"
+    cached = kube.node("gpu-node-0")
+    assert cached is not None and cached.phase is Phase.LENDING and cached.reason == "low load"
+
+    before = kube.calls.total()
+    assert not kube.set_phase("gpu-node-0", Phase.LENDING, "low load", 1_800_000_000.0)
+    assert kube.calls.total() == before  # idempotent: no request at all
+
+    assert kube.fence("gpu-node-2")
+    live = core.read_node("gpu-node-2")
+    assert live.spec.unschedulable
+    assert sorted((t.key, t.effect) for t in live.spec.taints) == [("dedicated", "NoSchedule"), (wk.TAINT_KEY, "NoSchedule")]
+    assert kube.unfence("gpu-node-2")
+    live = core.read_node("gpu-node-2")
+    assert not live.spec.unschedulable and [(t.key, t.value) for t in live.spec.taints] == [("dedicated", "gpu")]
+    assert wk.ANNOTATION_CORDONED not in (live.metadata.annotations or {})
+
+
+def test_unfence_keeps_an_administrators_cordon(cluster: tuple[Any, Path, k8s.ApiClient], kube: KubeAdapter) -> None:
+    _, _, api = cluster
+    seed_deployment(api, NS, "vllm", "llama", 0)
+    core = k8s.CoreV1Api(api)
+    core.patch_node("gpu-node-1", {"spec": {"unschedulable": True}})  # kubectl cordon
+    started(kube)
+    wait_for(lambda: (n := kube.node("gpu-node-1")) is not None and n.unschedulable, what="cordon seen")
+    assert kube.fence("gpu-node-1")
+    assert kube.unfence("gpu-node-1")
+    live = core.read_node("gpu-node-1")
+    assert live.spec.unschedulable and not live.spec.taints
+
+
+def test_conflict_is_reread_and_retried(cluster: tuple[Any, Path, k8s.ApiClient], kube: KubeAdapter) -> None:
+    _, _, api = cluster
+    seed_deployment(api, NS, "vllm", "llama", 0)
+    started(kube)
+    kube._nodes.stop()  # freeze the cache so the next write carries a stale rv
+    k8s.CoreV1Api(api).patch_node("gpu-node-0", {"metadata": {"labels": {"someone": "else"}}})
+    assert kube.set_phase("gpu-node-0", Phase.LENT, "lent", 1.0)
+    calls = kube.calls.snapshot()
+    assert calls[("patch", "nodes")] == 2 and calls[("get", "nodes")] == 1
+    assert kube.calls.errors() == {("patch", "nodes", "409"): 1}
+    live = k8s.CoreV1Api(api).read_node("gpu-node-0")
+    assert live.metadata.labels["someone"] == "else" and live.metadata.labels[wk.LABEL_PHASE] == "lent"
+
+
+def test_pods_scale_eviction_and_deletion_cost(cluster: tuple[Any, Path, k8s.ApiClient], kube: KubeAdapter) -> None:
+    _, _, api = cluster
+    seed_deployment(api, NS, "vllm", "llama", 2)
+    seed_pdb(api, NS, "vllm", {"app": "vllm", "pool": "llama"}, min_available=2)
+    started(kube)
+    pods = wait_for(lambda: (ps := kube.pods("llama")) and len(ps) == 2 and all(p.ready for p in ps) and ps, timeout=20, what="2 Ready pods")
+    assert {p.node for p in pods} <= {"gpu-node-0", "gpu-node-1"}  # gpu-node-2 is tainted
+    victim = pods[0]
+    assert kube.set_pod_deletion_cost(NS, victim.name, -100)
+    wait_for(lambda: (p := next((x for x in kube.pods("llama") if x.name == victim.name), None)) is not None and p.deletion_cost == -100, what="cost in cache")
+    assert not kube.set_pod_deletion_cost(NS, victim.name, -100)
+
+    assert kube.evict(NS, victim.name) is EvictOutcome.BLOCKED  # PDB: 2 of 2 needed
+    assert kube.evict(NS, "no-such-pod") is EvictOutcome.GONE
+
+    scale = kube.read_scale(NS, "vllm")
+    assert scale.replicas == 2
+    assert kube.scale(NS, "vllm", 1) and not kube.scale(NS, "vllm", 1)
+    wait_for(lambda: (d := kube.deployment("llama")) is not None and d.replicas == 1, what="deployment replicas in cache")
+    wait_for(lambda: [p.name for p in kube.pods("llama") if not p.terminating] == [pods[1].name], timeout=20, what="cheapest pod removed")
+
+
+def test_eviction_allowed_by_the_pdb(cluster: tuple[Any, Path, k8s.ApiClient], kube: KubeAdapter) -> None:
+    _, _, api = cluster
+    seed_deployment(api, NS, "vllm", "llama", 2)
+    seed_pdb(api, NS, "vllm", {"app": "vllm", "pool": "llama"}, min_available=1)
+    started(kube)
+    pods = wait_for(lambda: (ps := kube.pods("llama")) and len(ps) == 2 and all(p.ready for p in ps) and ps, timeout=20, what="2 Ready pods")
+    wait_for(lambda: (k8s.PolicyV1Api(api).read_namespaced_pod_disruption_budget("vllm", NS).status.disruptions_allowed or 0) >= 1, what="PDB status")
+    assert kube.evict(NS, pods[0].name) is EvictOutcome.EVICTED
+    wait_for(lambda: any(p.name == pods[0].name and p.terminating for p in kube.pods("llama")) or all(p.name != pods[0].name for p in kube.pods("llama")), what="evicted pod terminating")
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")
+def test_events_show_in_kubectl_describe_node(cluster: tuple[Any, Path, k8s.ApiClient], kube: KubeAdapter, tmp_path: Path) -> None:
+    _, kubeconfig, api = cluster
+    seed_deployment(api, NS, "vllm", "llama", 0)
+    started(kube)
+    kube.emit_event("gpu-node-1", "GpuBridgeLending", "lend gpu-node-1: forecast peak 1.2 replicas < 3 serving - 1")
+    kube.emit_event("gpu-node-1", "GpuBridgeReclaimFailed", "not Ready in 300 s", event_type="Warning")
+    home = tmp_path / "home"
+    home.mkdir()
+    out = subprocess.run(
+        ["kubectl", f"--kubeconfig={kubeconfig}", "describe", "node", "gpu-node-1"],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "HOME": str(home)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "GpuBridgeLending" in out.stdout and "forecast peak 1.2 replicas" in out.stdout
+    assert "Warning  GpuBridgeReclaimFailed" in out.stdout
+
+
+def test_reading_costs_no_request_and_writes_cost_one(cluster: tuple[Any, Path, k8s.ApiClient], kube: KubeAdapter) -> None:
+    _, _, api = cluster
+    seed_deployment(api, NS, "vllm", "llama", 0)
+    started(kube)
+    at_rest = kube.calls.snapshot()
+    for _ in range(100):  # 100 "ticks" of observation
+        kube.nodes()
+        kube.pods("llama")
+        kube.deployment("llama")
+        kube.cache_status()
+    assert kube.calls.snapshot() == at_rest
+    kube.fence("gpu-node-0")
+    after = kube.calls.snapshot()
+    assert {k: v - at_rest.get(k, 0) for k, v in after.items() if v != at_rest.get(k, 0)} == {("patch", "nodes"): 1}
+
+
+def test_cache_goes_unsynced_when_the_server_is_gone(cluster: tuple[Any, Path, k8s.ApiClient], kube: KubeAdapter) -> None:
+    server, _, api = cluster
+    seed_deployment(api, NS, "vllm", "llama", 0)
+    started(kube)
+    assert kube.cache_status().synced
+    server.stop()
+    wait_for(lambda: not kube.cache_status().synced, timeout=15, what="unsynced after server stop")
+    st = kube.cache_status()
+    assert any(i.errors > 0 for i in st.informers)

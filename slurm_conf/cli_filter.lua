@@ -5,11 +5,17 @@ directory of the slurm.conf they use). Tested on Slurm 22.05 by
 tests/integration/test_job_submit_lua.py.
 
 It gives every batch job of the preemptible partition a default pre-preemption signal:
-  --signal=B:USR1@<GRACE_S>
-when the user gave no --signal. With SlurmctldParameters=preempt_send_user_signal, Slurm then
-sends SIGUSR1 to the batch shell as soon as the job is chosen for preemption, so it can
-checkpoint during GraceTime (without a --signal, a batch script gets nothing until GraceTime
-is over and SIGTERM arrives, KillWait seconds before SIGKILL).
+  --signal=B:URG@<GRACE_S>
+when the user gave no --signal. With SlurmctldParameters=preempt_send_user_signal, Slurm sends
+it to the batch shell as soon as the job is chosen for preemption (the start of GraceTime), so
+a script that traps it can checkpoint. Without any --signal, a batch script gets nothing until
+GraceTime is over and SIGTERM arrives (SIGKILL KillWait seconds later).
+
+Why SIGURG and not SIGUSR1: the default action of SIGUSR1 is to terminate. A script that does
+not trap it would die at the start of GraceTime, and a job that ends during GraceTime is not
+requeued (Slurm 22.05 marks it FAILED): the job would be lost. SIGURG is ignored unless
+trapped, so the default is harmless for scripts that know nothing of it. Scripts written for
+gpu-bridge pass their own --signal=B:USR1@<s> (slurm_conf/examples/) or trap URG.
 
 Why client-side: slurmctld's job_submit/lua cannot set a job's signal (warn_signal/warn_time
 are not exposed to it). A user can bypass a client-side filter (another slurm.conf), so the
@@ -20,7 +26,7 @@ server-side rules (requeue, the hold partition) live in job_submit.lua.
 local PREEMPT_PARTITION = "preempt"
 local PREEMPT_IS_DEFAULT = true -- Default=YES on the preemptible partition
 local GRACE_S = 120             -- GraceTime of the preemptible partition
-local SIGNAL = "USR1"
+local SIGNAL = "URG"             -- ignored unless trapped: see above
 -- -------------------------------------------------------------------------------------------
 
 local function in_preempt(partition)

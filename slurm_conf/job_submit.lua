@@ -15,7 +15,7 @@ What it enforces, for the nodes gpu-bridge lends to Slurm:
   * Research jobs get the environment variable GPU_BRIDGE_GRACE_S (the preemptible
     partition's GraceTime), so a job script knows how long it has to checkpoint.
 
-The default pre-preemption signal (--signal=B:USR1@<grace>) cannot be set here: Slurm's
+The default pre-preemption signal (--signal=B:URG@<grace>) cannot be set here: Slurm's
 job_submit/lua does not expose the job's warn_signal/warn_time fields (22.05 to 25.x).
 cli_filter.lua (CliFilterPlugins=cli_filter/lua) sets it on the client side instead.
 --]]

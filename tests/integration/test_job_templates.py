@@ -1,0 +1,181 @@
+"""slurm_conf/examples/train-checkpointing.sbatch on the sandbox's real Slurm, with the shipped
+job_submit.lua and cli_filter.lua installed.
+
+Two identical jobs run side by side; one is preempted mid-run by a hold job in the
+`gpu-bridge` partition pinned to its node (exactly how gpu-bridge reclaims a node), and
+requeued once its GraceTime has passed (slurmctld itself would do so only at its next 30 s
+time-limit sweep). Checked:
+the preempted job got SIGUSR1 and checkpointed, was requeued (Restarts=1), resumed from its
+checkpoint (not from step 0), published `Comment=gpu-bridge:checkpoint=<t>`, and finished with
+the same result as the uninterrupted job and as the workload computed in-process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+try:
+    from slurm_mini import MiniSlurm, have_slurm
+except ImportError:  # tests/integration became a package
+    from .slurm_mini import MiniSlurm, have_slurm  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "slurm_conf" / "examples"
+GRACE_S = 5
+STEPS, STEP_S, CKPT_EVERY = 60, 0.25, 10  # 15 s of "training"
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not have_slurm(), reason="Slurm daemons not installed"),
+    pytest.mark.timeout(150),
+]
+
+
+def lua_with_grace(name: str) -> str:
+    text = (ROOT / "slurm_conf" / name).read_text()
+    text, n = re.subn(r"^local GRACE_S = \d+", f"local GRACE_S = {GRACE_S}", text, flags=re.M)
+    assert n == 1
+    return text
+
+
+class Cluster:
+    """What the test needs from a Slurm cluster: an environment and a shared work dir."""
+
+    def __init__(self, env: dict[str, str], work: Path) -> None:
+        self.env = env
+        self.work = work
+
+    def run(self, argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, env=self.env, cwd=self.work, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+
+    def job(self, job_id: str) -> dict[str, str]:
+        out = self.run(["scontrol", "-o", "show", "job", job_id]).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def _sandbox_class():  # type: ignore[no-untyped-def]
+    try:
+        from bridge.sandbox.cluster.sandbox import Sandbox
+    except ImportError:
+        return None
+    return Sandbox
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    sandbox_cls = _sandbox_class()
+    if sandbox_cls is None:  # before the sandbox existed: a minimal cluster of our own
+        with MiniSlurm(nodes=2, grace_s=GRACE_S, job_submit_lua=lua_with_grace("job_submit.lua"),
+                       cli_filter_lua=lua_with_grace("cli_filter.lua")) as mini:
+            yield Cluster(mini.env(), mini.work)
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="gb-tpl-", dir="/tmp"))
+    tmp.chmod(0o755)  # munged (user munge) must reach the sandbox dir
+    lua = tmp / "job_submit.lua"
+    lua.write_text(lua_with_grace("job_submit.lua"))
+    sb = sandbox_cls(tmp / "sb", nodes=2, grace_s=GRACE_S, job_submit_lua=lua, vllm=False,
+                     extra_slurm_conf="CliFilterPlugins=cli_filter/lua")
+    try:
+        sb.up()
+        # cli_filter runs in sbatch: it reads cli_filter.lua next to the slurm.conf it uses.
+        (sb.slurm.etc / "cli_filter.lua").write_text(lua_with_grace("cli_filter.lua"))
+        work = tmp / "work"
+        work.mkdir()
+        yield Cluster(sb.slurm_env(), work)
+    finally:
+        sb.down()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def expected_result() -> str:
+    """The workload's answer, computed in-process with its own step function."""
+    spec = importlib.util.spec_from_file_location("train_example", EXAMPLES / "train.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    state = 0
+    for step in range(STEPS):
+        state = mod.step_fn(state, step)
+    return f"{state:016x}"
+
+
+def wait_for(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_preempted_job_resumes_from_checkpoint_with_same_result(cluster: Cluster) -> None:
+    for f in ("train.py", "train-checkpointing.sbatch"):
+        shutil.copy(EXAMPLES / f, cluster.work / f)
+    env_args = f"--export=ALL,TRAIN_STEPS={STEPS},STEP_S={STEP_S},CKPT_EVERY={CKPT_EVERY}"
+    t_start = time.time()
+    ids = {}
+    for name in ("steady", "preempted"):
+        r = cluster.run(["sbatch", "--parsable", "--exclusive", env_args, "-J", f"train-{name}",
+                         "-o", str(cluster.work / f"{name}.out"), "train-checkpointing.sbatch"])
+        assert r.returncode == 0, r.stderr
+        ids[name] = r.stdout.strip()
+    victim = ids["preempted"]
+    log_b = cluster.work / "preempted.out"
+
+    # Let it get a few steps in, then reclaim its node the way gpu-bridge does.
+    wait_for(lambda: log_b.exists() and "starting from step 0" in log_b.read_text(), 30, "the victim to start")
+    time.sleep(2.0)
+    node = cluster.job(victim)["NodeList"]
+    r = cluster.run(["sbatch", "--parsable", "-p", "gpu-bridge", "-J", f"gpu-bridge-hold:{node}", "-w", node,
+                     "-o", "/dev/null", "--wrap", "sleep 2"])
+    assert r.returncode == 0, r.stderr
+    t_hold = time.time()
+    hold = r.stdout.strip()
+    wait_for(lambda: "on SIGUSR1" in log_b.read_text(), 10, "the pre-preemption signal checkpoint")
+    # slurmctld ends GraceTime only on its 30 s time-limit sweep; like gpu-bridge, requeue the
+    # victim ourselves once its grace has passed (SIGTERM -> checkpoint -> requeue).
+    time.sleep(max(0.0, t_hold + GRACE_S - time.time()))
+    if cluster.job(victim).get("Restarts") == "0":
+        cluster.run(["scontrol", "requeue", victim])
+    wait_for(lambda: cluster.job(hold).get("JobState") in ("RUNNING", "COMPLETED"), 30, "the hold job to run")
+
+    def done(job_id: str) -> bool:
+        return cluster.job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+    wait_for(lambda: done(ids["steady"]) and done(victim), 90, "both jobs to finish")
+    elapsed = time.time() - t_start
+    print(f"both jobs finished {elapsed:.1f} s after submission")
+
+    steady, preempted = cluster.job(ids["steady"]), cluster.job(victim)
+    log_a, text_b = (cluster.work / "steady.out").read_text(), log_b.read_text()
+    assert steady["JobState"] == "COMPLETED" and steady["Restarts"] == "0", log_a
+    assert preempted["JobState"] == "COMPLETED", text_b
+    assert preempted["Restarts"] == "1", text_b
+
+    # The first run got the pre-preemption signal and checkpointed; the second resumed from it.
+    assert re.search(r"checkpoint at step \d+ on SIGUSR1", text_b), text_b
+    assert "job %s restart 1" % victim in text_b, text_b
+    resumed = re.search(r"resumed from step (\d+) \(restart 1\)", text_b)
+    assert resumed and 0 < int(resumed.group(1)) < STEPS, text_b
+    assert text_b.count("starting from step 0") == 1, text_b
+
+    # The published checkpoint time, for the bridge's victim choice.
+    comment = preempted.get("Comment", "")
+    assert comment.startswith("gpu-bridge:checkpoint="), preempted
+    assert t_start - 1 <= int(comment.split("=", 1)[1]) <= time.time() + 1
+
+    result_a = (cluster.work / f"result-{ids['steady']}.txt").read_text().strip()
+    result_b = (cluster.work / f"result-{victim}.txt").read_text().strip()
+    assert result_a == result_b == expected_result()
+    assert os.path.exists(cluster.work / f"ckpt-{victim}" / "checkpoint.json")

@@ -6,6 +6,7 @@
 
 from .calls import ApiCalls, KubeApiError, KubeConflictError
 from .client import KubeAdapter, api_client_from_config
+from .dryrun import DryRunKube
 from .informer import InformerStatus
 from .objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo, Taint, parse_deployment, parse_node, parse_pod, parse_scale
 from .protocol import CacheStatus, KubeAdapterProtocol, KubeReader, KubeWriter, PoolTarget
@@ -14,6 +15,7 @@ __all__ = [
     "ApiCalls",
     "CacheStatus",
     "DeploymentInfo",
+    "DryRunKube",
     "EvictOutcome",
     "InformerStatus",
     "KubeAdapter",

@@ -1,0 +1,95 @@
+"""deploy/kubernetes/rbac.yaml: its shape (kinds, bindings that point at what exists), least
+privilege (exact verbs per resource, no wildcards, nothing sensitive, namespaced where it can
+be). (`kubectl apply --dry-run=client` needs API discovery, so no kubectl check here.)"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bridge import wellknown
+
+ROOT = Path(__file__).resolve().parents[2]
+RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
+
+# (role kind, role name) -> {(apiGroup, resource): verbs}
+EXPECTED: dict[tuple[str, str], dict[tuple[str, str], set[str]]] = {
+    ("ClusterRole", "gpu-bridge-nodes"): {
+        ("", "nodes"): {"get", "list", "watch", "patch"},
+        ("", "pods"): {"get", "list", "watch"},
+        ("", "events"): {"create", "patch"},
+        ("events.k8s.io", "events"): {"create", "patch"},
+    },
+    ("ClusterRole", "gpu-bridge-serving"): {
+        ("", "pods/eviction"): {"create"},
+        ("apps", "deployments"): {"get", "list", "watch"},
+        ("apps", "deployments/scale"): {"get", "patch", "update"},
+    },
+    ("Role", "gpu-bridge-leader-election"): {
+        ("coordination.k8s.io", "leases"): {"get", "create", "update"},
+    },
+}
+
+
+def docs() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+
+
+def by_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs() if d["kind"] == kind]
+
+
+def test_kinds() -> None:
+    kinds = sorted(d["kind"] for d in docs())
+    assert kinds == sorted(
+        ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "RoleBinding",
+         "Role", "RoleBinding"]
+    )
+
+
+@pytest.mark.parametrize("key", list(EXPECTED), ids=[k[1] for k in EXPECTED])
+def test_exact_verbs(key: tuple[str, str]) -> None:
+    kind, name = key
+    (role,) = [d for d in by_kind(kind) if d["metadata"]["name"] == name]
+    got: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                got[(group, res)] |= set(rule["verbs"])
+    assert dict(got) == EXPECTED[key]
+
+
+def test_no_wildcards_or_sensitive_resources() -> None:
+    for d in by_kind("ClusterRole") + by_kind("Role"):
+        for rule in d["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], (d["metadata"]["name"], field)
+            assert not {"secrets", "configmaps", "serviceaccounts/token", "nodes/proxy"} & set(rule["resources"])
+            assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+def test_lease_update_limited_to_the_bridge_lease() -> None:
+    (role,) = by_kind("Role")
+    assert role["metadata"]["namespace"] == "gpu-bridge"
+    for rule in role["rules"]:
+        if set(rule["verbs"]) & {"get", "update"}:
+            assert rule["resourceNames"] == [wellknown.LEASE_NAME]
+
+
+def test_serving_permissions_are_bound_per_namespace_only() -> None:
+    crbs = [b["roleRef"]["name"] for b in by_kind("ClusterRoleBinding")]
+    assert crbs == ["gpu-bridge-nodes"]
+    serving = [b for b in by_kind("RoleBinding") if b["roleRef"]["name"] == "gpu-bridge-serving"]
+    assert serving and all(b["metadata"].get("namespace") for b in serving)
+
+
+def test_bindings_point_at_what_exists() -> None:
+    sa = by_kind("ServiceAccount")[0]["metadata"]
+    roles = {(d["kind"], d["metadata"]["name"]) for d in by_kind("ClusterRole") + by_kind("Role")}
+    for b in by_kind("ClusterRoleBinding") + by_kind("RoleBinding"):
+        assert (b["roleRef"]["kind"], b["roleRef"]["name"]) in roles
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}]

@@ -16,10 +16,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from bridge import logs
 
-log = logs.get(__name__)
+
+
+def _log() -> Any:
+    # Resolved at call time, so the CLI's logs.configure() (made after import) applies.
+    return logs.get(__name__)
 
 MARKER_ENV = "GPU_BRIDGE_SANDBOX_DIR"
 
@@ -128,7 +133,7 @@ def spawn(
         )
     ticks = start_ticks(proc.pid) or 0
     rec = ProcRecord(name=name, pid=proc.pid, start_ticks=ticks, log=str(log_path), argv=tuple(argv))
-    log.debug("sandbox_spawned", proc=name, pid=proc.pid)
+    _log().debug("sandbox_spawned", proc=name, pid=proc.pid)
     return proc, rec
 
 

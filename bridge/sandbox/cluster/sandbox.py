@@ -39,7 +39,11 @@ from bridge.sandbox.cluster import prometheus as prom
 from bridge.sandbox.cluster.procs import ProcRecord
 from bridge.sandbox.cluster.prometheus import ScrapeTarget
 
-log = logs.get(__name__)
+
+
+def _log() -> Any:
+    # Resolved at call time, so the CLI's logs.configure() (made after import) applies.
+    return logs.get(__name__)
 
 DEFAULT_DIR = Path("/tmp/gpu-bridge-sandbox")
 STATE_FILE = "sandbox.json"
@@ -491,7 +495,7 @@ class Sandbox:
         self.startup_s = time.monotonic() - t0
         self._write_env()
         self._save_state("running")
-        log.info("sandbox_up", dir=str(self.dir), nodes=len(self.node_names), startup_s=round(self.startup_s, 2))
+        _log().info("sandbox_up", dir=str(self.dir), nodes=len(self.node_names), startup_s=round(self.startup_s, 2))
         return self
 
     def down(self, timeout_s: float = 10.0) -> dict[int, str]:
@@ -507,12 +511,12 @@ class Sandbox:
             if not left:
                 break
             swept.update(left)
-            procs.terminate({p: procs.start_ticks(p) for p in left}, timeout_s=3.0)
+            procs.terminate({p: procs.start_ticks(p) for p in left}, timeout_s=1.0)
         self.records.clear()
         if self.state_file.exists():
             self._save_state("stopped")
         self.env_file.unlink(missing_ok=True)
-        log.info("sandbox_down", dir=str(self.dir), swept=len(swept))
+        _log().info("sandbox_down", dir=str(self.dir), swept=len(swept))
         return swept
 
     def __enter__(self) -> Sandbox:

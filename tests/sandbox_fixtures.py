@@ -1,0 +1,50 @@
+"""pytest fixtures around the real sandbox (bridge.sandbox.cluster.Sandbox).
+
+- ``slurm_sandbox`` (session): one sandbox (4 nodes, GraceTime 10 s, Prometheus, vLLM simulator
+  when available) shared by every integration test of the session: start-up costs ~6 s.
+- ``slurm_clean`` (function): the same sandbox, reset after the test (daemons restarted if a
+  test stopped one, every job cancelled, every node resumed and idle). Use it in any test that
+  submits jobs or changes node state; the test may still clean up itself.
+- ``sandbox_dir`` (function): a short fresh directory under /tmp for a test's own Sandbox.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bridge.sandbox.cluster import Sandbox
+
+
+def _short_tmpdir(prefix: str) -> Path:
+    # Unix socket paths live under the sandbox dir: keep it short (pytest's tmp_path is long).
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+@pytest.fixture(scope="session")
+def slurm_sandbox() -> Iterator[Sandbox]:
+    d = _short_tmpdir("gbsb-")
+    sb = Sandbox(d, nodes=4, grace_s=10)
+    try:
+        sb.up()
+        yield sb
+    finally:
+        sb.down()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm_clean(slurm_sandbox: Sandbox) -> Iterator[Sandbox]:
+    yield slurm_sandbox
+    slurm_sandbox.reset()
+
+
+@pytest.fixture
+def sandbox_dir() -> Iterator[Path]:
+    d = _short_tmpdir("gbsx-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -36,6 +36,7 @@ class Step(enum.StrEnum):
     """One write (or a wait) of the lifecycle. Names say what the actuator does."""
 
     ADOPT = "adopt"  # an unmanaged pool node: record phase serving
+    ADOPT_LENT = "adopt_lent"  # an unmanaged pool node running research jobs: record phase lent
     ENSURE_DRAINED = "ensure_drained"  # serving node not drained by us in Slurm: drain it
     ENSURE_HOLD = "ensure_hold"  # serving node without our hold job: submit one
     FENCE = "fence"  # cordon + taint
@@ -103,6 +104,9 @@ def next_step(facts: NodeFacts, *, now: float, scaled_down: bool, evict_after_s:
     """
     phase = facts.phase
     if phase is None:
+        if facts.research_jobs and not facts.pods:
+            # Slurm is using it: adopt it as lent (fenced first, so no serving pod lands)
+            return Step.ADOPT_LENT if facts.fenced else Step.FENCE
         return Step.ADOPT
     if phase is Phase.SERVING:
         if not facts.slurm_drained_by_us and not facts.slurm_drained_by_other:
@@ -165,9 +169,11 @@ def next_step(facts: NodeFacts, *, now: float, scaled_down: bool, evict_after_s:
     return Step.BLOCKED
 
 
-def counts_for_serving(phase: Phase | None) -> bool:
-    """Does a node in this phase get a replica in the Deployment's desired count?"""
-    return phase in (None, Phase.SERVING, Phase.RETURNING)
+def counts_for_serving(facts: NodeFacts) -> bool:
+    """Does this node get a replica in the Deployment's desired count?"""
+    if facts.phase is None:  # not adopted yet: serving unless Slurm is using it
+        return bool(facts.pods) or not facts.research_jobs
+    return facts.phase in (Phase.SERVING, Phase.RETURNING)
 
 
 def desired_replicas(nodes: list[NodeFacts]) -> int:
@@ -178,7 +184,7 @@ def desired_replicas(nodes: list[NodeFacts]) -> int:
     """
     total = 0
     for n in nodes:
-        if counts_for_serving(n.phase):
+        if counts_for_serving(n):
             total += 1
         elif n.phase is Phase.LENDING:
             live = [p for p in n.pods if not p.terminating]

@@ -46,6 +46,8 @@ def facts(**kw: object) -> NodeFacts:
 
 CASES = [
     ("unmanaged-adopted", facts(phase=None), False, Step.ADOPT),
+    ("unmanaged-research-fenced-first", facts(phase=None, pods=(), research_jobs=("3",)), False, Step.FENCE),
+    ("unmanaged-research-adopted-lent", facts(phase=None, pods=(), fenced=True, research_jobs=("3",)), False, Step.ADOPT_LENT),
     ("serving-at-rest", facts(), False, None),
     ("serving-undrained", facts(slurm_drained_by_us=False), False, Step.ENSURE_DRAINED),
     ("serving-admin-drain-is-enough", facts(slurm_drained_by_us=False, slurm_drained_by_other=True), False, None),

@@ -1,0 +1,192 @@
+"""Carries out lifecycle steps and policy actions through the adapters' write sides.
+
+The actuator decides nothing: ``bridge.lifecycle.next_step`` names the step, the policy
+names the nodes to move. Each write is idempotent, so a step repeated after a crash is
+harmless. Every transition is logged (``node``, ``phase``, ``step``, ``reason``) and shown
+as a Kubernetes Event on the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bridge import logs
+from bridge.errors import AdapterError
+from bridge.lifecycle import LENDING_POD_DELETION_COST, NodeFacts, Step
+from bridge.model import Action, ActionKind, Phase
+
+log = logs.get(__name__)
+
+
+class SlurmWrites(Protocol):
+    """The Slurm write side the actuator needs (bridge.adapters.slurm implements it)."""
+
+    def drain(self, node: str, reason: str) -> bool: ...
+
+    def resume(self, node: str) -> bool: ...
+
+    def submit_hold(self, node: str) -> str: ...
+
+    def cancel_hold(self, node: str) -> bool: ...
+
+
+class KubeWrites(Protocol):
+    """The Kubernetes write side the actuator needs (bridge.adapters.kube implements it)."""
+
+    def set_phase(self, node: str, phase: Phase, reason: str, since: float) -> bool: ...
+
+    def fence(self, node: str) -> bool: ...
+
+    def unfence(self, node: str) -> bool: ...
+
+    def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool: ...
+
+    def scale(self, namespace: str, deployment: str, replicas: int) -> bool: ...
+
+    def evict(self, namespace: str, pod: str) -> Any: ...
+
+    def emit_event(self, node: str, reason: str, message: str, event_type: str = "Normal") -> None: ...
+
+
+# Event reasons shown by `kubectl describe node` (CamelCase, as Kubernetes' own).
+EVENT_REASONS: Mapping[Step | Phase, str] = {
+    Phase.SERVING: "GpuBridgeServing",
+    Phase.LENDING: "GpuBridgeLending",
+    Phase.LENT: "GpuBridgeLent",
+    Phase.RECLAIMING: "GpuBridgeReclaiming",
+    Phase.RETURNING: "GpuBridgeReturning",
+    Step.EVICT_POD: "GpuBridgeEvicting",
+    Step.BLOCKED: "GpuBridgeBlocked",
+}
+
+_MARKS: Mapping[Step, Phase] = {
+    Step.ADOPT: Phase.SERVING,
+    Step.ADOPT_LENT: Phase.LENT,
+    Step.MARK_LENT: Phase.LENT,
+    Step.MARK_RETURNING: Phase.RETURNING,
+    Step.MARK_SERVING: Phase.SERVING,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTarget:
+    """Where a pool's serving replicas are: the Deployment the actuator scales."""
+
+    name: str
+    namespace: str
+    deployment: str
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What one executed step did (for logs, metrics and the latency breakdown)."""
+
+    node: str
+    step: Step
+    changed: bool
+    at: float
+    detail: str = ""
+
+
+@dataclass
+class Actuator:
+    kube: KubeWrites
+    slurm: SlurmWrites
+    clock: Callable[[], float]
+    on_step: Callable[[StepRecord], None] = field(default=lambda record: None)
+
+    def start(self, action: Action, *, now: float) -> None:
+        """Begin a policy action: record the first transit phase on the node."""
+        phase = Phase.LENDING if action.kind is ActionKind.LEND else Phase.RECLAIMING
+        self._mark(action.node, phase, action.detail, now)
+        log.info(
+            "node_transition_started",
+            node=action.node,
+            pool=action.pool,
+            phase=str(phase),
+            reason=str(action.reason),
+            detail=action.detail,
+            jobs=list(action.jobs),
+        )
+
+    def execute(self, step: Step, facts: NodeFacts, pool: PoolTarget, *, now: float) -> bool:
+        """Run one step for a node; True if something was written."""
+        node = facts.name
+        changed = False
+        detail = ""
+        if step in _MARKS:
+            phase = _MARKS[step]
+            detail = _mark_reason(step, facts)
+            changed = self._mark(node, phase, detail, now)
+        elif step in (Step.ENSURE_DRAINED, Step.DRAIN):
+            changed = self.slurm.drain(node, f"serving (pool {pool.name})")
+        elif step in (Step.ENSURE_HOLD, Step.SUBMIT_HOLD):
+            detail = self.slurm.submit_hold(node)
+            changed = True
+        elif step is Step.FENCE:
+            changed = self.kube.fence(node)
+        elif step is Step.UNFENCE:
+            changed = self.kube.unfence(node)
+        elif step is Step.MARK_POD:
+            for pod in facts.pods:
+                if not pod.terminating and pod.deletion_cost != LENDING_POD_DELETION_COST:
+                    changed |= self.kube.set_pod_deletion_cost(pool.namespace, pod.name, LENDING_POD_DELETION_COST)
+        elif step is Step.EVICT_POD:
+            outcomes = []
+            for pod in facts.pods:
+                if not pod.terminating:
+                    outcomes.append(f"{pod.name}: {self.kube.evict(pool.namespace, pod.name)}")
+            detail = ", ".join(outcomes)
+            changed = bool(outcomes)
+            self._event(node, EVENT_REASONS[Step.EVICT_POD], f"evicting serving pod(s) left after scale-down: {detail}")
+        elif step is Step.CANCEL_HOLD:
+            changed = self.slurm.cancel_hold(node)
+        elif step is Step.RESUME:
+            changed = self.slurm.resume(node)
+        elif step is Step.BLOCKED:
+            detail = _blocked_reason(facts)
+        record = StepRecord(node, step, changed, self.clock(), detail)
+        if step not in (Step.WAIT_HOLD, Step.WAIT_PODS_GONE, Step.WAIT_READY):
+            log.info("node_step", node=node, pool=pool.name, phase=str(facts.phase), step=str(step), changed=changed, detail=detail)
+        self.on_step(record)
+        return changed
+
+    def scale_pool(self, pool: PoolTarget, replicas: int) -> bool:
+        changed = self.kube.scale(pool.namespace, pool.deployment, replicas)
+        if changed:
+            log.info("pool_scaled", pool=pool.name, deployment=pool.deployment, replicas=replicas)
+        return changed
+
+    def _mark(self, node: str, phase: Phase, reason: str, now: float) -> bool:
+        changed = self.kube.set_phase(node, phase, reason, now)
+        if changed:
+            self._event(node, EVENT_REASONS[phase], reason or f"phase {phase}")
+        return changed
+
+    def _event(self, node: str, reason: str, message: str) -> None:
+        try:
+            self.kube.emit_event(node, reason, message)
+        except AdapterError as exc:  # an Event is a courtesy: never fail a transition on it
+            log.warning("event_not_emitted", node=node, reason=reason, error=str(exc))
+
+
+def _mark_reason(step: Step, facts: NodeFacts) -> str:
+    if step is Step.ADOPT:
+        return "adopted by gpu-bridge as a serving node"
+    if step is Step.ADOPT_LENT:
+        return f"adopted by gpu-bridge as lent: Slurm jobs {', '.join(facts.research_jobs)} run on it"
+    if step is Step.MARK_LENT:
+        return "no serving pod left; released to the Slurm preemptible partition"
+    if step is Step.MARK_RETURNING:
+        return "research jobs requeued and node drained in Slurm; returning to serving"
+    return "serving replica Ready"
+
+
+def _blocked_reason(facts: NodeFacts) -> str:
+    if facts.slurm_drained_by_other:
+        return "drained in Slurm by someone else: gpu-bridge never undoes an administrator's drain"
+    if facts.research_jobs:
+        return f"research jobs {', '.join(facts.research_jobs)} still on a node returning to serving"
+    return "blocked"

@@ -1,0 +1,376 @@
+"""The daemon's loop: observe -> plan -> act, as the Lease holder, once per iteration.
+
+Each iteration reads the Kubernetes watch cache, Slurm (sinfo/squeue) and Prometheus, joins
+them (``bridge.observe``), runs the policy every ``policy.tick_s`` (``bridge.policy.plan``:
+the same function ``--dry-run`` and ``gpu-bridge simulate`` run), starts the actions it
+returns, and advances every node in transit through its lifecycle (``bridge.lifecycle``),
+chaining steps while they are immediate so the daemon adds little latency of its own. While
+anything is in transit it iterates every ``transit_poll_s``; otherwise it waits for the next
+policy tick or a watch event.
+
+The daemon keeps no state it cannot rebuild: phases live on the nodes, the load history is
+refilled from Prometheus at start. What it keeps in memory (the history, timestamps for the
+latency breakdown) only makes it faster or better informed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bridge import logs
+from bridge.actuate import Actuator, KubeWrites, PoolTarget, SlurmWrites, StepRecord
+from bridge.config import Config, PoolConfig
+from bridge.errors import AdapterError
+from bridge.lifecycle import WAITS, NodeFacts, Step, desired_replicas, next_step
+from bridge.model import ActionKind, LoadSignals, Phase, Plan, SlurmJob
+from bridge.observe import Observation, Readings, SlurmNodeLike, join
+from bridge.policy.forecast import history_windows
+from bridge.policy.history import HistoryRecorder
+from bridge.policy.plan import plan as policy_plan
+
+log = logs.get(__name__)
+
+MAX_CHAINED_STEPS = 12
+
+
+class SlurmReads(Protocol):
+    def nodes(self) -> Sequence[SlurmNodeLike]: ...
+
+    def jobs(self) -> Sequence[SlurmJob]: ...
+
+
+class SlurmSide(SlurmReads, SlurmWrites, Protocol):
+    pass
+
+
+class KubeSide(KubeWrites, Protocol):
+    def cache_status(self) -> Any: ...
+
+    def nodes(self) -> Sequence[Any]: ...
+
+    def pods(self, pool: str) -> Sequence[Any]: ...
+
+    def deployment(self, pool: str) -> Any: ...
+
+
+class PromSide(Protocol):
+    def current(self, pool: Any, *, at: float | None = None) -> Any: ...
+
+    def history(self, pool: Any, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]: ...
+
+
+class Leader(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+    def try_acquire_or_renew(self) -> bool: ...
+
+    def release(self) -> bool: ...
+
+
+@dataclass
+class ReclaimTimes:
+    """Timestamps of one reclaim, for the latency breakdown (logged and exported)."""
+
+    node: str
+    pool: str
+    decided: float
+    signal_t: float | None  # time of the load sample that called for it
+    hold_submitted: float | None = None
+    slurm_released: float | None = None  # hold job running / node drained
+    unfenced: float | None = None
+    ready: float | None = None
+
+    def breakdown(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.signal_t is not None:
+            out["detection_s"] = self.decided - self.signal_t
+        if self.slurm_released is not None:
+            out["slurm_release_s"] = self.slurm_released - self.decided
+        if self.ready is not None and self.slurm_released is not None:
+            out["kubernetes_ready_s"] = self.ready - self.slurm_released
+        if self.ready is not None:
+            out["total_s"] = self.ready - (self.signal_t if self.signal_t is not None else self.decided)
+        return out
+
+
+@dataclass
+class TickResult:
+    observed: bool
+    planned: Plan | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    in_transit: int = 0
+    error: str | None = None
+
+
+class Daemon:
+    """One gpu-bridge instance. ``tick()`` is one iteration (tests call it directly)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        kube: KubeSide,
+        slurm: SlurmSide,
+        prom: PromSide,
+        prom_pools: Mapping[str, Any],
+        leader: Leader | None = None,
+        metrics: Any = None,
+        clock: Callable[[], float] = time.time,
+        dry_run: bool = False,
+        transit_poll_s: float = 0.25,
+    ) -> None:
+        self.config = config
+        self.kube = kube
+        self.slurm = slurm
+        self.prom = prom
+        self.prom_pools = prom_pools
+        self.leader = leader
+        self.metrics = metrics
+        self.clock = clock
+        self.dry_run = dry_run
+        self.transit_poll_s = transit_poll_s
+        self.targets = {p.name: PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools}
+        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, on_step=self._on_step)
+        self._recorders: dict[str, HistoryRecorder] = {}
+        self._last_sample_t: dict[str, float] = {}
+        self._last_plan_at: float | None = None
+        self._reclaims: dict[str, ReclaimTimes] = {}
+        self.completed_reclaims: list[ReclaimTimes] = []
+        self.last_plan: Plan | None = None
+        self.last_observation: Observation | None = None
+        self.wake = threading.Event()
+
+    # --- history -------------------------------------------------------------------------
+
+    def _recorder(self, pool: PoolConfig, now: float) -> HistoryRecorder:
+        rec = self._recorders.get(pool.name)
+        if rec is None:
+            windows = history_windows(self.config, pool)
+            rec = HistoryRecorder(windows)
+            # Rebuild what a restart lost from Prometheus, oldest window first.
+            samples: list[LoadSignals] = []
+            for w in windows:
+                try:
+                    samples.extend(
+                        self.prom.history(
+                            self.prom_pools[pool.name], start=now + w.start_s, end=min(now, now + w.end_s), step_s=w.step_s
+                        )
+                    )
+                except AdapterError as exc:
+                    log.warning("history_unavailable", pool=pool.name, error=str(exc))
+            last = float("-inf")
+            for s in sorted(samples, key=lambda s: s.t):
+                if s.t > last:
+                    rec.add(s)
+                    last = s.t
+            self._last_sample_t[pool.name] = last
+            self._recorders[pool.name] = rec
+        return rec
+
+    # --- one iteration ------------------------------------------------------------------------
+
+    def observe(self, now: float) -> Observation:
+        kube_nodes = self.kube.nodes()
+        pods = {p.name: self.kube.pods(p.name) for p in self.config.pools}
+        desired: dict[str, int] = {}
+        for p in self.config.pools:
+            dep = self.kube.deployment(p.name)
+            if dep is not None:
+                desired[p.name] = dep.replicas
+        try:
+            slurm_nodes: Sequence[SlurmNodeLike] | None = self.slurm.nodes()
+            slurm_jobs: Sequence[SlurmJob] | None = self.slurm.jobs()
+        except AdapterError as exc:
+            log.warning("slurm_unavailable", error=str(exc))
+            self._count_error("slurm")
+            slurm_nodes = slurm_jobs = None
+        readings: dict[str, Readings] = {}
+        for p in self.config.pools:
+            rec = self._recorder(p, now)
+            try:
+                reading = self.prom.current(self.prom_pools[p.name])
+                current: LoadSignals | None = reading.signals
+                problem = "; ".join(f"{k}: {v}" for k, v in reading.problems.items()) or None
+            except AdapterError as exc:
+                self._count_error("prometheus")
+                current, problem = None, str(exc)
+            if current is not None and current.t > self._last_sample_t.get(p.name, float("-inf")):
+                rec.add(current)
+                self._last_sample_t[p.name] = current.t
+            readings[p.name] = Readings(current, rec.history(now), problem)
+        return join(
+            now=now,
+            config=self.config,
+            kube_nodes=kube_nodes,
+            pods=pods,
+            desired_replicas=desired,
+            slurm_nodes=slurm_nodes,
+            slurm_jobs=slurm_jobs,
+            readings=readings,
+        )
+
+    def tick(self) -> TickResult:
+        now = self.clock()
+        if self.leader is not None:
+            try:
+                leading = self.leader.try_acquire_or_renew()
+            except AdapterError as exc:
+                log.warning("lease_error", error=str(exc))
+                leading = False
+            if self.metrics is not None:
+                self.metrics.set_leader(leading)
+            if not leading:
+                return TickResult(observed=False)
+        status = self.kube.cache_status()
+        if not status.synced:
+            log.warning("kube_cache_not_synced")
+            return TickResult(observed=False, error="kubernetes watch cache not synced")
+        obs = self.observe(now)
+        self.last_observation = obs
+        result = TickResult(observed=True)
+        if self.metrics is not None:
+            self.metrics.record_view(obs.view)
+        due = self._last_plan_at is None or now - self._last_plan_at >= self.config.policy.tick_s - 1e-6
+        if due:
+            plan = policy_plan(obs.view, self.config)
+            self._last_plan_at = now
+            self.last_plan = plan
+            result.planned = plan
+            if self.metrics is not None:
+                self.metrics.record_plan(plan)
+            for d in plan.pools:
+                log.info(
+                    "pool_decision",
+                    pool=d.pool,
+                    reason=str(d.reason),
+                    demand=d.demand_now,
+                    forecast=d.forecast_peak,
+                    serving=d.serving_now,
+                    desired=d.desired_serving,
+                    detail=d.detail,
+                )
+            for action in plan.actions:
+                log.info("decision", node=action.node, action=str(action.kind), reason=str(action.reason), detail=action.detail)
+                if self.dry_run:
+                    continue
+                try:
+                    self.actuator.start(action, now=now)
+                except AdapterError as exc:
+                    self._count_error("kubernetes")
+                    log.warning("action_not_started", node=action.node, error=str(exc))
+                    continue
+                if action.kind is ActionKind.RECLAIM:
+                    sig = obs.view.pools[action.pool].signals
+                    self._reclaims[action.node] = ReclaimTimes(
+                        action.node, action.pool, decided=now, signal_t=sig.t if sig else None
+                    )
+            if plan.actions and not self.dry_run:
+                obs = self.observe(self.clock())
+        if not self.dry_run:
+            result.steps = self._advance(obs)
+        result.in_transit = sum(
+            1 for f in self._facts_after(obs).values() if f.phase not in (None, Phase.SERVING, Phase.LENT)
+        )
+        if self.metrics is not None:
+            self.metrics.record_tick(duration_s=self.clock() - now, ok=True, now=now)
+        return result
+
+    def _facts_after(self, obs: Observation) -> Mapping[str, NodeFacts]:
+        return obs.facts
+
+    def _advance(self, obs: Observation) -> list[StepRecord]:
+        """Advance every node that has a next step, chaining immediate steps."""
+        records: list[StepRecord] = []
+        for _ in range(MAX_CHAINED_STEPS):
+            progressed = False
+            for name, facts in sorted(obs.facts.items()):
+                if name in obs.problems and facts.phase is None:
+                    continue  # invalid labels of ours: hold, never guess a phase
+                pool = self.targets[obs.pool_of[name]]
+                dep_desired = obs.view.pools[pool.name].desired_replicas
+                want = desired_replicas([f for n, f in obs.facts.items() if obs.pool_of[n] == pool.name])
+                step = next_step(facts, now=obs.view.now, scaled_down=dep_desired <= want)
+                if step is None or step in WAITS:
+                    if step is Step.BLOCKED:
+                        self.actuator.execute(step, facts, pool, now=obs.view.now)
+                    continue
+                try:
+                    self.actuator.execute(step, facts, pool, now=self.clock())
+                    progressed = True
+                except AdapterError as exc:
+                    self._count_error(exc.system)
+                    log.warning("step_failed", node=name, step=str(step), phase=str(facts.phase), error=str(exc))
+            for pool_cfg in self.config.pools:
+                pool_facts = [f for n, f in obs.facts.items() if obs.pool_of[n] == pool_cfg.name]
+                if not pool_facts or any(n in obs.problems and obs.facts[n].phase is None for n in obs.pool_of):
+                    continue
+                want = desired_replicas(pool_facts)
+                if obs.view.pools[pool_cfg.name].desired_replicas != want:
+                    try:
+                        progressed |= self.actuator.scale_pool(self.targets[pool_cfg.name], want)
+                    except AdapterError as exc:
+                        self._count_error(exc.system)
+                        log.warning("scale_failed", pool=pool_cfg.name, replicas=want, error=str(exc))
+            if not progressed:
+                break
+            obs = self.observe(self.clock())
+            self.last_observation = obs
+        return records
+
+    def _on_step(self, record: StepRecord) -> None:
+        times = self._reclaims.get(record.node)
+        if times is None:
+            return
+        if record.step is Step.SUBMIT_HOLD and times.hold_submitted is None:
+            times.hold_submitted = record.at
+        elif record.step is Step.DRAIN and times.slurm_released is None:
+            times.slurm_released = record.at
+        elif record.step is Step.UNFENCE:
+            times.unfenced = record.at
+        elif record.step is Step.MARK_SERVING:
+            times.ready = record.at
+            self.completed_reclaims.append(times)
+            del self._reclaims[record.node]
+            log.info("node_reclaimed", node=record.node, pool=times.pool, **times.breakdown())
+            if self.metrics is not None:
+                self.metrics.record_reclaim(pool=times.pool, reason="policy", **_reclaim_kwargs(times))
+
+    def _count_error(self, system: str) -> None:
+        if self.metrics is not None:
+            self.metrics.adapter_errors.labels(system=system).inc()
+
+    # --- running ------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, *, on_tick: Callable[[TickResult], None] | None = None) -> None:
+        """Iterate until ``stop`` is set; an iteration is never cut in half."""
+        while not stop.is_set():
+            started = self.clock()
+            try:
+                result = self.tick()
+            except AdapterError as exc:
+                self._count_error(exc.system)
+                log.warning("tick_failed", error=str(exc))
+                result = TickResult(observed=False, error=str(exc))
+            if on_tick is not None:
+                on_tick(result)
+            busy = result.in_transit > 0
+            interval = self.transit_poll_s if busy else min(self.config.policy.tick_s, 5.0)
+            delay = max(0.0, interval - (self.clock() - started))
+            self.wake.clear()
+            if stop.wait(0) or self.wake.wait(delay):
+                continue
+        if self.leader is not None and self.leader.is_leader:
+            try:
+                self.leader.release()
+            except AdapterError as exc:
+                log.warning("lease_release_failed", error=str(exc))
+
+
+def _reclaim_kwargs(times: ReclaimTimes) -> dict[str, float]:
+    b = times.breakdown()
+    return {k: v for k, v in b.items()}

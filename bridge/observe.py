@@ -1,0 +1,212 @@
+"""Joins what the adapters read into the two views the daemon decides on.
+
+Pure: no I/O. The daemon passes in the Kubernetes watch-cache snapshots, the Slurm node and
+job lists, and the Prometheus readings; this module returns the policy's ``ClusterView``
+and, per node, the lifecycle's ``NodeFacts``. Anything that does not add up (an invalid label
+of ours, an administrator's drain, a Slurm lookup that failed, a node Slurm does not know)
+becomes a ``problem`` on the node, which holds it where it is: fail closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from bridge import wellknown as wk
+from bridge.config import Config, PoolConfig
+from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts
+from bridge.model import ClusterView, LoadSignals, NodeState, Phase, PoolState, SlurmJob
+
+_ACTIVE_STATES = frozenset({"running", "completing", "configuring", "suspended", "stopped"})
+
+
+class KubeNode(Protocol):
+    name: str
+    pool: str | None
+    phase: Phase | None
+    phase_since: float | None
+    pin: object
+    fenced: bool
+    problem: str | None
+
+
+class KubePod(Protocol):
+    name: str
+    node: str | None
+    ready: bool
+    deletion_cost: int | None
+
+    @property
+    def terminating(self) -> bool: ...
+
+
+class SlurmNodeLike(Protocol):
+    """What observe needs of a Slurm node (bridge.adapters.slurm.SlurmNode)."""
+
+    name: str
+    drained: bool  # DRAIN flag set (draining or drained)
+    reason_ours: bool  # the reason starts with gpu-bridge's prefix
+    down: bool  # DOWN or not responding
+
+
+@dataclass(frozen=True, slots=True)
+class Readings:
+    """One pool's Prometheus readings: the newest sample (None: missing) and history."""
+
+    current: LoadSignals | None
+    history: tuple[LoadSignals, ...] = ()
+    problem: str | None = None  # why ``current`` is None, for logs
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    view: ClusterView
+    facts: Mapping[str, NodeFacts]
+    pool_of: Mapping[str, str]
+    problems: Mapping[str, str] = field(default_factory=dict)  # node -> why it is held
+
+
+def is_hold_job(job: SlurmJob, config: Config) -> bool:
+    return job.partition == config.slurm.hold_partition and job.name.startswith(wk.SLURM_HOLD_JOB_PREFIX)
+
+
+def hold_job_node(job: SlurmJob) -> str:
+    """The node a hold job is meant for (its name), whether or not it runs yet."""
+    return job.name[len(wk.SLURM_HOLD_JOB_PREFIX) :]
+
+
+def pool_for_node(node: KubeNode, config: Config) -> PoolConfig | None:
+    for pool in config.pools:
+        if node.pool == pool.name:
+            return pool
+    return None
+
+
+def join(
+    *,
+    now: float,
+    config: Config,
+    kube_nodes: Sequence[KubeNode],
+    pods: Mapping[str, Sequence[KubePod]],
+    desired_replicas: Mapping[str, int],
+    slurm_nodes: Sequence[SlurmNodeLike] | None,
+    slurm_jobs: Sequence[SlurmJob] | None,
+    readings: Mapping[str, Readings],
+) -> Observation:
+    """Build the policy view and the lifecycle facts. ``slurm_nodes``/``slurm_jobs`` None:
+    the Slurm lookup failed, so every node is held (its Slurm side is unknown)."""
+    slurm_by_name = {n.name: n for n in slurm_nodes} if slurm_nodes is not None else None
+    jobs = list(slurm_jobs) if slurm_jobs is not None else []
+    holds: dict[str, HoldFacts] = {}
+    research_on: dict[str, list[str]] = {}
+    allocated: set[str] = set()
+    research_jobs: dict[str, SlurmJob] = {}
+    pending_nodes = 0
+    for job in jobs:
+        if is_hold_job(job, config):
+            target = hold_job_node(job)
+            running = job.state in _ACTIVE_STATES and target in job.nodes
+            if job.state == "pending" or running:
+                holds[target] = HoldFacts(job.job_id, running=running)
+            if running:
+                allocated.add(target)
+            continue
+        if job.state in _ACTIVE_STATES:
+            research_jobs[job.job_id] = job
+            for n in job.nodes:
+                research_on.setdefault(n, []).append(job.job_id)
+                allocated.add(n)
+        elif job.state == "pending" and job.partition == config.slurm.preempt_partition:
+            pending_nodes += max(1, len(job.nodes) or 1)
+
+    pods_on: dict[str, list[KubePod]] = {}
+    for pool_pods in pods.values():
+        for pod in pool_pods:
+            if pod.node:
+                pods_on.setdefault(pod.node, []).append(pod)
+
+    facts: dict[str, NodeFacts] = {}
+    states: list[NodeState] = []
+    pool_of: dict[str, str] = {}
+    problems: dict[str, str] = {}
+    for kn in sorted(kube_nodes, key=lambda n: n.name):
+        pool = pool_for_node(kn, config)
+        if pool is None:
+            continue  # not ours: never touched
+        pool_of[kn.name] = pool.name
+        problem = kn.problem
+        sn = slurm_by_name.get(kn.name) if slurm_by_name is not None else None
+        if slurm_by_name is None:
+            problem = problem or "Slurm state unknown (lookup failed)"
+        elif sn is None:
+            problem = problem or "node unknown to Slurm"
+        elif sn.drained and not sn.reason_ours:
+            problem = problem or "drained in Slurm by someone else (never undone by gpu-bridge)"
+        node_pods = pods_on.get(kn.name, [])
+        pod_facts = tuple(
+            PodFacts(p.name, ready=p.ready, terminating=p.terminating, deletion_cost=p.deletion_cost)
+            for p in sorted(node_pods, key=lambda p: p.name)
+        )
+        since = kn.phase_since if kn.phase_since is not None else now
+        on_node = tuple(sorted(research_on.get(kn.name, ())))
+        if sn is not None:
+            facts[kn.name] = NodeFacts(
+                name=kn.name,
+                phase=kn.phase,
+                phase_since=since,
+                fenced=kn.fenced,
+                pods=pod_facts,
+                slurm_drained_by_us=sn.drained and sn.reason_ours,
+                slurm_drained_by_other=sn.drained and not sn.reason_ours,
+                slurm_down=sn.down,
+                slurm_allocated=kn.name in allocated,
+                hold=holds.get(kn.name),
+                research_jobs=on_node,
+            )
+        if problem:
+            problems[kn.name] = problem
+        states.append(
+            NodeState(
+                name=kn.name,
+                pool=pool.name,
+                phase=kn.phase or Phase.SERVING,
+                phase_since=since,
+                pin=kn.pin,  # type: ignore[arg-type]
+                serving_pods=sum(1 for p in node_pods if not p.terminating),
+                serving_ready=any(p.ready and not p.terminating for p in node_pods),
+                slurm_state=_slurm_state(sn, kn.name in allocated),
+                jobs=on_node,
+                problem=problem,
+            )
+        )
+
+    pools: dict[str, PoolState] = {}
+    for pool in config.pools:
+        r = readings.get(pool.name, Readings(None))
+        members = [s for s in states if s.pool == pool.name]
+        pools[pool.name] = PoolState(
+            name=pool.name,
+            signals=r.current,
+            history=r.history,
+            ready_replicas=sum(1 for s in members if s.serving_ready),
+            desired_replicas=desired_replicas.get(pool.name, 0),
+        )
+    view = ClusterView(
+        now=now,
+        nodes=tuple(states),
+        pools=pools,
+        jobs=research_jobs,
+        pending_research_nodes=pending_nodes,
+    )
+    return Observation(view=view, facts=facts, pool_of=pool_of, problems=problems)
+
+
+def _slurm_state(sn: SlurmNodeLike | None, allocated: bool) -> str:
+    if sn is None:
+        return "unknown"
+    if sn.down:
+        return "down"
+    if sn.drained:
+        return "draining" if allocated else "drained"
+    return "allocated" if allocated else "idle"

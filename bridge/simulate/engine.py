@@ -1,0 +1,443 @@
+"""The simulator's engine: one pool of nodes, a serving load, a Slurm partition, a controller.
+
+Discrete-event with a fixed policy tick. Every ``tick_s`` the engine builds a
+``bridge.model.ClusterView`` (the same type the daemon's observer builds) and asks the
+controller for actions; the modelled delays then play out as timed events:
+
+- **scrape**: vLLM gauges are scraped every ``scrape_s``; a tick sees the last scrape
+  strictly before it, i.e. up to one scrape interval old (a full interval when the tick and
+  the scrape grid align, the worst case);
+- **lend**: the node leaves the serving endpoints at once (its capacity is gone), vLLM drains
+  for ``drain_s`` (``--shutdown-timeout``), then the node is lent and Slurm may start jobs;
+- **reclaim**: the jobs on the node (and every node of a multi-node job) are preempted at
+  once; the node is free after the Slurm grace period (at once if it was idle), then the vLLM
+  pod cold-starts for ``cold_start_s`` before it is Ready. So a reclaimed node with a job is
+  never Ready before ``grace_s + cold_start_s``;
+- **research**: ``bridge.simulate.research`` starts, completes, preempts and requeues jobs.
+
+Metrics: lent GPU-hours (time nodes spend lent to Slurm), research work kept and lost,
+preemptions, lends, reclaims, and SLO-violation minutes: minutes in which the offered load
+exceeds the Ready serving capacity (Ready replicas at the per-replica target), capacity
+taken as its minimum over the minute.
+
+Everything is deterministic for a given seed: ties break by node name or event order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from bridge.config import Config, PoolConfig
+from bridge.model import (
+    Action,
+    ActionKind,
+    ClusterView,
+    NodeState,
+    Phase,
+    PoolState,
+    SlurmJob,
+)
+from bridge.simulate.research import JobMix, Research
+from bridge.simulate.workload import Workload, signals
+
+# 2026-11-02 (a Monday) 00:00 UTC: the trace's t = 0 (its local midnight) is mapped here, so
+# calendar rules in UTC line up with the trace's hours.
+DEFAULT_START_UNIX = 1793577600.0
+
+# Event kinds, in the order they are handled at the same instant (before the tick).
+_LENT, _JOB_END, _RELEASE, _FREE, _READY = 0, 1, 2, 3, 4
+
+
+class Controller(Protocol):
+    """A lending policy under test: the real ``bridge.policy.plan`` or a baseline."""
+
+    name: str
+
+    def decide(self, view: ClusterView) -> Sequence[Action]:
+        """Actions to take now; the engine ignores any that do not fit the node's phase."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """Everything one simulation needs; the delays come from ``config`` (the daemon's own)."""
+
+    config: Config
+    workload: Workload
+    nodes: int
+    gpus_per_node: int = 4
+    pool_name: str | None = None  # None: the config's first pool
+    mix: JobMix = field(default_factory=JobMix)
+    seed: int = 1
+    start_unix: float = DEFAULT_START_UNIX
+
+    @property
+    def pool(self) -> PoolConfig:
+        if self.pool_name is None:
+            return self.config.pools[0]
+        return self.config.pool(self.pool_name)
+
+    @property
+    def tick_s(self) -> float:
+        return self.config.policy.tick_s
+
+    @property
+    def scrape_s(self) -> float:
+        return self.config.prometheus.scrape_interval_s
+
+    @property
+    def grace_s(self) -> float:
+        return self.config.slurm.grace_s
+
+    @property
+    def cold_start_s(self) -> float:
+        return self.pool.cold_start_s
+
+    @property
+    def drain_s(self) -> float:
+        return self.pool.drain_s
+
+    @property
+    def replicas_per_node(self) -> int:
+        return self.pool.replicas_per_node
+
+    def node_names(self) -> tuple[str, ...]:
+        width = max(2, len(str(self.nodes - 1)))
+        return tuple(f"gpu-node-{i:0{width}d}" for i in range(self.nodes))
+
+
+@dataclass(slots=True)
+class Metrics:
+    policy: str
+    lent_gpu_hours: float
+    useful_gpu_hours: float
+    lost_gpu_hours: float
+    preemptions: int
+    lends: int
+    reclaims: int
+    slo_violation_minutes: int
+    trace_minutes: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "lent_gpu_hours": round(self.lent_gpu_hours, 3),
+            "useful_gpu_hours": round(self.useful_gpu_hours, 3),
+            "lost_gpu_hours": round(self.lost_gpu_hours, 3),
+            "preemptions": self.preemptions,
+            "lends": self.lends,
+            "reclaims": self.reclaims,
+            "slo_violation_minutes": self.slo_violation_minutes,
+            "trace_minutes": self.trace_minutes,
+        }
+
+
+@dataclass(slots=True)
+class Result:
+    """Metrics plus the time series behind them (plots, analysis of violations)."""
+
+    metrics: Metrics
+    wall_s: float
+    tick_t: np.ndarray  # simulation seconds of each tick
+    tick_ready: np.ndarray  # Ready serving nodes after the tick's actions
+    tick_lent: np.ndarray  # nodes lent to Slurm (phase lent)
+    tick_committed: np.ndarray  # nodes serving or on their way back
+    minute_ready_min: np.ndarray  # least Ready nodes in each minute
+    violation_minutes: np.ndarray  # indices of violating minutes
+    ignored_actions: int = 0
+    completed_jobs: int = 0
+
+
+@dataclass(slots=True)
+class _Node:
+    name: str
+    phase: Phase
+    since: float
+    ready: bool
+    lent_since: float = 0.0
+
+
+class Engine:
+    """One run of one controller over a setup."""
+
+    def __init__(self, setup: Setup, controller: Controller) -> None:
+        self.s = setup
+        self.ctl = controller
+        self.pool = setup.pool
+        self.rpn = setup.replicas_per_node
+        self.nodes = {n: _Node(n, Phase.SERVING, -86400.0, True) for n in setup.node_names()}
+        self.order = tuple(self.nodes)
+        self.research = Research.create(setup.mix, setup.gpus_per_node, setup.seed)
+        self.heap: list[tuple[float, int, int, str, int]] = []
+        self._n = 0
+        self.ready_count = setup.nodes
+        self.ready_t: list[float] = [0.0]
+        self.ready_v: list[int] = [setup.nodes]
+        self.lent_free: set[str] = set()
+        self.lent_s = 0.0
+        self.lends = 0
+        self.reclaims = 0
+        self.ignored = 0
+        self._job_cache: dict[tuple[str, int, str, float | None], SlurmJob] = {}
+
+    # --- events ------------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: int, key: str, token: int = 0) -> None:
+        self._n += 1
+        heapq.heappush(self.heap, (t, kind, self._n, key, token))
+
+    def _set_ready(self, t: float, delta: int) -> None:
+        self.ready_count += delta
+        if self.ready_t[-1] == t:
+            self.ready_v[-1] = self.ready_count
+        else:
+            self.ready_t.append(t)
+            self.ready_v.append(self.ready_count)
+
+    def ready_at(self, t: float) -> int:
+        i = bisect.bisect_right(self.ready_t, t) - 1
+        return self.ready_v[i] if i >= 0 else self.s.nodes
+
+    def _handle(self, t: float, kind: int, key: str, token: int) -> None:
+        if kind == _LENT:
+            n = self.nodes[key]
+            if n.phase is Phase.LENDING:
+                n.phase, n.since, n.lent_since = Phase.LENT, t, t
+                self.lent_free.add(key)
+                self._schedule(t)
+        elif kind == _JOB_END:
+            freed = self.research.complete(key, token, t)
+            if freed:
+                self._freed(t, freed)
+        elif kind == _RELEASE:
+            freed = self.research.release(key)
+            if freed:
+                self._freed(t, freed)
+        elif kind == _FREE:
+            n = self.nodes[key]
+            if n.phase is Phase.RECLAIMING:
+                n.phase, n.since = Phase.RETURNING, t
+                self._push(t + self.s.cold_start_s, _READY, key)
+        elif kind == _READY:
+            n = self.nodes[key]
+            if n.phase is Phase.RETURNING:
+                n.phase, n.since, n.ready = Phase.SERVING, t, True
+                self._set_ready(t, +1)
+
+    def _freed(self, t: float, nodes: Sequence[str]) -> None:
+        for name in nodes:
+            if self.nodes[name].phase is Phase.LENT:
+                self.lent_free.add(name)
+        self._schedule(t)
+
+    def _schedule(self, t: float) -> None:
+        if not self.lent_free:
+            return
+        free = sorted(self.lent_free)
+        for j in self.research.schedule(t, free):
+            for name in j.nodes:
+                self.lent_free.discard(name)
+            self._push(t + j.remaining_s(), _JOB_END, j.job_id, j.run_token)
+
+    # --- actions -----------------------------------------------------------------------------
+
+    def _apply(self, t: float, a: Action) -> None:
+        n = self.nodes.get(a.node)
+        if n is None:
+            self.ignored += 1
+            return
+        if a.kind is ActionKind.LEND:
+            if n.phase is not Phase.SERVING or not n.ready:
+                self.ignored += 1
+                return
+            n.phase, n.since, n.ready = Phase.LENDING, t, False
+            self._set_ready(t, -1)
+            self._push(t + self.s.drain_s, _LENT, n.name)
+            self.lends += 1
+            return
+        if n.phase is not Phase.LENT:
+            self.ignored += 1
+            return
+        self.lent_s += t - n.lent_since
+        n.phase, n.since = Phase.RECLAIMING, t
+        self.lent_free.discard(n.name)
+        free_at = t
+        jid = self.research.node_job.get(n.name)
+        if jid is not None:
+            job = self.research.jobs[jid]
+            if job.state == "running" and self.research.preempt(jid, t, self.s.grace_s):
+                self._push(job.free_at, _RELEASE, jid)
+            free_at = max(free_at, job.free_at)
+        self.reclaims += 1
+        if free_at <= t:
+            n.phase, n.since = Phase.RETURNING, t
+            self._push(t + self.s.cold_start_s, _READY, n.name)
+        else:
+            self._push(free_at, _FREE, n.name)
+
+    # --- views -------------------------------------------------------------------------------
+
+    def _jobs_view(self, t: float) -> dict[str, SlurmJob]:
+        out: dict[str, SlurmJob] = {}
+        base = self.s.start_unix
+        for jid, j in self.research.running.items():
+            ck = j.last_checkpoint(t) if (j.cls.publishes and j.state == "running") else None
+            key = (jid, j.run_token, j.state, ck)
+            got = self._job_cache.get(key)
+            if got is None:
+                assert j.run_start is not None
+                got = SlurmJob(
+                    job_id=jid,
+                    name=j.cls.name,
+                    user="research",
+                    partition=self.s.config.slurm.preempt_partition,
+                    state=j.state,
+                    nodes=j.nodes,
+                    start_time=base + j.run_start,
+                    checkpoint_time=None if ck is None else base + ck,
+                    requeueable=True,
+                    gpus_per_node=self.s.gpus_per_node,
+                    restart_count=j.restarts,
+                )
+                if len(self._job_cache) > 4096:
+                    self._job_cache.clear()
+                self._job_cache[key] = got
+            out[jid] = got
+        return out
+
+    def view(self, t: float) -> ClusterView:
+        s = self.s
+        base = s.start_unix
+        scrape_t = (math.ceil(t / s.scrape_s - 1e-9) - 1) * s.scrape_s
+        load = s.workload.at(t)
+        if scrape_t < 0:
+            sig = None
+        else:
+            sig = signals(base + scrape_t, s.workload.at(scrape_t), self.ready_at(scrape_t) * self.rpn, self.pool.target)
+        ready = self.ready_count
+        c = self.pool.target.concurrency_per_replica or 24.0
+        inflight = load * c / ready if ready > 0 else None
+        rj = self.research.node_job
+        states: list[NodeState] = []
+        for name in self.order:
+            n = self.nodes[name]
+            ph = n.phase
+            if ph is Phase.SERVING:
+                states.append(
+                    NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, n.ready,
+                              "drained", (), None, inflight if n.ready else None)
+                )
+            elif ph is Phase.LENDING:
+                states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained"))
+            elif ph is Phase.LENT or ph is Phase.RECLAIMING:
+                jid = rj.get(name)
+                st = "allocated" if jid is not None else ("idle" if ph is Phase.LENT else "drained")
+                states.append(
+                    NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, 0, False, st,
+                              (jid,) if jid is not None else ())
+                )
+            else:  # returning
+                states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained"))
+        ready_rep = ready * self.rpn
+        committed = sum(1 for n in self.nodes.values() if n.phase in (Phase.SERVING, Phase.RECLAIMING, Phase.RETURNING))
+        pools = {self.pool.name: PoolState(self.pool.name, sig, (), ready_rep, committed * self.rpn)}
+        return ClusterView(
+            now=base + t,
+            nodes=tuple(states),
+            pools=pools,
+            jobs=self._jobs_view(t),
+            pending_research_nodes=self.research.pending_nodes(),
+        )
+
+    # --- run ---------------------------------------------------------------------------------
+
+    def run(self) -> Result:
+        wall0 = time.perf_counter()
+        s = self.s
+        end = s.workload.duration_s
+        tick = s.tick_s
+        ticks = int(math.ceil(end / tick - 1e-9))
+        tt = np.empty(ticks)
+        tr = np.empty(ticks, dtype=np.int32)
+        tl = np.empty(ticks, dtype=np.int32)
+        tc = np.empty(ticks, dtype=np.int32)
+        heap = self.heap
+        for k in range(ticks):
+            t = k * tick
+            while heap and heap[0][0] <= t:
+                et, kind, _, key, token = heapq.heappop(heap)
+                self._handle(et, kind, key, token)
+            v = self.view(t)
+            for a in self.ctl.decide(v):
+                self._apply(t, a)
+            tt[k] = t
+            tr[k] = self.ready_count
+            lent = committed = 0
+            for n in self.nodes.values():
+                if n.phase is Phase.LENT:
+                    lent += 1
+                elif n.phase is not Phase.LENDING:
+                    committed += 1
+            tl[k] = lent
+            tc[k] = committed
+        while heap and heap[0][0] < end:
+            et, kind, _, key, token = heapq.heappop(heap)
+            self._handle(et, kind, key, token)
+        for n in self.nodes.values():
+            if n.phase is Phase.LENT:
+                self.lent_s += end - n.lent_since
+        self.research.finish(end)
+        ready_min = minute_minimum(self.ready_t, self.ready_v, s.workload.minutes, s.workload.minute_s)
+        cap = ready_min * self.rpn
+        viol = np.nonzero(s.workload.load > cap + 1e-9)[0]
+        acct = self.research.acct
+        g = s.gpus_per_node
+        m = Metrics(
+            policy=self.ctl.name,
+            lent_gpu_hours=self.lent_s * g / 3600.0,
+            useful_gpu_hours=acct.useful_gpu_s / 3600.0,
+            lost_gpu_hours=acct.lost_gpu_s / 3600.0,
+            preemptions=acct.preemptions,
+            lends=self.lends,
+            reclaims=self.reclaims,
+            slo_violation_minutes=int(viol.size),
+            trace_minutes=s.workload.minutes,
+        )
+        return Result(
+            metrics=m,
+            wall_s=time.perf_counter() - wall0,
+            tick_t=tt,
+            tick_ready=tr,
+            tick_lent=tl,
+            tick_committed=tc,
+            minute_ready_min=ready_min,
+            violation_minutes=viol,
+            ignored_actions=self.ignored,
+            completed_jobs=acct.completed,
+        )
+
+
+def minute_minimum(times: Sequence[float], values: Sequence[int], minutes: int, minute_s: float) -> np.ndarray:
+    """Least value of a step function (``values[i]`` from ``times[i]`` on) within each minute."""
+    ts = np.asarray(times, dtype=float)
+    vs = np.asarray(values, dtype=float)
+    starts = np.arange(minutes, dtype=float) * minute_s
+    idx = np.searchsorted(ts, starts, side="right") - 1
+    out = np.where(idx >= 0, vs[np.maximum(idx, 0)], vs[0])
+    mi = np.floor(ts / minute_s).astype(np.int64)
+    ok = (mi >= 0) & (mi < minutes)
+    np.minimum.at(out, mi[ok], vs[ok])
+    return out
+
+
+def simulate(setup: Setup, controller: Controller) -> Result:
+    """Run ``controller`` over ``setup`` and return its metrics and time series."""
+    return Engine(setup, controller).run()

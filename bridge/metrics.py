@@ -73,6 +73,11 @@ class BridgeMetrics:
             "gpu_bridge_pool_reclaim_budget_seconds", "Configured reclaim latency budget (alerts compare with it).",
             ["pool"], registry=r,
         )
+        self.reclaim_in_progress = Gauge(
+            "gpu_bridge_pool_reclaim_in_progress_seconds",
+            "Age of the oldest reclaim still under way (node reclaiming or returning); 0 when none.",
+            ["pool"], registry=r,
+        )
         self.signal_staleness = Gauge(
             "gpu_bridge_pool_signal_staleness_seconds", "Age of the newest vLLM load sample the policy used.",
             ["pool"], registry=r,
@@ -141,7 +146,8 @@ class BridgeMetrics:
 
     # --- what the daemon calls -------------------------------------------------------------------
     def record_view(self, view: ClusterView) -> None:
-        """Nodes by pool and phase (every phase, zeros included), held nodes, Ready replicas;
+        """Nodes by pool and phase (every phase, zeros included), held nodes, Ready replicas,
+        the age of the oldest reclaim under way (from the nodes' phase-since), signal staleness;
         and lent GPU-hours accrued since the previous call (by the nodes lent now)."""
         pools = sorted({n.pool for n in view.nodes} | set(view.pools))
         for pool in pools:
@@ -149,6 +155,8 @@ class BridgeMetrics:
             for phase in Phase:
                 self.nodes.labels(pool=pool, phase=phase.value).set(sum(1 for n in members if n.phase is phase))
             self.nodes_held.labels(pool=pool).set(sum(1 for n in members if n.problem is not None or n.pin is not None))
+            ages = [view.now - n.phase_since for n in members if n.phase in (Phase.RECLAIMING, Phase.RETURNING)]
+            self.reclaim_in_progress.labels(pool=pool).set(max([0.0, *ages]))
         for name, state in view.pools.items():
             self.serving_ready.labels(pool=name).set(state.ready_replicas)
             if state.signals is not None:

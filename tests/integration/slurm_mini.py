@@ -56,6 +56,7 @@ class MiniSlurm:
         cli_filter_lua: str | None = None,
         job_requeue: int = 1,
         extra_conf: str = "",
+        snippet: str | None = None,
     ) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="gb-mini-slurm-"))
         self.root.chmod(0o755)
@@ -65,6 +66,7 @@ class MiniSlurm:
         self.cli_filter_lua = cli_filter_lua
         self.job_requeue = job_requeue
         self.extra_conf = extra_conf
+        self.snippet = snippet
         self.procs: list[subprocess.Popen[bytes]] = []
         self.etc = self.root / "etc"
         self.conf = self.etc / "slurm.conf"
@@ -174,6 +176,16 @@ class MiniSlurm:
         for n, port in zip(self.nodes, node_ports, strict=True):
             lines.append(f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs=8 "
                          "RealMemory=4000 Gres=gpu:4 State=UNKNOWN")
+        if self.snippet is not None:
+            # An administrator's snippet: its settings and partitions replace ours.
+            keys = {ln.split("=", 1)[0] for ln in self.snippet.splitlines() if "=" in ln and not ln.startswith("#")}
+            lines = [ln for ln in lines if ln.split("=", 1)[0] not in keys or ln.startswith("NodeName=")]
+            lines.append(self.snippet)
+            self.conf.write_text("\n".join(lines) + "\n")
+            (self.etc / "gres.conf").write_text(
+                f"AutoDetect=off\nNodeName={nodes} Name=gpu File={r / 'dev'}/nvidia[0-3]\n"
+            )
+            return
         lines += [
             f"PartitionName=preempt Nodes={nodes} Default=YES PriorityTier=1 PreemptMode=REQUEUE "
             f"GraceTime={self.grace_s} MaxTime=INFINITE State=UP",

@@ -223,9 +223,22 @@ class ForecastConfig:
     )
     ratio_min: float = setting(0.5, gt=0, doc="lower clamp of today / then")
     ratio_max: float = setting(3.0, gt=0, doc="upper clamp of today / then")
-    burst_window_s: float = setting(600.0, gt=0, doc="recent window whose peak demand stands for 'now'")
+    burst_window_s: float = setting(600.0, gt=0, doc="recent window whose peak demand stands for 'now' (reclaims)")
+    lend_lookback_s: float = setting(
+        3600.0, gt=0, doc="recent window whose peak a lend must fit under (times the learned rise)"
+    )
     trend_window_s: float = setting(1200.0, gt=0, doc="recent window of the least-squares trend (only rises count)")
     margin_s: float = setting(120.0, ge=0, doc="safety margin added to the horizon")
+    burst_history_s: float = setting(
+        86400.0, ge=0, doc="history from which the rise over a horizon is learned (0 = off)"
+    )
+    burst_step_s: float = setting(300.0, gt=0, doc="resolution of that history (max per step)")
+    burst_quantile: float = setting(
+        0.99, gt=0, le=1, doc="quantile of (peak over next horizon) / (recent peak) seen in that history"
+    )
+    burst_smoothing_replicas: float = setting(
+        1.0, ge=0, doc="added to both sides of that ratio so near-zero load does not give wild ratios"
+    )
 
     def _check(self) -> list[tuple[str, str]]:
         if self.ratio_min > self.ratio_max:

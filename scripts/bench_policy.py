@@ -14,13 +14,13 @@ import argparse
 import math
 import random
 import time
-from collections import deque
 from dataclasses import replace
 
 from bridge.config import default_config
-from bridge.model import ActionKind, ClusterView, LoadSignals, NodeState, Phase, PoolState
+from bridge.model import ActionKind, ClusterView, LoadSignals, NodeState, Phase, PoolState, SlurmJob
 from bridge.policy import plan
 from bridge.policy.forecast import history_span_s, history_windows, horizon_s
+from bridge.policy.history import HistoryRecorder
 from bridge.trace import load_trace
 
 
@@ -32,11 +32,26 @@ def main() -> None:
     ap.add_argument("--tick", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--headroom", type=float, default=None)
+    ap.add_argument("--set", action="append", default=[], help="override a numeric config key, e.g. policy.min_lend_s=900")
     ap.add_argument("--noise", type=float, default=0.05, help="per-sample noise = cv x this")
     args = ap.parse_args()
 
     cfg = default_config(headroom=args.headroom) if args.headroom is not None else default_config()
     cfg = replace(cfg, policy=replace(cfg.policy, tick_s=args.tick))
+    for kv in args.set:  # e.g. policy.forecast.burst_quantile=0.95
+        key, _, raw = kv.partition("=")
+        *path, leaf = key.split(".")
+
+        def put(obj: object, path: list[str]) -> object:
+            if not path:
+                old = getattr(obj, leaf)
+                return replace(obj, **{leaf: type(old)(float(raw)) if old is not None else float(raw)})  # type: ignore[type-var]
+            head, *rest = path
+            if head == "pool":
+                return replace(obj, pools=(put(obj.pools[0], rest),))  # type: ignore[attr-defined]
+            return replace(obj, **{head: put(getattr(obj, head), rest)})  # type: ignore[type-var]
+
+        cfg = put(cfg, path)  # type: ignore[assignment]
     pool = cfg.pools[0]
     trace = load_trace()
     scale = args.peak / trace.peak_rate
@@ -49,12 +64,12 @@ def main() -> None:
     # node state: phase, since, ready_at
     nodes = {f"gpu-node-{i:02d}": [Phase.SERVING, t0 - 86400, True] for i in range(args.nodes)}
     span = history_span_s(cfg)
-    hist: deque[LoadSignals] = deque()
+    rec = HistoryRecorder(history_windows(cfg))
     print("history windows:", [(w.start_s, w.end_s, w.step_s) for w in history_windows(cfg)])
     print(f"horizon {horizon_s(cfg, pool):.0f} s, history span {span / 86400:.1f} d")
     lent_s = viol_s = 0.0
     lends = reclaims = 0
-    plan_s = 0.0
+    plan_s = hist_s = 0.0
     reasons: dict[str, int] = {}
     calls = 0
     # true demand in replicas per tick: the trace's rate, with burst noise per sample
@@ -74,9 +89,10 @@ def main() -> None:
     for d in demand:
         ready = sum(1 for p, _, r in nodes.values() if p is Phase.SERVING and r)
         sig = LoadSignals(t, d * target, 0.0, min(d, ready) * 0.8, None, ready)
-        hist.append(sig)
-        while hist and hist[0].t < t - span:
-            hist.popleft()
+        rec.add(sig)
+        h0 = time.perf_counter()
+        hist = rec.history(t)
+        hist_s += time.perf_counter() - h0
         if d > ready:
             viol_s += args.tick
         # phase progress
@@ -97,7 +113,12 @@ def main() -> None:
                           jobs=(f"job-{n}",) if ph is Phase.LENT else ())
                 for n, (ph, since, r) in nodes.items()
             ),
-            pools={pool.name: PoolState(pool.name, sig, tuple(hist), ready, ready)},
+            pools={pool.name: PoolState(pool.name, sig, hist, ready, ready)},
+            jobs={
+                f"job-{n}": SlurmJob(f"job-{n}", "train", "alice", "preempt", "running", (n,), since)
+                for n, (ph, since, _) in nodes.items()
+                if ph is Phase.LENT
+            },
         )
         c0 = time.perf_counter()
         p = plan(view, cfg)
@@ -115,7 +136,10 @@ def main() -> None:
     total_h = dur / 3600
     print(f"rough oracle bound: {oracle_s / 3600 * 4:.0f} GPU-h lent")
     print("actions by reason:", dict(sorted(reasons.items())))
-    print(f"plan(): {calls} calls, {plan_s / calls * 1e6:.0f} us per call (history up to {len(hist)} samples)")
+    print(
+        f"plan(): {calls} calls, {plan_s / calls * 1e6:.0f} us per call; "
+        f"HistoryRecorder.history(): {hist_s / calls * 1e6:.0f} us per call ({len(hist)} samples)"
+    )
     print(
         f"lent {lent_s / 3600 * 4:.0f} GPU-h of {args.nodes * 4 * total_h:.0f}; lends {lends}, reclaims {reclaims}; "
         f"violation minutes {viol_s / 60:.0f} of {dur / 60:.0f} ({viol_s / dur:.3%})"

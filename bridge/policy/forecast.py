@@ -8,7 +8,10 @@ policy finds them by bisection, so even a long history costs O(log n) plus the w
 
 Forecast peak = max of
 - the recent peak: the highest demand over max(burst window, scale-down window) - peaks, not
-  the mean, because vLLM load is bursty;
+  the mean, because vLLM load is bursty - times the learned burst factor: the
+  ``burst_quantile`` of (peak over the next horizon) / (peak of the burst window before it),
+  measured over the last ``burst_history_s`` at ``burst_step_s`` resolution; it is >= 1 and
+  at most ``ratio_max``, large in a bursty regime and near 1 in a calm one;
 - the recent trend: least-squares slope over the trend window, only rises, extrapolated;
 - for each seasonal lag L (1 d, 7 d): the peak of [now - L, now - L + horizon], scaled by
   how today compares to then, (mean_now + 1) / (mean_then + 1) clamped to
@@ -51,15 +54,21 @@ def horizon_s(config: Config, pool: PoolConfig) -> float:
 
 
 def lend_horizon_s(config: Config, pool: PoolConfig) -> float:
-    """A lent node is not voluntarily reclaimed for ``min_lend_s``, so a lend must be safe for
-    that long plus the time a reclaim then takes."""
-    return horizon_s(config, pool) + config.policy.min_lend_s
+    """A lent node is not voluntarily reclaimed for ``min_lend_s`` (and the job it gets is
+    not for ``min_runtime_s``), so a lend must be safe for that long plus the time a reclaim
+    then takes."""
+    return horizon_s(config, pool) + max(config.policy.min_lend_s, config.slurm.min_runtime_s)
 
 
 def recent_span_s(config: Config) -> float:
     p = config.policy
     f = p.forecast
     return max(f.burst_window_s, f.trend_window_s, f.compare_window_s, p.scale_down_window_s, p.blind_after_s) + p.tick_s
+
+
+def lend_span_s(config: Config) -> float:
+    f = config.policy.forecast
+    return max(f.lend_lookback_s, f.burst_window_s, config.policy.scale_down_window_s)
 
 
 def history_windows(config: Config, pool: PoolConfig | None = None) -> tuple[HistoryWindow, ...]:
@@ -70,6 +79,10 @@ def history_windows(config: Config, pool: PoolConfig | None = None) -> tuple[His
     recent_step = min(config.policy.tick_s, config.policy.signal_max_age_s / 2)
     out = [HistoryWindow(-recent_span_s(config), 0.0, recent_step)]
     f = config.policy.forecast
+    if f.enabled and f.burst_history_s > 0:
+        out.append(HistoryWindow(-f.burst_history_s, 0.0, f.burst_step_s))
+    elif f.enabled and lend_span_s(config) > recent_span_s(config):
+        out.append(HistoryWindow(-lend_span_s(config), 0.0, f.burst_step_s))
     if f.enabled:
         for lag in sorted(f.seasonal_lags_s, reverse=True):
             out.append(HistoryWindow(-lag - f.compare_window_s, -lag + lend_h, config.prometheus.step_s))
@@ -85,7 +98,7 @@ def history_span_s(config: Config) -> float:
 class Forecast:
     """What the history says, in replicas. ``None`` = not enough data for that part."""
 
-    recent_peak: float | None  # max over the burst / scale-down window
+    recent_peak: float | None  # max over the burst / scale-down window (reclaims)
     trend_peak: float | None  # over the reclaim horizon, rises only
     seasonal_peak: float | None  # over the reclaim horizon, best of the lags
     peak: float | None  # what the reclaim horizon may need
@@ -93,6 +106,9 @@ class Forecast:
     stable: bool  # the scale-down window is fully observed with valid samples
     last_valid_t: float | None  # newest sample with a usable value
     seasonal_lags_used: tuple[float, ...] = ()
+    burst_factor: float = 1.0  # learned rise over the reclaim horizon (multiplies recent_peak)
+    burst_factor_lend: float = 1.0  # the same over the lend horizon, relative to lend_base
+    lend_base: float | None = None  # max over lend_lookback_s (lends)
 
 
 class _Series:
@@ -160,7 +176,7 @@ def forecast(
     recent_peak = max(burst) if burst else None
 
     if not f.enabled or recent_peak is None:
-        return Forecast(recent_peak, None, None, recent_peak, recent_peak, stable, last_valid_t)
+        return Forecast(recent_peak, None, None, recent_peak, recent_peak, stable, last_valid_t, lend_base=recent_peak)
 
     trend_peak = trend_lend = None
     tw = [(t, d) for t, d in recent if t >= now - f.trend_window_s and d is not None]
@@ -189,9 +205,82 @@ def forecast(
             seasonal = sh if seasonal is None else max(seasonal, sh)
             seasonal_lend = sl if seasonal_lend is None else max(seasonal_lend, sl)
             used.append(lag)
-    peak = max(x for x in (recent_peak, trend_peak, seasonal) if x is not None)
-    lend_peak = max(x for x in (recent_peak, trend_lend, seasonal_lend) if x is not None)
-    return Forecast(recent_peak, trend_peak, seasonal, peak, lend_peak, stable, last_valid_t, tuple(used))
+    bf = bf_lend = 1.0
+    ls = lend_span_s(config)
+    long = series.window(now - max(f.burst_history_s, ls), now)
+    lend_vals = [d for t, d in long if t >= now - ls and d is not None]
+    lend_base = max(max(lend_vals), recent_peak) if lend_vals else recent_peak
+    if f.burst_history_s > 0:
+        bf, bf_lend = _burst_factors(long, now, h, lh, f)
+    peak = max(x for x in (recent_peak * bf, trend_peak, seasonal) if x is not None)
+    # A lend must not make the reclaim rule fire while the sample that last justified a
+    # reclaim is still in the lend lookback: the lend side uses the larger factor on the
+    # longer window, so lend_peak >= peak and a reclaimed node stays at least that long.
+    lend_peak = max(x for x in (lend_base * max(bf, bf_lend), trend_lend, seasonal_lend, peak) if x is not None)
+    return Forecast(
+        recent_peak, trend_peak, seasonal, peak, lend_peak, stable, last_valid_t, tuple(used), bf, bf_lend, lend_base
+    )
+
+
+def _burst_factors(
+    samples: list[tuple[float, float | None]], now: float, h: float, lh: float, f: ForecastConfig
+) -> tuple[float, float]:
+    """Quantiles of how much the peak over the next horizon exceeded the peak before it:
+    over ``h`` against the burst window, over ``lh`` against the lend lookback."""
+    step = f.burst_step_s
+    if not samples:
+        return 1.0, 1.0
+    first = math.floor((samples[0][0] - now) / step)
+    n = -first + 1
+    m: list[float | None] = [None] * n
+    for t, d in samples:
+        if d is None:
+            continue
+        i = math.floor((t - now) / step) - first
+        if 0 <= i < n:
+            cur = m[i]
+            if cur is None or d > cur:
+                m[i] = d
+    c = f.burst_smoothing_replicas
+    out = []
+    for hor, back in ((h, f.burst_window_s), (lh, max(f.lend_lookback_s, f.burst_window_s))):
+        k = max(1, math.ceil(hor / step))
+        b = max(1, math.ceil(back / step))
+        past = _sliding_max(m, b)
+        fut = _sliding_max(m, k)
+        ratios = [
+            (fu + c) / (pa + c)
+            for pa, fu in zip(past[b - 1 : n - k], fut[b - 1 + k :])
+            if pa is not None and fu is not None
+        ]
+        if len(ratios) < 12:
+            out.append(1.0)
+            continue
+        ratios.sort()
+        q = ratios[min(len(ratios) - 1, int(f.burst_quantile * len(ratios)))]
+        out.append(min(max(q, 1.0), f.ratio_max))
+    return out[0], out[1]
+
+
+def _sliding_max(m: list[float | None], w: int) -> list[float | None]:
+    """out[i] = max(m[i-w+1 .. i]), None if any of them is None or the window is incomplete."""
+    out: list[float | None] = [None] * len(m)
+    dq: list[int] = []  # indices, values decreasing (a list used as a deque; head index below)
+    head = 0
+    last_none = -1
+    for i, v in enumerate(m):
+        if v is None:
+            last_none = i
+            dq, head = [], 0
+            continue
+        while len(dq) > head and m[dq[-1]] <= v:  # type: ignore[operator]
+            dq.pop()
+        dq.append(i)
+        if dq[head] <= i - w:
+            head += 1
+        if i - w + 1 > last_none and i >= w - 1:
+            out[i] = m[dq[head]]
+    return out
 
 
 def _fit(points: list[tuple[float, float]], now: float) -> tuple[float, float]:

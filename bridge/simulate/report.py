@@ -1,0 +1,96 @@
+"""Metrics of simulation runs as a table, JSON and a PNG plot (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from bridge.simulate.engine import Result
+from bridge.simulate.workload import Workload
+
+# The JSON objects carry exactly these keys (the order of the table's columns).
+KEYS: tuple[str, ...] = (
+    "policy",
+    "lent_gpu_hours",
+    "useful_gpu_hours",
+    "lost_gpu_hours",
+    "preemptions",
+    "lends",
+    "reclaims",
+    "slo_violation_minutes",
+    "trace_minutes",
+)
+
+
+def to_json(results: Sequence[Result]) -> str:
+    """A JSON list: one object per run with exactly ``KEYS``."""
+    rows = []
+    for r in results:
+        d = r.metrics.as_dict()
+        rows.append({k: d[k] for k in KEYS})
+    return json.dumps(rows, indent=2)
+
+
+def table(results: Sequence[Result], *, wall: bool = True) -> str:
+    """A fixed-width text table, one row per run (plus the wall time of each run)."""
+    head = ["policy", "lent GPU-h", "useful GPU-h", "lost GPU-h", "preempt", "lends", "reclaims", "SLO-viol min", "of min", "viol %"]
+    if wall:
+        head.append("wall s")
+    rows = [head]
+    for r in results:
+        m = r.metrics
+        row = [
+            m.policy,
+            f"{m.lent_gpu_hours:.1f}",
+            f"{m.useful_gpu_hours:.1f}",
+            f"{m.lost_gpu_hours:.1f}",
+            str(m.preemptions),
+            str(m.lends),
+            str(m.reclaims),
+            str(m.slo_violation_minutes),
+            str(m.trace_minutes),
+            f"{100.0 * m.slo_violation_minutes / max(1, m.trace_minutes):.3f}",
+        ]
+        if wall:
+            row.append(f"{r.wall_s:.1f}")
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = []
+    for j, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(cells))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def plot(results: Sequence[Result], workload: Workload, path: str | Path, *, nodes: int, replicas_per_node: int = 1) -> None:
+    """Offered load vs each run's Ready capacity, and lent nodes over time, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(14, 7), sharex=True, constrained_layout=True)
+    days = np.arange(workload.minutes) * workload.minute_s / 86400.0
+    ax1.plot(days, workload.load, color="black", lw=0.4, label="offered load (replicas, per minute)")
+    for r in results:
+        x = r.tick_t / 86400.0
+        ax1.step(x, r.tick_ready * replicas_per_node, where="post", lw=0.7, label=f"{r.metrics.policy}: Ready capacity")
+        ax2.step(x, r.tick_lent, where="post", lw=0.7, label=f"{r.metrics.policy} ({r.metrics.lent_gpu_hours:.0f} GPU-h)")
+        v = r.violation_minutes
+        if v.size:
+            ax1.plot(days[v], workload.load[v], ".", ms=3, label=f"{r.metrics.policy}: SLO-violation minutes ({v.size})")
+    ax1.axhline(nodes * replicas_per_node, color="grey", ls=":", lw=0.8, label="all nodes")
+    ax1.set_ylabel("replicas")
+    ax1.legend(loc="upper right", fontsize=7, ncol=2)
+    ax2.set_ylabel("nodes lent to Slurm")
+    ax2.set_xlabel("day of the trace")
+    ax2.set_ylim(0, nodes)
+    ax2.legend(loc="upper right", fontsize=7, ncol=2)
+    fig.suptitle(f"gpu-bridge simulate: {Path(workload.source).name or 'trace'}, {nodes} nodes")
+    fig.savefig(str(path), dpi=110)
+    plt.close(fig)

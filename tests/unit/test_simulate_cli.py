@@ -1,0 +1,137 @@
+"""The simulator's workload, job-mix parsing, report and command line."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bridge.cli import main
+from bridge.config import TargetConfig
+from bridge.errors import ConfigError
+from bridge.policy.demand import demand
+from bridge.simulate.research import parse_job_mix
+from bridge.simulate.workload import build_workload, signals
+from bridge.trace import Trace, load_trace
+
+KEYS = {
+    "policy",
+    "lent_gpu_hours",
+    "useful_gpu_hours",
+    "lost_gpu_hours",
+    "preemptions",
+    "lends",
+    "reclaims",
+    "slo_violation_minutes",
+    "trace_minutes",
+}
+
+
+def small_trace(tmp_path: Path) -> Path:
+    p = tmp_path / "t.csv"
+    lines = ["window_start_s,rate_req_per_s,cv,clients_active"]
+    for i in range(36):
+        lines.append(f"{i * 600},{100 + 60 * math.sin(i / 6):.3f},{2.0 + (i % 5)},10")
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_busiest_window_needs_the_peak_replicas_and_windows_keep_their_means() -> None:
+    trace = load_trace()
+    w = build_workload(trace, peak_replicas=20, seed=3)
+    assert w.window_load.max() == pytest.approx(20.0)
+    per_window = w.load.reshape(-1, 10).mean(axis=1)
+    np.testing.assert_allclose(per_window, w.window_load, rtol=1e-9)
+    assert w.minutes == 14 * 1440
+    assert w.scale == pytest.approx(20 * 4.0 / trace.peak_rate)
+    assert "20 replicas" in w.describe_scale()
+    # bursts: minutes vary inside a window, more where the trace's cv is higher
+    dev = np.abs(w.load.reshape(-1, 10) / per_window[:, None] - 1).mean(axis=1)
+    cv = np.asarray(trace.cvs)
+    assert dev[cv > 10].mean() > 3 * dev[cv < 2].mean()
+
+
+def test_same_seed_same_load() -> None:
+    t = load_trace()
+    a = build_workload(t, peak_replicas=10, seed=1, days=1)
+    b = build_workload(t, peak_replicas=10, seed=1, days=1)
+    c = build_workload(t, peak_replicas=10, seed=2, days=1)
+    assert np.array_equal(a.load, b.load) and not np.array_equal(a.load, c.load)
+    assert a.minutes == 1440
+
+
+@pytest.mark.parametrize(
+    "target",
+    [TargetConfig(), TargetConfig(concurrency_per_replica=None, kv_cache_usage=0.7), TargetConfig(tokens_per_s_per_replica=900.0)],
+)
+def test_signals_read_back_the_offered_load_through_the_policys_targets(target: TargetConfig) -> None:
+    for load, ready in ((3.2, 8), (7.9, 8), (0.0, 2)):
+        s = signals(100.0, load, ready, target)
+        assert demand(s, target).replicas == pytest.approx(load)
+        assert s.replicas_reporting == ready
+        assert s.kv_cache_usage_sum is not None and s.kv_cache_usage_sum <= ready
+    # overload: KV caches full, the rest waits; the concurrency signal still shows the load
+    s = signals(0.0, 20.0, 8, TargetConfig())
+    assert s.kv_cache_usage_sum == pytest.approx(8.0) and s.waiting > 0
+    assert demand(s, TargetConfig()).replicas == pytest.approx(20.0)
+    none = signals(0.0, 5.0, 0, TargetConfig())
+    assert none.running is None and demand(none, TargetConfig()).replicas is None
+
+
+def test_job_mix_parsing_names_every_problem() -> None:
+    mix = parse_job_mix({"queue_depth": 5, "classes": [{"name": "a", "nodes": 2, "min_hours": 1, "max_hours": 3, "checkpoint_s": 600}]})
+    assert mix.queue_depth == 5 and mix.classes[0].nodes == 2 and mix.classes[0].checkpoint_s == 600
+    with pytest.raises(ConfigError) as exc:
+        parse_job_mix({"classes": [{"nodes": 0, "min_hours": 2, "max_hours": 1, "bogus": 1}]}, "mix.yaml")
+    text = "\n".join(exc.value.problems)
+    assert "mix.yaml: classes[0].nodes: must be an integer 1..64, got 0" in text
+    assert "classes[0].bogus: unknown key" in text
+
+
+def test_json_has_exactly_the_keys_for_every_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = small_trace(tmp_path)
+    png = tmp_path / "p.png"
+    rc = main(["simulate", "--trace", str(trace), "--nodes", "8", "--peak-replicas", "5", "--policy", "all", "--json", "--plot", str(png)])
+    assert rc == 0
+    out = capsys.readouterr()
+    rows = json.loads(out.out)
+    assert [r["policy"] for r in rows] == ["bridge", "fixed-window", "reactive", "oracle"]
+    for r in rows:
+        assert set(r) == KEYS
+        assert r["trace_minutes"] == 36 * 10
+    assert "trace scale" in out.err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = small_trace(tmp_path)
+    conf = tmp_path / "bridge.yaml"
+    conf.write_text("pools:\n  - name: llama\n    cold_start_s: 200\n")
+    rc = main(
+        ["simulate", "--trace", str(trace), "--config", str(conf), "--nodes", "6", "--peak-replicas", "4",
+         "--policy", "oracle", "--grace-s", "30", "--tick-s", "60", "--victims", "naive", "--days", "0.2"]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "cold start 200 s" in out and "grace 30 s" in out and "tick 60 s" in out and "newest_first" in out
+    assert "oracle" in out.splitlines()[-1]
+
+
+def test_bad_flags_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--tick-s", "0"]) == 2
+    assert "--tick-s: must be > 0, got 0" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(tmp_path / "missing.csv")]) == 2
+    assert "cannot read trace" in capsys.readouterr().err
+    bad = tmp_path / "mix.yaml"
+    bad.write_text("classes: []\n")
+    assert main(["simulate", "--job-mix", str(bad)]) == 2
+    assert "classes: must be a non-empty list" in capsys.readouterr().err
+
+
+def test_trace_window_must_be_whole_minutes() -> None:
+    t = Trace((0.0, 90.0), (1.0, 2.0), (1.0, 1.0), 90.0)
+    with pytest.raises(ValueError, match="whole number of minutes"):
+        build_workload(t, peak_replicas=2)

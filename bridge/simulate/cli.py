@@ -45,6 +45,7 @@ def register_cli(subparsers: Any) -> None:
         help="replicas the trace's busiest 10-minute window needs (default 0.8 x nodes x replicas per node)",
     )
     p.add_argument("--replica-rps", type=float, default=4.0, help="requests/s one replica carries at its target (default 4)")
+    p.add_argument("--max-cv", type=float, default=None, help="cap the trace's within-window cv (default: as measured)")
     p.add_argument("--days", type=float, default=None, help="simulate only the first DAYS of the trace")
     p.add_argument("--seed", type=int, default=1, help="seed of the within-window bursts and the job mix (default 1)")
     p.add_argument("--cold-start-s", type=float, help="vLLM pod start to Ready (overrides pools[].cold_start_s)")
@@ -160,8 +161,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError([f"--replica-rps: must be > 0, got {args.replica_rps:g}"])
         if args.days is not None and not args.days > 0:
             raise ConfigError([f"--days: must be > 0, got {args.days:g}"])
+        if args.max_cv is not None and not (args.max_cv > 0 and math.isfinite(args.max_cv)):
+            raise ConfigError([f"--max-cv: must be > 0, got {args.max_cv:g}"])
         trace = load_trace(args.trace)
-        workload = build_workload(trace, peak_replicas=peak, replica_rps=args.replica_rps, days=args.days, seed=args.seed)
+        workload = build_workload(
+            trace, peak_replicas=peak, replica_rps=args.replica_rps, days=args.days, seed=args.seed, max_cv=args.max_cv
+        )
     except (ConfigError, BridgeError) as exc:
         problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
         for line in problems:

@@ -86,8 +86,10 @@ def build_workload(
     days: float | None = None,
     seed: int = 1,
     burst: bool = True,
+    max_cv: float | None = None,
 ) -> Workload:
-    """Scale ``trace`` and draw the per-minute load (deterministic for a seed)."""
+    """Scale ``trace`` and draw the per-minute load (deterministic for a seed). ``max_cv``
+    caps the trace's cv (``None``: as measured); ``burst=False`` keeps the window means flat."""
     if not (peak_replicas > 0 and math.isfinite(peak_replicas)):
         raise ValueError(f"peak_replicas: must be > 0, got {peak_replicas!r}")
     if not (replica_rps > 0 and math.isfinite(replica_rps)):
@@ -108,6 +110,10 @@ def build_workload(
     if peak_rate <= 0:
         raise ValueError(f"{trace.source or 'trace'}: every rate is 0, nothing to scale")
     scale = peak_replicas * replica_rps / peak_rate
+    if max_cv is not None:
+        if not max_cv > 0:
+            raise ValueError(f"max_cv: must be > 0, got {max_cv!r}")
+        cvs = np.minimum(cvs, max_cv)
     rates = rates[:n_windows]
     cvs = cvs[:n_windows]
     window_load = rates * scale / replica_rps  # replicas

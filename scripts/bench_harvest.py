@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""The harvest benchmark: every policy on the shipped 14-day trace, the victim rules, the targets.
+
+    .venv/bin/python scripts/bench_harvest.py [--days 14] [--seed 1] [--config FILE]
+                                              [--set pools.0.headroom=0.1 ...] [--max-cv X]
+
+Setup (issue 4): 24 nodes x 4 GPUs, the busiest 10-minute window needs 20 replicas, 5-min cold
+start, 2-min Slurm grace, the config's other defaults. Prints the table of the four policies
+plus ``bridge`` with the naive victim rule, the wall time of each run, PASS/FAIL per target,
+and, for ``bridge``, where its SLO-violation minutes fall and what the policy saw before them,
+and where it lends less than the oracle. Always exits 0: the targets are reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bridge.config import Config, default_config, load_config, parse_config, to_dict  # noqa: E402
+from bridge.simulate.baselines import BridgeController, OracleController, make_controller  # noqa: E402
+from bridge.simulate.cli import apply_overrides  # noqa: E402
+from bridge.simulate.engine import Result, Setup, simulate  # noqa: E402
+from bridge.simulate.report import table  # noqa: E402
+from bridge.simulate.workload import build_workload  # noqa: E402
+from bridge.trace import load_trace  # noqa: E402
+
+
+def set_keys(cfg: Config, assignments: list[str]) -> Config:
+    """Apply ``dotted.key=value`` (value parsed as YAML) and re-validate through the loader."""
+    import yaml
+
+    data: Any = to_dict(cfg)
+    for a in assignments:
+        key, _, raw = a.partition("=")
+        node = data
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        last = parts[-1]
+        value = yaml.safe_load(raw)
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return parse_config(data, source="--set")
+
+
+def fmt_hhmm(minute: int) -> str:
+    return f"day {minute // 1440:2d} {(minute % 1440) // 60:02d}:{minute % 60:02d}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--days", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--nodes", type=int, default=24)
+    ap.add_argument("--peak-replicas", type=float, default=20.0)
+    ap.add_argument("--config", help="a daemon YAML config (default: the documented defaults)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    ap.add_argument("--max-cv", type=float, default=None, help="cap the within-window cv (sensitivity)")
+    ap.add_argument("--quiet", action="store_true", help="skip the violation/lending analysis")
+    args = ap.parse_args()
+
+    cfg = load_config(args.config) if args.config else default_config()
+    if args.set:
+        cfg = set_keys(cfg, args.set)
+    cfg = apply_overrides(cfg, cold_start_s=300.0, grace_s=120.0, victims="bridge")
+    naive_cfg = apply_overrides(cfg, victims="naive")
+    trace = load_trace()
+    w = build_workload(trace, peak_replicas=args.peak_replicas, days=args.days, seed=args.seed, max_cv=args.max_cv)
+    setup = Setup(cfg, w, args.nodes, 4, seed=args.seed)
+    print(w.describe_scale())
+    pool = setup.pool
+    print(
+        f"{args.nodes} nodes x 4 GPUs, {w.minutes} minutes; tick {setup.tick_s:g} s, scrape {setup.scrape_s:g} s, "
+        f"drain {setup.drain_s:g} s, grace {setup.grace_s:g} s, cold start {setup.cold_start_s:g} s; "
+        f"headroom {pool.headroom:g} + {pool.headroom_replicas:g} replicas; seed {args.seed}"
+        + (f"; cv capped at {args.max_cv:g}" if args.max_cv else "")
+        + (f"; overrides {', '.join(args.set)}" if args.set else "")
+    )
+    print()
+
+    results: dict[str, Result] = {}
+    ctls: dict[str, Any] = {}
+    for name in ("bridge", "fixed-window", "reactive", "oracle"):
+        c = make_controller(name, setup)
+        ctls[name] = c
+        results[name] = simulate(setup, c)
+        print(f"  {name:<14} {results[name].wall_s:6.1f} s wall", flush=True)
+    naive_setup = dataclasses.replace(setup, config=naive_cfg)
+    r_naive = simulate(naive_setup, make_controller("bridge", naive_setup))
+    r_naive.metrics.policy = "bridge (naive victims)"
+    print(f"  {'bridge/naive':<14} {r_naive.wall_s:6.1f} s wall")
+    print()
+    rows = [results[n] for n in ("bridge", "fixed-window", "reactive", "oracle")] + [r_naive]
+    print(table(rows))
+    print()
+
+    b, o, fw, re = (results[n].metrics for n in ("bridge", "oracle", "fixed-window", "reactive"))
+    unavoidable = int((w.load > args.nodes * setup.replicas_per_node + 1e-9).sum())
+    budget = 0.001 * b.trace_minutes
+    checks = [
+        (
+            "bridge lends >= 80 % of oracle's GPU-hours",
+            b.lent_gpu_hours >= 0.8 * o.lent_gpu_hours,
+            f"{b.lent_gpu_hours:.0f} / {o.lent_gpu_hours:.0f} = {b.lent_gpu_hours / max(o.lent_gpu_hours, 1e-9):.1%}",
+        ),
+        (
+            "bridge SLO-violation minutes <= 0.1 % of trace minutes",
+            b.slo_violation_minutes <= budget,
+            f"{b.slo_violation_minutes} <= {budget:.1f} ({b.slo_violation_minutes / b.trace_minutes:.3%}); "
+            f"{unavoidable} minutes exceed all {args.nodes} nodes (unavoidable; oracle {o.slo_violation_minutes})",
+        ),
+        (
+            "bridge SLO-violation minutes <= reactive and <= fixed-window",
+            b.slo_violation_minutes <= re.slo_violation_minutes and b.slo_violation_minutes <= fw.slo_violation_minutes,
+            f"{b.slo_violation_minutes} vs reactive {re.slo_violation_minutes}, fixed-window {fw.slo_violation_minutes}",
+        ),
+        (
+            "bridge lends >= 1.5x fixed-window's GPU-hours",
+            b.lent_gpu_hours >= 1.5 * fw.lent_gpu_hours,
+            f"{b.lent_gpu_hours:.0f} / {fw.lent_gpu_hours:.0f} = {b.lent_gpu_hours / max(fw.lent_gpu_hours, 1e-9):.2f}x",
+        ),
+        (
+            "victim rule loses <= 50 % of the naive rule's GPU-hours",
+            b.lost_gpu_hours <= 0.5 * r_naive.metrics.lost_gpu_hours,
+            f"{b.lost_gpu_hours:.0f} / {r_naive.metrics.lost_gpu_hours:.0f} = "
+            f"{b.lost_gpu_hours / max(r_naive.metrics.lost_gpu_hours, 1e-9):.1%} "
+            f"(per preemption {b.lost_gpu_hours / max(b.preemptions, 1):.2f} vs "
+            f"{r_naive.metrics.lost_gpu_hours / max(r_naive.metrics.preemptions, 1):.2f} GPU-h)",
+        ),
+        (
+            "simulating the trace takes < 30 s per policy",
+            all(r.wall_s < 30.0 for r in rows),
+            ", ".join(f"{r.metrics.policy} {r.wall_s:.1f} s" for r in rows),
+        ),
+    ]
+    for name, ok, detail in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+
+    if not args.quiet:
+        analyse(setup, results["bridge"], ctls["bridge"], results["oracle"], ctls["oracle"])
+    return 0
+
+
+def analyse(setup: Setup, rb: Result, bc: BridgeController, ro: Result, oc: OracleController) -> None:
+    """Where bridge violates and why; where it lends less than the oracle."""
+    w = setup.workload
+    tick = setup.tick_s
+    nodes = setup.nodes
+    rpn = setup.replicas_per_node
+    dem = np.asarray(bc.trace_demand)
+    fc = np.asarray(bc.trace_forecast)
+    des = np.asarray(bc.trace_desired)
+    print()
+    print("bridge: decisions by reason (ticks):", dict(collections.Counter(bc.trace_reason).most_common()))
+    print()
+    print("bridge SLO-violation minutes: load vs Ready capacity, and what the policy said 10 / 5 min before")
+    print("  minute            load  ready  window-mean  cv    | t-10: demand forecast desired | t-5: demand forecast desired reason")
+    for m in rb.violation_minutes:
+        k = int(m * w.minute_s // tick)
+        k10, k5 = max(0, k - int(600 / tick)), max(0, k - int(300 / tick))
+        tag = " (exceeds all nodes)" if w.load[m] > nodes * rpn else ""
+        print(
+            f"  {fmt_hhmm(int(m))}  {w.load[m]:5.1f}  {rb.minute_ready_min[m] * rpn:5.0f}  {w.window_load[m // 10]:11.1f}"
+            f"  {setup_cv(setup, int(m)):5.1f} | {dem[k10]:6.1f} {fc[k10]:8.1f} {des[k10]:7d} | {dem[k5]:6.1f} {fc[k5]:8.1f}"
+            f" {des[k5]:7d} {bc.trace_reason[k5]}{tag}"
+        )
+    print()
+    print("per day: mean nodes committed to serving (bridge vs oracle), lent GPU-h, mean demand / forecast (replicas)")
+    per = int(86400 / tick)
+    days = int(np.ceil(len(des) / per))
+    g = setup.gpus_per_node
+    for d in range(days):
+        sl = slice(d * per, (d + 1) * per)
+        lent_b = rb.tick_lent[sl].sum() * tick * g / 3600
+        lent_o = ro.tick_lent[sl].sum() * tick * g / 3600
+        print(
+            f"  day {d:2d}: committed {rb.tick_committed[sl].mean():5.1f} vs {ro.tick_committed[sl].mean():5.1f};"
+            f" lent {lent_b:6.0f} vs {lent_o:6.0f} GPU-h; demand {np.nanmean(dem[sl]):5.1f}, forecast {np.nanmean(fc[sl]):5.1f},"
+            f" oracle need {oc.need[sl].mean():5.1f}; violations {int(((rb.violation_minutes >= d * 1440) & (rb.violation_minutes < (d + 1) * 1440)).sum())}"
+        )
+    ratio = fc / np.maximum(dem, 0.5)
+    print(
+        f"  forecast / demand: median {np.nanmedian(ratio):.2f}, p90 {np.nanpercentile(ratio, 90):.2f};"
+        f" desired - oracle need: mean {np.mean(des - oc.need[: len(des)]):.1f} nodes"
+    )
+
+
+_CV_CACHE: dict[int, np.ndarray] = {}
+
+
+def setup_cv(setup: Setup, minute: int) -> float:
+    key = id(setup.workload)
+    if key not in _CV_CACHE:
+        _CV_CACHE[key] = np.asarray(load_trace(setup.workload.source).cvs)
+    cvs = _CV_CACHE[key]
+    return float(cvs[min(minute // 10, len(cvs) - 1)])
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    rc = main()
+    print(f"\ntotal wall time {time.perf_counter() - t0:.1f} s")
+    sys.exit(rc)

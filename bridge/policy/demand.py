@@ -46,29 +46,31 @@ def demand(s: LoadSignals | None, target: TargetConfig) -> Demand:
 
 
 def replicas_needed(s: LoadSignals, target: TargetConfig) -> float | None:
-    """Fast path for history samples: the maximum over the usable signals, None if none is."""
-    best: float | None = None
+    """Fast path for history samples: the maximum over the usable signals, None if none is.
+
+    (Inlined validity checks: ``0 <= x < inf`` is False for None-guarded NaN and infinity.)"""
+    best = -1.0
     c = target.concurrency_per_replica
     if c is not None:
         r, w = s.running, s.waiting
-        if valid(r) and valid(w):
-            best = (r + w) / c  # type: ignore[operator]
+        if r is not None and w is not None and 0 <= r < _INF and 0 <= w < _INF:
+            best = (r + w) / c
     k = target.kv_cache_usage
-    if k is not None and valid(s.kv_cache_usage_sum):
-        v = s.kv_cache_usage_sum / k  # type: ignore[operator]
-        if best is None or v > best:
-            best = v
-    t = target.tokens_per_s_per_replica
-    if t is not None and valid(s.tokens_per_s):
-        v = s.tokens_per_s / t  # type: ignore[operator]
-        if best is None or v > best:
-            best = v
-    q = target.waiting_per_replica
-    if q is not None and valid(s.waiting):
-        v = s.waiting / q  # type: ignore[operator]
-        if best is None or v > best:
-            best = v
-    return best
+    x = s.kv_cache_usage_sum
+    if k is not None and x is not None and 0 <= x < _INF and x / k > best:
+        best = x / k
+    tk = target.tokens_per_s_per_replica
+    x = s.tokens_per_s
+    if tk is not None and x is not None and 0 <= x < _INF and x / tk > best:
+        best = x / tk
+    qw = target.waiting_per_replica
+    x = s.waiting
+    if qw is not None and x is not None and 0 <= x < _INF and x / qw > best:
+        best = x / qw
+    return best if best >= 0 else None
+
+
+_INF = math.inf
 
 
 def _one(s: LoadSignals, name: str, target: TargetConfig) -> float | None:

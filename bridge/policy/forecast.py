@@ -21,9 +21,13 @@ Forecast peak = max of
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from bridge.config import Config, ForecastConfig, PoolConfig, TargetConfig
 from bridge.model import LoadSignals
@@ -160,13 +164,16 @@ def forecast(
     h = horizon_s(config, pool)
     lh = lend_horizon_s(config, pool)
 
-    recent = series.window(now - recent_span_s(config), now)
+    span = max(recent_span_s(config), lend_span_s(config), f.burst_history_s if f.enabled else 0.0)
+    long = series.window(now - span, now)
+    ts = [t for t, _ in long]
+    recent = long[bisect.bisect_left(ts, now - recent_span_s(config)) :]
     last_valid_t = next((t for t, d in reversed(recent) if d is not None), None)
 
     # Stabilization: the whole window observed, every sample valid, no gap longer than the
     # staleness limit. A restart with a rebuilt history keeps this; a fresh pool waits.
     w = p.scale_down_window_s
-    win = [x for x in recent if x[0] >= now - w]
+    win = recent[bisect.bisect_left(ts, now - w) - len(long) + len(recent) :] if recent else []
     stable = bool(win) and all(d is not None for _, d in win)
     if stable and w > 0:
         tol = p.signal_max_age_s
@@ -174,6 +181,9 @@ def forecast(
     burst_lo = now - max(f.burst_window_s, w)
     burst = [d for t, d in recent if t >= burst_lo and d is not None]
     recent_peak = max(burst) if burst else None
+    ls = lend_span_s(config)
+    lend_vals = [d for t, d in long[bisect.bisect_left(ts, now - ls) :] if d is not None]
+    lend_base = max(lend_vals) if lend_vals else recent_peak
 
     if not f.enabled or recent_peak is None:
         return Forecast(recent_peak, None, None, recent_peak, recent_peak, stable, last_valid_t, lend_base=recent_peak)
@@ -206,10 +216,7 @@ def forecast(
             seasonal_lend = sl if seasonal_lend is None else max(seasonal_lend, sl)
             used.append(lag)
     bf = bf_lend = 1.0
-    ls = lend_span_s(config)
-    long = series.window(now - max(f.burst_history_s, ls), now)
-    lend_vals = [d for t, d in long if t >= now - ls and d is not None]
-    lend_base = max(max(lend_vals), recent_peak) if lend_vals else recent_peak
+    assert lend_base is not None
     if f.burst_history_s > 0:
         bf, bf_lend = _burst_factors(long, now, h, lh, f)
     peak = max(x for x in (recent_peak * bf, trend_peak, seasonal) if x is not None)
@@ -226,61 +233,57 @@ def _burst_factors(
     samples: list[tuple[float, float | None]], now: float, h: float, lh: float, f: ForecastConfig
 ) -> tuple[float, float]:
     """Quantiles of how much the peak over the next horizon exceeded the peak before it:
-    over ``h`` against the burst window, over ``lh`` against the lend lookback."""
+    over ``h`` against the burst window, over ``lh`` against the lend lookback.
+
+    Buckets are aligned to absolute time and only completed ones count, so within one step
+    the inputs repeat and the memoized ``_ratio_quantiles`` answers at once."""
     step = f.burst_step_s
     if not samples:
         return 1.0, 1.0
-    first = math.floor((samples[0][0] - now) / step)
-    n = -first + 1
+    k_now = math.floor(now / step)
+    k0 = math.floor(samples[0][0] / step)
+    n = k_now - k0
+    if n <= 0:
+        return 1.0, 1.0
     m: list[float | None] = [None] * n
     for t, d in samples:
         if d is None:
             continue
-        i = math.floor((t - now) / step) - first
+        i = int(t // step) - k0
         if 0 <= i < n:
             cur = m[i]
             if cur is None or d > cur:
                 m[i] = d
     c = f.burst_smoothing_replicas
-    out = []
-    for hor, back in ((h, f.burst_window_s), (lh, max(f.lend_lookback_s, f.burst_window_s))):
-        k = max(1, math.ceil(hor / step))
-        b = max(1, math.ceil(back / step))
-        past = _sliding_max(m, b)
-        fut = _sliding_max(m, k)
-        ratios = [
-            (fu + c) / (pa + c)
-            for pa, fu in zip(past[b - 1 : n - k], fut[b - 1 + k :])
-            if pa is not None and fu is not None
-        ]
-        if len(ratios) < 12:
-            out.append(1.0)
-            continue
-        ratios.sort()
-        q = ratios[min(len(ratios) - 1, int(f.burst_quantile * len(ratios)))]
-        out.append(min(max(q, 1.0), f.ratio_max))
-    return out[0], out[1]
+    q, rmax = f.burst_quantile, f.ratio_max
+    back_l = max(f.lend_lookback_s, f.burst_window_s)
+    mt = tuple(m)
+    return (
+        _ratio_quantile(mt, max(1, math.ceil(f.burst_window_s / step)), max(1, math.ceil(h / step)), c, q, rmax),
+        _ratio_quantile(mt, max(1, math.ceil(back_l / step)), max(1, math.ceil(lh / step)), c, q, rmax),
+    )
 
 
-def _sliding_max(m: list[float | None], w: int) -> list[float | None]:
-    """out[i] = max(m[i-w+1 .. i]), None if any of them is None or the window is incomplete."""
-    out: list[float | None] = [None] * len(m)
-    dq: list[int] = []  # indices, values decreasing (a list used as a deque; head index below)
-    head = 0
-    last_none = -1
-    for i, v in enumerate(m):
-        if v is None:
-            last_none = i
-            dq, head = [], 0
-            continue
-        while len(dq) > head and m[dq[-1]] <= v:  # type: ignore[operator]
-            dq.pop()
-        dq.append(i)
-        if dq[head] <= i - w:
-            head += 1
-        if i - w + 1 > last_none and i >= w - 1:
-            out[i] = m[dq[head]]
-    return out
+@functools.lru_cache(maxsize=256)
+def _ratio_quantile(m: tuple[float | None, ...], b: int, k: int, c: float, q: float, rmax: float) -> float:
+    """The q-quantile over i of (max m[i+1..i+k] + c) / (max m[i-b+1..i] + c), in [1, rmax];
+    windows with a missing bucket are skipped; fewer than 12 ratios give 1."""
+    n = len(m)
+    if n < b + k + 12:
+        return 1.0
+    a = np.array([np.nan if x is None else x for x in m], dtype=float)
+    past = sliding_window_view(a, b).max(axis=1)  # past[j] = max a[j .. j+b-1]
+    fut = sliding_window_view(a, k).max(axis=1)  # fut[j] = max a[j .. j+k-1]
+    # bucket i = j + b - 1 ends the past window; its future starts at i + 1 = j + b
+    pa = past[: n - b - k + 1]
+    fu = fut[b : n - k + 1]
+    ratios = (fu + c) / (pa + c)
+    ratios = ratios[~np.isnan(ratios)]
+    if ratios.size < 12:
+        return 1.0
+    ratios.sort()
+    r = float(ratios[min(ratios.size - 1, int(q * ratios.size))])
+    return min(max(r, 1.0), rmax)
 
 
 def _fit(points: list[tuple[float, float]], now: float) -> tuple[float, float]:

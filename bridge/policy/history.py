@@ -115,9 +115,25 @@ class HistoryRecorder:
         out: list[LoadSignals] = []
         for w in self.windows:  # finest first
             lo, hi = now + w.start_s, now + w.end_s
-            for s in self._levels[w.step_s].between(lo, hi):
-                if not any(a <= s.t <= b for a, b in covered):
-                    out.append(s)
+            for a, b in _minus((lo, hi), covered):
+                out.extend(s for s in self._levels[w.step_s].between(a, b) if s.t != a or a == lo)
             covered.append((lo, hi))
         out.sort(key=_t)
         return tuple(out)
+
+
+def _minus(iv: tuple[float, float], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Parts of the closed interval ``iv`` outside every interval of ``cut`` (ends shared)."""
+    parts = [iv]
+    for a, b in cut:
+        nxt = []
+        for lo, hi in parts:
+            if b < lo or a > hi:
+                nxt.append((lo, hi))
+                continue
+            if lo < a:
+                nxt.append((lo, a))
+            if b < hi:
+                nxt.append((b, hi))
+        parts = nxt
+    return parts

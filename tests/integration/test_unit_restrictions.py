@@ -105,7 +105,8 @@ def test_slurm_writes_work_restricted(cluster: MiniSlurm) -> None:
         r = restricted(cluster, cmd)
         assert r.returncode == 0, (cmd, r.stderr)
     node = cluster.run(["scontrol", "-o", "show", "node", "gpu-node-01"]).stdout
-    assert "State=IDLE " in node, node
+    state = node.split("State=", 1)[1].split()[0]
+    assert state.startswith("IDLE") and "DRAIN" not in state, node
 
 
 def test_daemon_python_imports_work_restricted(cluster: MiniSlurm) -> None:

@@ -109,6 +109,14 @@ def test_hold_job_name_refused_to_other_users(cluster: MiniSlurm) -> None:
     assert "job names starting with 'gpu-bridge-hold:' are reserved for gpu-bridge" in err
 
 
+def test_hold_job_name_refused_on_modify(cluster: MiniSlurm) -> None:
+    rc, job, err = submit(cluster, "-p", "preempt", user="nobody")
+    assert rc == 0, err
+    r = cluster.run(["scontrol", "update", f"JobId={job}", "Name=gpu-bridge-hold:gpu-node-01"], user="nobody")
+    assert r.returncode != 0
+    assert show_job(cluster, job)["JobName"] == "wrap"
+
+
 def test_bridge_may_submit_hold_jobs(cluster: MiniSlurm) -> None:
     rc, job, err = submit(cluster, "-p", "gpu-bridge", "-J", "gpu-bridge-hold:gpu-node-01", "-w", "gpu-node-01")
     assert rc == 0, err

@@ -1,0 +1,18 @@
+"""The Slurm adapter: Protocols (read side / write side) and the CLI backend.
+
+    slurm = CliSlurm(env={"SLURM_CONF": "/tmp/gpu-bridge-sandbox/etc/slurm.conf"})
+    for n in slurm.nodes(): ...
+    slurm.submit_hold("gpu-node-03")
+"""
+
+from .cli import CliSlurm, CommandResult, CommandRunner, NotOursError, SubprocessRunner, drain_reason, hold_job_name
+from .hostlist import expand, validate_job_id, validate_node_name
+from .parse import checkpoint_time, gpu_count, parse_jobs, parse_nodes
+from .protocol import SlurmAdapterProtocol, SlurmReader, SlurmWriter
+from .types import SlurmJobInfo, SlurmNode
+
+__all__ = [
+    "CliSlurm", "CommandResult", "CommandRunner", "NotOursError", "SlurmAdapterProtocol", "SlurmJobInfo",
+    "SlurmNode", "SlurmReader", "SlurmWriter", "SubprocessRunner", "checkpoint_time", "drain_reason", "expand",
+    "gpu_count", "hold_job_name", "parse_jobs", "parse_nodes", "validate_job_id", "validate_node_name",
+]

@@ -1,0 +1,236 @@
+"""The Slurm backend over its command-line tools (sinfo/squeue --json, scontrol, sbatch, scancel).
+
+Every call is an argv list with a timeout; stderr is capped and sanitized into AdapterError.
+Lookups parse JSON and filter on the client side (22.05 ignores --json filters). Node names
+and job ids are validated before they reach argv; no shell is ever involved, and the hold
+job's command is a fixed text.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from bridge import logs, wellknown
+from bridge.errors import AdapterError
+
+from .hostlist import validate_job_id, validate_node_name
+from .parse import parse_jobs, parse_nodes, parse_ping
+from .types import SlurmJobInfo, SlurmNode
+
+MAX_REASON = 200
+MAX_STDERR = 500
+HOLD_WRAP = "exec sleep infinity"  # fixed text: nothing from data ever goes into a command
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _log() -> Any:
+    return logs.get(__name__)
+
+
+class NotOursError(AdapterError):
+    """The bridge refused to touch something it did not set (an administrator's drain)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandRunner(Protocol):
+    """Runs one argv with a timeout (a fake one in unit tests)."""
+
+    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult: ...
+
+
+class SubprocessRunner:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self.env = dict(os.environ if env is None else env)
+
+    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+        try:
+            res = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=timeout_s, env=self.env, check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise AdapterError("slurm", f"{argv[0]}: timed out after {timeout_s:g} s") from None
+        except OSError as e:
+            raise AdapterError("slurm", f"{argv[0]}: cannot run: {e.strerror or e}") from None
+        return CommandResult(res.returncode, res.stdout, res.stderr)
+
+
+def sanitize(text: str, limit: int) -> str:
+    """Control characters removed, whitespace collapsed, capped at ``limit`` characters."""
+    s = " ".join(_CONTROL.sub(" ", text or "").split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def drain_reason(reason: str) -> str:
+    """The reason as written: ``gpu-bridge: <sanitized text>``, quotes removed, capped."""
+    body = sanitize(reason, MAX_REASON).replace('"', "").replace("'", "")
+    if body.startswith(wellknown.SLURM_REASON_PREFIX):
+        body = body[len(wellknown.SLURM_REASON_PREFIX) :].strip()
+    full = f"{wellknown.SLURM_REASON_PREFIX} {body}" if body else wellknown.SLURM_REASON_PREFIX
+    return full[:MAX_REASON]
+
+
+def hold_job_name(node: str) -> str:
+    return wellknown.SLURM_HOLD_JOB_PREFIX + validate_node_name(node)
+
+
+class CliSlurm:
+    """SlurmReader + SlurmWriter over the Slurm CLI. ``env`` e.g. ``{"SLURM_CONF": ...}`` merged
+    over os.environ; ``runner`` replaces subprocess (tests)."""
+
+    def __init__(
+        self,
+        *,
+        env: Mapping[str, str] | None = None,
+        runner: CommandRunner | None = None,
+        timeout_s: float = 10.0,
+        hold_partition: str = wellknown.SLURM_HOLD_PARTITION,
+        hold_user: str | None = None,
+    ) -> None:
+        self.run_cmd: CommandRunner = runner or SubprocessRunner({**os.environ, **(env or {})})
+        self.timeout_s = timeout_s
+        self.hold_partition = hold_partition
+        self.hold_user = hold_user  # only hold jobs of this user count as ours (None: any user)
+
+    # ---- plumbing ----------------------------------------------------------------------
+    def _run(self, argv: Sequence[str], *, ok_codes: tuple[int, ...] = (0,)) -> CommandResult:
+        res = self.run_cmd(argv, self.timeout_s)
+        if res.returncode not in ok_codes:
+            err = sanitize(res.stderr or res.stdout, MAX_STDERR) or "(no output)"
+            raise AdapterError("slurm", f"{argv[0]} {argv[1] if len(argv) > 1 else ''}".strip()
+                               + f" failed (rc {res.returncode}): {err}")
+        return res
+
+    # ---- read side ---------------------------------------------------------------------
+    def ping(self) -> None:
+        res = self._run(["scontrol", "ping"])
+        if not parse_ping(res.stdout):
+            raise AdapterError("slurm", f"scontrol ping: controller not UP: {sanitize(res.stdout, MAX_STDERR)}")
+
+    def nodes(self, names: Iterable[str] | None = None) -> tuple[SlurmNode, ...]:
+        wanted = None if names is None else [validate_node_name(n) for n in names]
+        all_nodes = parse_nodes(self._run(["sinfo", "--json"]).stdout)
+        if wanted is None:
+            return all_nodes
+        by_name = {n.name: n for n in all_nodes}
+        missing = [n for n in wanted if n not in by_name]
+        if missing:
+            raise AdapterError("slurm", f"sinfo --json: unknown node(s) {', '.join(missing[:10])}")
+        return tuple(by_name[n] for n in sorted(set(wanted)))
+
+    def node(self, name: str) -> SlurmNode:
+        return self.nodes([name])[0]
+
+    def jobs(
+        self, *, partition: str | None = None, node: str | None = None, states: Iterable[str] | None = None
+    ) -> tuple[SlurmJobInfo, ...]:
+        if node is not None:
+            validate_node_name(node)
+        want_states = None if states is None else {s.lower() for s in states}
+        out = []
+        for j in parse_jobs(self._run(["squeue", "--json"]).stdout):
+            if partition is not None and j.partition != partition:
+                continue
+            if node is not None and node not in j.nodes:
+                continue
+            if want_states is not None and j.state not in want_states:
+                continue
+            out.append(j)
+        return tuple(out)
+
+    def _is_our_hold(self, j: SlurmJobInfo) -> bool:
+        return (
+            j.partition == self.hold_partition
+            and j.name.startswith(wellknown.SLURM_HOLD_JOB_PREFIX)
+            and (self.hold_user is None or j.user == self.hold_user)
+        )
+
+    def holds(self) -> dict[str, SlurmJobInfo]:
+        out: dict[str, SlurmJobInfo] = {}
+        for j in self.jobs(partition=self.hold_partition):
+            if self._is_our_hold(j):
+                node = j.name[len(wellknown.SLURM_HOLD_JOB_PREFIX) :]
+                # two holds for one node (a lost submit answer, retried): the oldest counts
+                if node not in out or int(j.job_id.split("_")[0]) < int(out[node].job_id.split("_")[0]):
+                    out[node] = j
+        return out
+
+    # ---- write side --------------------------------------------------------------------
+    def drain(self, node: str, reason: str) -> bool:
+        validate_node_name(node)
+        text = drain_reason(reason)
+        cur = self.node(node)
+        if cur.drained and (cur.reason == text or not cur.reason_ours):
+            # already so, or an administrator's drain: never overwrite their reason
+            return False
+        if not cur.drained and cur.state == "down" and cur.responding and cur.reason and not cur.reason_ours:
+            # an administrator's DOWN: no job can land, and their reason must survive
+            return False
+        self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}"])
+        _log().info("slurm_drained", node=node, reason=text)
+        return True
+
+    def resume(self, node: str) -> bool:
+        validate_node_name(node)
+        cur = self.node(node)
+        if not cur.drained:
+            return False  # no drain to lift (a DOWN/not-responding node is Slurm's or an admin's)
+        if not cur.reason_ours:
+            raise NotOursError("slurm", f"resume {node}: drained by someone else ({cur.reason[:80]!r}, "
+                                        f"by {cur.reason_user or 'unknown'}): refusing")
+        self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        _log().info("slurm_resumed", node=node)
+        return True
+
+    def submit_hold(self, node: str) -> str:
+        name = hold_job_name(node)
+        existing = self.holds().get(node)
+        if existing is not None:
+            return existing.job_id
+        res = self._run([
+            "sbatch", "--parsable", "--partition", self.hold_partition, "--nodelist", node, "--nodes", "1",
+            "--exclusive", "--job-name", name, "--output", "/dev/null", "--error", "/dev/null",
+            "--chdir", "/", "--comment", "gpu-bridge hold: keeps this node for serving", "--wrap", HOLD_WRAP,
+        ])
+        job_id = res.stdout.strip().split(";")[0]
+        try:
+            validate_job_id(job_id)
+        except AdapterError:
+            raise AdapterError("slurm", f"sbatch: unexpected answer {sanitize(res.stdout, 80)!r}") from None
+        _log().info("slurm_hold_submitted", node=node, job=job_id)
+        return job_id
+
+    def cancel_hold(self, node: str) -> tuple[str, ...]:
+        name = hold_job_name(node)
+        ids = tuple(j.job_id for j in self.jobs(partition=self.hold_partition) if self._is_our_hold(j) and j.name == name)
+        if not ids:
+            return ()
+        # scancel applies the filters to the listed ids too: only our hold jobs can go
+        argv = ["scancel", f"--name={name}", f"--partition={self.hold_partition}"]
+        if self.hold_user is not None:
+            argv.append(f"--user={self.hold_user}")
+        self._run([*argv, *ids])
+        _log().info("slurm_hold_cancelled", node=node, job=",".join(ids))
+        return ids
+
+    def requeue(self, job_id: str) -> bool:
+        jid = validate_job_id(job_id)
+        job = next((j for j in self.jobs() if j.job_id == jid), None)
+        if job is None or job.state != "running":
+            return False
+        if self._is_our_hold(job):
+            raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
+        self._run(["scontrol", "requeue", jid])
+        _log().info("slurm_job_requeued", job=jid, node=",".join(job.nodes))
+        return True

@@ -1,0 +1,260 @@
+"""Pure parsers of ``sinfo --json`` and ``squeue --json``, Slurm 22.05 and 24.11 shapes.
+
+22.05 (openapi v0.0.38): ``{"meta","errors","nodes":[{name, state:"idle", state_flags:[..],
+reason, gres:"gpu:4", ...}]}``; jobs with ``job_state:"RUNNING"`` and plain integers.
+24.11 (data_parser v0.0.42): ``{"sinfo":[{nodes:{nodes:[..]}, node:{state:["IDLE","DRAIN"]},
+reason:{description,..}, gres:{total,used}, partition:{name}}], ...}``; jobs with
+``job_state:["RUNNING"]`` and ``{"set","infinite","number"}`` number objects.
+
+Anything unexpected raises AdapterError naming the command, the record and the key: a shape
+we do not understand is never read as "no nodes" or "no jobs".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from bridge import wellknown
+from bridge.errors import AdapterError
+
+from .hostlist import expand
+from .types import ACTIVE_JOB_STATES, BASE_STATES, SlurmJobInfo, SlurmNode
+
+_GPU_COUNT = re.compile(r"(?:^|[,\s])(?:gres[:/])?gpu(?::[A-Za-z0-9_.-]+)?:(\d+)")
+
+
+def _fail(what: str, msg: str) -> AdapterError:
+    return AdapterError("slurm", f"{what}: {msg}")
+
+
+def load_json(text: str, what: str) -> Mapping[str, Any]:
+    """Parse a command's JSON output; truncated/garbled/empty output and Slurm-reported
+    errors raise AdapterError."""
+    if not text.strip():
+        raise _fail(what, "empty output")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _fail(what, f"unparseable JSON ({e.msg} at line {e.lineno} col {e.colno}; {len(text)} bytes)") from None
+    if not isinstance(doc, dict):
+        raise _fail(what, f"expected a JSON object, got {type(doc).__name__}")
+    errors = doc.get("errors")
+    if errors:
+        raise _fail(what, f"Slurm reported errors: {str(errors)[:300]}")
+    return doc
+
+
+def number(value: Any, what: str) -> float | None:
+    """A Slurm number: plain int/float (22.05) or ``{"set","infinite","number"}`` (24.11).
+    Unset, infinite or 0 (Slurm's "none" for times) -> None."""
+    if isinstance(value, bool):
+        raise _fail(what, f"expected a number, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value) if value else None
+    if isinstance(value, dict):
+        if "number" not in value:
+            raise _fail(what, f"number object without 'number': {str(value)[:80]}")
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        return number(value["number"], what)
+    if value is None:
+        return None
+    raise _fail(what, f"expected a number, got {type(value).__name__}")
+
+
+def _int(value: Any, what: str) -> int:
+    v = number(value, what)
+    return int(v) if v is not None else 0
+
+
+def _str(rec: Mapping[str, Any], key: str, what: str, default: str | None = None) -> str:
+    if key not in rec:
+        if default is not None:
+            return default
+        raise _fail(what, f"missing key {key!r}")
+    v = rec[key]
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise _fail(what, f"key {key!r}: expected a string, got {type(v).__name__}")
+    return v
+
+
+def gpu_count(gres: str) -> int:
+    """``gpu:4``, ``gpu:a100:4(S:0-1)``, ``gres:gpu:4``, ``gres/gpu:4`` -> 4 (sum over entries)."""
+    return sum(int(m.group(1)) for m in _GPU_COUNT.finditer(gres or ""))
+
+
+def _split_state(states: list[str], what: str) -> tuple[str, frozenset[str]]:
+    if not states or not all(isinstance(s, str) for s in states):
+        raise _fail(what, f"bad node state {states!r}")
+    base = ""
+    flags = set()
+    for s in states:
+        low = s.lower()
+        if not base and low in BASE_STATES:
+            base = low
+        else:
+            flags.add(s.upper())
+    if not base:
+        raise _fail(what, f"no base state in {states!r}")
+    return base, frozenset(flags)
+
+
+def _node_22(rec: Any, i: int) -> SlurmNode:
+    what = f"sinfo --json: nodes[{i}]"
+    if not isinstance(rec, dict):
+        raise _fail(what, "expected an object")
+    name = _str(rec, "name", what)
+    what = f"sinfo --json: node {name!r}"
+    state = rec.get("state")
+    flags = rec.get("state_flags", [])
+    if not isinstance(state, str) or not isinstance(flags, list):
+        raise _fail(what, f"bad 'state'/'state_flags': {state!r} {flags!r}")
+    base, fl = _split_state([state, *flags], what)
+    parts = rec.get("partitions") or []
+    return SlurmNode(
+        name=name,
+        state=base,
+        flags=fl,
+        reason=_str(rec, "reason", what, ""),
+        gpus=gpu_count(_str(rec, "gres", what, "")),
+        gpus_used=gpu_count(_str(rec, "gres_used", what, "")),
+        partitions=tuple(str(p) for p in parts),
+        reason_user=_str(rec, "reason_set_by_user", what, ""),
+        reason_time=number(rec.get("reason_changed_at"), what + " reason_changed_at"),
+    )
+
+
+def _nodes_24(entries: Any) -> list[SlurmNode]:
+    if not isinstance(entries, list):
+        raise _fail("sinfo --json", "'sinfo' is not a list")
+    by_name: dict[str, SlurmNode] = {}
+    for i, rec in enumerate(entries):
+        what = f"sinfo --json: sinfo[{i}]"
+        if not isinstance(rec, dict):
+            raise _fail(what, "expected an object")
+        try:
+            names = rec["nodes"]["nodes"]
+            states = rec["node"]["state"]
+        except (KeyError, TypeError):
+            raise _fail(what, "missing 'nodes.nodes' or 'node.state'") from None
+        if not isinstance(names, list) or not isinstance(states, list):
+            raise _fail(what, "'nodes.nodes' and 'node.state' must be lists")
+        base, fl = _split_state(states, what)
+        reason_obj = rec.get("reason", "")
+        if isinstance(reason_obj, dict):
+            reason = str(reason_obj.get("description") or "")
+            r_user = str(reason_obj.get("user") or "")
+            r_time = number(reason_obj.get("time"), what + " reason.time")
+        elif isinstance(reason_obj, str) or reason_obj is None:
+            reason, r_user, r_time = reason_obj or "", "", None
+        else:
+            raise _fail(what, f"bad 'reason': {str(reason_obj)[:80]}")
+        gres = rec.get("gres") or {}
+        if not isinstance(gres, dict):
+            raise _fail(what, "'gres' must be an object")
+        part = rec.get("partition") or {}
+        pname = part.get("name") if isinstance(part, dict) else None
+        for group in names:
+            for name in expand(str(group)):
+                prev = by_name.get(name)
+                parts = (prev.partitions if prev else ()) + ((str(pname),) if pname else ())
+                by_name[name] = SlurmNode(
+                    name=name, state=base, flags=fl, reason=reason,
+                    gpus=gpu_count(str(gres.get("total") or "")), gpus_used=gpu_count(str(gres.get("used") or "")),
+                    partitions=tuple(dict.fromkeys(parts)), reason_user=r_user, reason_time=r_time,
+                )
+    return list(by_name.values())
+
+
+def parse_nodes(text: str) -> tuple[SlurmNode, ...]:
+    """All nodes of ``sinfo --json`` output, sorted by name (either version's shape)."""
+    doc = load_json(text, "sinfo --json")
+    if "sinfo" in doc:
+        nodes = _nodes_24(doc["sinfo"])
+    elif "nodes" in doc:
+        raw = doc["nodes"]
+        if not isinstance(raw, list):
+            raise _fail("sinfo --json", "'nodes' is not a list")
+        nodes = [_node_22(r, i) for i, r in enumerate(raw)]
+    else:
+        raise _fail("sinfo --json", f"unknown shape: no 'nodes' or 'sinfo' key (keys: {sorted(doc)[:10]})")
+    return tuple(sorted(nodes, key=lambda n: n.name))
+
+
+def checkpoint_time(comment: str) -> float | None:
+    """``gpu-bridge:checkpoint=<unix time>`` anywhere in the comment (comma/space separated);
+    a malformed value -> None (a job's comment is user data, never trusted to parse)."""
+    for tok in re.split(r"[\s,;]+", comment or ""):
+        if tok.startswith(wellknown.SLURM_CHECKPOINT_COMMENT):
+            try:
+                v = float(tok[len(wellknown.SLURM_CHECKPOINT_COMMENT) :])
+            except ValueError:
+                return None
+            return v if v > 0 and v == v and v != float("inf") else None
+    return None
+
+
+def _job(rec: Any, i: int) -> SlurmJobInfo:
+    what = f"squeue --json: jobs[{i}]"
+    if not isinstance(rec, dict):
+        raise _fail(what, "expected an object")
+    if "job_id" not in rec:
+        raise _fail(what, "missing key 'job_id'")
+    jid = _int(rec["job_id"], what + " job_id")
+    what = f"squeue --json: job {jid}"
+    st = rec.get("job_state")
+    if isinstance(st, list) and st and all(isinstance(s, str) for s in st):
+        state = st[0].lower()
+    elif isinstance(st, str) and st:
+        state = st.lower()
+    else:
+        raise _fail(what, f"bad 'job_state': {st!r}")
+    nodes = expand(_str(rec, "nodes", what, ""))
+    tres = _str(rec, "tres_per_node", what, "")
+    gpus = gpu_count(tres)
+    if not gpus:
+        gd = rec.get("gres_detail") or []
+        gpus = max((gpu_count(str(g)) for g in gd), default=0) if isinstance(gd, list) else 0
+    running = state in ("running", "completing", "suspended")
+    return SlurmJobInfo(
+        job_id=str(jid),
+        name=_str(rec, "name", what),
+        user=_str(rec, "user_name", what, ""),
+        partition=_str(rec, "partition", what),
+        state=state,
+        nodes=nodes if running else (),
+        start_time=number(rec.get("start_time"), what + " start_time") if running else None,
+        checkpoint_time=checkpoint_time(_str(rec, "comment", what, "")),
+        requeueable=bool(rec.get("requeue", True)),
+        gpus_per_node=gpus,
+        restart_count=_int(rec.get("restart_cnt", 0), what + " restart_cnt"),
+        preempt_time=number(rec.get("preempt_time"), what + " preempt_time"),
+        end_time=number(rec.get("end_time"), what + " end_time") if running else None,
+        state_reason=_str(rec, "state_reason", what, ""),
+        batch_host=_str(rec, "batch_host", what, ""),
+    )
+
+
+def parse_jobs(text: str, *, active_only: bool = True) -> tuple[SlurmJobInfo, ...]:
+    """Jobs of ``squeue --json`` output (either shape), by job id; finished ones (still listed
+    for MinJobAge) dropped unless ``active_only=False``."""
+    doc = load_json(text, "squeue --json")
+    raw = doc.get("jobs")
+    if raw is None:
+        raise _fail("squeue --json", f"unknown shape: no 'jobs' key (keys: {sorted(doc)[:10]})")
+    if not isinstance(raw, list):
+        raise _fail("squeue --json", "'jobs' is not a list")
+    jobs = [_job(r, i) for i, r in enumerate(raw)]
+    if active_only:
+        jobs = [j for j in jobs if j.state in ACTIVE_JOB_STATES]
+    return tuple(sorted(jobs, key=lambda j: (len(j.job_id), j.job_id)))
+
+
+def parse_ping(text: str) -> bool:
+    """``scontrol ping``: True when the (primary) controller is UP."""
+    return bool(re.search(r"\bis UP\b", text or ""))

@@ -117,6 +117,15 @@ def test_hold_job_name_refused_on_modify(cluster: MiniSlurm) -> None:
     assert show_job(cluster, job)["JobName"] == "wrap"
 
 
+def test_owner_may_publish_checkpoint_comment(cluster: MiniSlurm) -> None:
+    """What the example job does as its (non-root) owner; job_submit.lua's modify hook allows it."""
+    rc, job, err = submit(cluster, "-p", "preempt", user="nobody")
+    assert rc == 0, err
+    r = cluster.run(["scontrol", "update", f"JobId={job}", "Comment=gpu-bridge:checkpoint=1796000000"], user="nobody")
+    assert r.returncode == 0, r.stderr
+    assert show_job(cluster, job)["Comment"] == "gpu-bridge:checkpoint=1796000000"
+
+
 def test_bridge_may_submit_hold_jobs(cluster: MiniSlurm) -> None:
     rc, job, err = submit(cluster, "-p", "gpu-bridge", "-J", "gpu-bridge-hold:gpu-node-01", "-w", "gpu-node-01")
     assert rc == 0, err

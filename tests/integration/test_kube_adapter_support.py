@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,15 +20,15 @@ from bridge import wellknown as wk
 
 def kube_server_class() -> Any:
     try:
-        from bridge.sandbox.kube import KubeServer  # type: ignore[attr-defined]
+        from bridge.sandbox.kube.server import KubeServer
     except ImportError:
-        pytest.skip("the sandbox KubeServer (bridge.sandbox.kube) is not available yet")
+        pytest.skip("the sandbox KubeServer (bridge.sandbox.kube.server) is not available yet")
     return KubeServer
 
 
 def start_server(tmp: Path) -> Iterator[tuple[Any, Path]]:
     cls = kube_server_class()
-    server = cls(port=0)
+    server = cls(port=0, pod_start_delay_s=0.3)
     start = getattr(server, "start", None)
     if callable(start):
         start()
@@ -49,9 +51,19 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
         time.sleep(0.05)
 
 
+def raw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a client method and return the JSON as a dict: the v37 client's pydantic models
+    reject objects with optional fields missing (a Node without nodeInfo.bootID, ...)."""
+    resp = fn(*args, _preload_content=False, **kwargs)
+    try:
+        return json.loads(resp.data)
+    finally:
+        resp.release_conn()
+
+
 def ensure_namespace(api: k8s.ApiClient, name: str) -> None:
     try:
-        k8s.CoreV1Api(api).create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        raw(k8s.CoreV1Api(api).create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     except ApiException as e:
         if e.status != 409:
             raise
@@ -65,7 +77,7 @@ def seed_node(api: k8s.ApiClient, name: str, pool: str, *, gpus: int = 4, taints
         "metadata": {"name": name, "labels": {wk.LABEL_POOL: pool, "kubernetes.io/hostname": name}},
         "spec": {"unschedulable": unschedulable, "taints": taints or []},
     }
-    core.create_node(body)
+    raw(core.create_node, body)
     status = {
         "status": {
             "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", wk.GPU_RESOURCE: str(gpus)},
@@ -73,13 +85,14 @@ def seed_node(api: k8s.ApiClient, name: str, pool: str, *, gpus: int = 4, taints
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "sandbox"}],
         }
     }
-    core.patch_node_status(name, status)
+    raw(core.patch_node_status, name, status)
 
 
 def seed_deployment(api: k8s.ApiClient, namespace: str, name: str, pool: str, replicas: int, *, grace_s: int = 1) -> None:
     ensure_namespace(api, namespace)
     labels = {"app": name, "pool": pool}
-    k8s.AppsV1Api(api).create_namespaced_deployment(
+    raw(
+        k8s.AppsV1Api(api).create_namespaced_deployment,
         namespace,
         {
             "apiVersion": "apps/v1",
@@ -102,7 +115,8 @@ def seed_deployment(api: k8s.ApiClient, namespace: str, name: str, pool: str, re
 
 
 def seed_pdb(api: k8s.ApiClient, namespace: str, name: str, labels: dict[str, str], min_available: int) -> None:
-    k8s.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
+    raw(
+        k8s.PolicyV1Api(api).create_namespaced_pod_disruption_budget,
         namespace,
         {
             "apiVersion": "policy/v1",
@@ -111,3 +125,76 @@ def seed_pdb(api: k8s.ApiClient, namespace: str, name: str, labels: dict[str, st
             "spec": {"minAvailable": min_available, "selector": {"matchLabels": labels}},
         },
     )
+
+
+class TcpProxy:
+    """A TCP forwarder in front of the API server. ``cut()`` closes every connection and stops
+    listening: what clients see when the API server dies or the network goes away."""
+
+    def __init__(self, target_port: int) -> None:
+        import socket
+
+        self._target = ("127.0.0.1", target_port)
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = int(self._listener.getsockname()[1])
+        self._socks: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        import socket
+
+        self._closed = True
+        self._listener.close()
+        with self._lock:
+            for s in self._socks:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                    s.close()
+                except OSError:
+                    pass
+
+
+def proxied_kubeconfig(kubeconfig: Path, proxy_port: int, out: Path) -> Path:
+    """The same kubeconfig, pointing at the proxy."""
+    import re
+
+    text = re.sub(r"(server:\s*https?://127\.0\.0\.1:)\d+", lambda m: m.group(1) + str(proxy_port), kubeconfig.read_text())
+    out.write_text(text)
+    return out

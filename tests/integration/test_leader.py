@@ -27,6 +27,8 @@ LEASE_S = 3
 
 CANDIDATE = r"""
 import json, signal, sys, time
+from bridge import logs
+logs.configure(json=True, stream=sys.stderr)  # stdout carries only our JSON lines
 from bridge.adapters.kube import api_client_from_config
 from bridge.leader import LeaderElector
 kubeconfig, identity, lease_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
@@ -50,10 +52,11 @@ class Candidate:
     def __init__(self, kubeconfig: Path, identity: str, script: Path, log_dir: Path) -> None:
         self.identity = identity
         self.lines: list[dict[str, Any]] = []
+        self._log = (log_dir / f"{identity}.log").open("w")
         self.proc = subprocess.Popen(
             [sys.executable, str(script), str(kubeconfig), identity, str(LEASE_S)],
             stdout=subprocess.PIPE,
-            stderr=(log_dir / f"{identity}.log").open("w"),
+            stderr=self._log,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -78,8 +81,8 @@ class Candidate:
         self.proc.wait(10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        self._reader.join(5)
+        self._log.close()
 
 
 @pytest.fixture
@@ -130,7 +133,8 @@ def test_one_leader_then_takeover_after_sigkill(candidates: tuple[Candidate, Can
     assert took is not None
     # b first sees a's last record at most one retry period before the kill; it takes over
     # one lease duration of its own clock after that (plus one step).
-    assert took - killed_at <= LEASE_S + 1.0, f"takeover after {took - killed_at:.2f} s"
+    print(f"takeover {took - killed_at:.2f} s after SIGKILL (lease {LEASE_S} s)")
+    assert took - killed_at <= LEASE_S + 1.5, f"takeover after {took - killed_at:.2f} s"
 
 
 def test_release_on_sigterm_hands_over_at_once(candidates: tuple[Candidate, Candidate]) -> None:
@@ -143,3 +147,5 @@ def test_release_on_sigterm_hands_over_at_once(candidates: tuple[Candidate, Cand
     assert wait_until(lambda: b.leader, LEASE_S)
     took = b.became_leader_at()
     assert took is not None and took - stopped_at < 1.5
+    assert took >= a.lines[-1]["t"]  # never two leaders: b leads only after a let go
+    print(f"takeover {took - stopped_at:.2f} s after SIGTERM")

@@ -1,0 +1,216 @@
+"""CliSlurm over a fake command runner serving recorded output: intents map to the right
+argv (and only when needed), refusals, client-side filters, errors sanitized, fail closed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from bridge import wellknown
+from bridge.adapters.slurm import (
+    CliSlurm,
+    CommandResult,
+    NotOursError,
+    SlurmAdapterProtocol,
+    SlurmReader,
+    SlurmWriter,
+    SubprocessRunner,
+    drain_reason,
+)
+from bridge.errors import AdapterError
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
+
+
+class FakeRunner:
+    """Answers sinfo/squeue/scontrol ping from fixture files, records every argv; writes succeed
+    (or fail with ``fail``)."""
+
+    def __init__(self, version: str = "22.05", *, fail: dict[str, CommandResult] | None = None) -> None:
+        self.sinfo = (FIX / f"sinfo-{version}.json").read_text()
+        self.squeue = (FIX / f"squeue-{version}.json").read_text()
+        self.calls: list[list[str]] = []
+        self.fail = fail or {}
+        self.timeouts: list[float] = []
+
+    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+        self.calls.append(list(argv))
+        self.timeouts.append(timeout_s)
+        if argv[0] in self.fail:
+            return self.fail[argv[0]]
+        if list(argv) == ["sinfo", "--json"]:
+            return CommandResult(0, self.sinfo, "")
+        if list(argv) == ["squeue", "--json"]:
+            return CommandResult(0, self.squeue, "")
+        if list(argv) == ["scontrol", "ping"]:
+            return CommandResult(0, (FIX / "ping-22.05.txt").read_text(), "")
+        if argv[0] == "sbatch":
+            return CommandResult(0, "42\n", "")
+        return CommandResult(0, "", "")
+
+    def writes(self) -> list[list[str]]:
+        return [c for c in self.calls if c[:2] not in (["sinfo", "--json"], ["squeue", "--json"], ["scontrol", "ping"])]
+
+
+def adapter(version: str = "22.05", **kw: object) -> tuple[CliSlurm, FakeRunner]:
+    r = FakeRunner(version, **kw)  # type: ignore[arg-type]
+    return CliSlurm(runner=r, timeout_s=7.0), r
+
+
+def test_satisfies_both_protocols() -> None:
+    a, _ = adapter()
+    assert isinstance(a, SlurmReader) and isinstance(a, SlurmWriter)
+    _: SlurmAdapterProtocol = a
+
+
+@pytest.mark.parametrize("version", ["22.05", "24.11"])
+def test_reads_and_client_side_filters(version: str) -> None:
+    a, r = adapter(version)
+    a.ping()
+    assert [n.name for n in a.nodes(["gpu-node-03", "gpu-node-01"])] == ["gpu-node-01", "gpu-node-03"]
+    assert a.node("gpu-node-02").drained_by_us
+    running = a.jobs(states=["RUNNING"])
+    assert running and all(j.state == "running" for j in running)
+    on1 = a.jobs(node="gpu-node-01", partition=wellknown.SLURM_PREEMPT_PARTITION)
+    assert on1 and all("gpu-node-01" in j.nodes and j.partition == "preempt" for j in on1)
+    holds = a.holds()
+    assert list(holds) == ["gpu-node-02"] and holds["gpu-node-02"].is_hold
+    assert set(r.timeouts) == {7.0}
+    assert r.writes() == []
+
+
+def test_unknown_node_raises_not_empty() -> None:
+    a, _ = adapter()
+    with pytest.raises(AdapterError, match="unknown node"):
+        a.nodes(["gpu-node-09"])
+
+
+def test_drain_is_idempotent_and_never_overwrites_an_admin() -> None:
+    a, r = adapter()
+    assert a.drain("gpu-node-01", "serving since 1796215000") is True
+    assert r.writes() == [["scontrol", "update", "NodeName=gpu-node-01", "State=DRAIN",
+                           "Reason=gpu-bridge: serving since 1796215000"]]
+    r.calls.clear()
+    assert a.drain("gpu-node-02", "serving since 1796215000") is False  # already exactly so
+    assert a.drain("gpu-node-03", "serving") is False  # admin's drain: left alone
+    assert a.drain("gpu-node-04", "serving") is False  # admin's DOWN (responding, their reason)
+    assert r.writes() == []
+    assert a.drain("gpu-node-02", "gpu-bridge: reclaimed") is True  # ours, new reason: updated
+    assert r.writes()[-1][-1] == "Reason=gpu-bridge: reclaimed"
+
+
+def test_drain_a_not_responding_node() -> None:
+    """A node that comes back after a reboot must not take research jobs: drain it anyway."""
+    r = FakeRunner()
+    r.sinfo = (FIX / "sinfo-22.05-down.json").read_text()
+    a = CliSlurm(runner=r)
+    assert a.drain("gpu-node-01", "serving") is True
+
+
+def test_resume_only_our_drain() -> None:
+    a, r = adapter()
+    assert a.resume("gpu-node-02") is True
+    assert r.writes() == [["scontrol", "update", "NodeName=gpu-node-02", "State=RESUME"]]
+    r.calls.clear()
+    with pytest.raises(NotOursError, match="drained by someone else"):
+        a.resume("gpu-node-03")
+    assert a.resume("gpu-node-01") is False  # not drained
+    assert a.resume("gpu-node-04") is False  # DOWN: Slurm's or the admin's, not a drain of ours
+    assert r.writes() == []
+
+
+def test_reason_sanitized() -> None:
+    assert drain_reason("serving") == "gpu-bridge: serving"
+    assert drain_reason("gpu-bridge: serving") == "gpu-bridge: serving"
+    assert drain_reason('a\x00b\nc\td "quoted" \x1b[31m') == "gpu-bridge: a b c d quoted [31m"
+    assert len(drain_reason("x" * 5000)) <= 200
+    assert drain_reason("") == "gpu-bridge:"
+
+
+def test_submit_hold_argv_and_idempotence() -> None:
+    a, r = adapter()
+    assert a.submit_hold("gpu-node-02") == "3"  # already held: nothing submitted
+    assert r.writes() == []
+    assert a.submit_hold("gpu-node-01") == "42"
+    (argv,) = r.writes()
+    assert argv[0] == "sbatch" and "--parsable" in argv and "--exclusive" in argv
+    assert argv[argv.index("--partition") + 1] == "gpu-bridge"
+    assert argv[argv.index("--nodelist") + 1] == "gpu-node-01"
+    assert argv[argv.index("--job-name") + 1] == "gpu-bridge-hold:gpu-node-01"
+    assert argv[-2:] == ["--wrap", "exec sleep infinity"]  # fixed text, nothing from data
+
+
+def test_submit_hold_bad_answer() -> None:
+    r = FakeRunner(fail={"sbatch": CommandResult(0, "Submitted batch job 42\n", "")})
+    with pytest.raises(AdapterError, match="unexpected answer"):
+        CliSlurm(runner=r).submit_hold("gpu-node-01")
+
+
+def test_cancel_hold_only_ours_by_name_and_partition() -> None:
+    a, r = adapter()
+    assert a.cancel_hold("gpu-node-01") == ()
+    assert r.writes() == []
+    assert a.cancel_hold("gpu-node-02") == ("3",)
+    assert r.writes() == [["scancel", "--name=gpu-bridge-hold:gpu-node-02", "--partition=gpu-bridge", "3"]]
+
+
+def test_requeue_research_job_only() -> None:
+    a, r = adapter()
+    assert a.requeue("1") is True
+    assert r.writes() == [["scontrol", "requeue", "1"]]
+    r.calls.clear()
+    assert a.requeue("4") is False  # pending
+    assert a.requeue("999") is False  # gone
+    with pytest.raises(NotOursError, match="hold job"):
+        a.requeue("3")
+    assert r.writes() == []
+
+
+@pytest.mark.parametrize("bad", ["gpu node", "n;reboot", "$(id)", "-p", "x" * 100])
+def test_bad_names_never_reach_argv(bad: str) -> None:
+    a, r = adapter()
+    for call in (lambda: a.drain(bad, "x"), lambda: a.resume(bad), lambda: a.submit_hold(bad),
+                 lambda: a.cancel_hold(bad), lambda: a.nodes([bad]), lambda: a.jobs(node=bad)):
+        with pytest.raises(AdapterError, match="node name"):
+            call()
+    with pytest.raises(AdapterError, match="job id"):
+        a.requeue("1; scancel -u alice")
+    assert r.calls == []
+
+
+def test_command_failure_sanitized_and_capped() -> None:
+    err = "slurm_load_node error: Unable to contact slurm controller\x1b[0m\n" + "y" * 2000
+    a, _ = adapter(fail={"sinfo": CommandResult(1, "", err)})
+    with pytest.raises(AdapterError) as ei:
+        a.nodes()
+    msg = str(ei.value)
+    assert msg.startswith("slurm: sinfo --json failed (rc 1): slurm_load_node error: Unable to contact")
+    assert "\x1b" not in msg and "\n" not in msg and len(msg) < 600
+
+
+def test_garbage_output_fails_closed() -> None:
+    a, _ = adapter(fail={"squeue": CommandResult(0, '{"jobs": [', "")})
+    with pytest.raises(AdapterError, match="unparseable JSON"):
+        a.jobs()
+    with pytest.raises(AdapterError, match="unparseable JSON"):
+        a.holds()
+
+
+def test_ping_down() -> None:
+    a, _ = adapter(fail={"scontrol": CommandResult(1, "Slurmctld(primary) at vm is DOWN\n", "")})
+    with pytest.raises(AdapterError, match="scontrol ping failed"):
+        a.ping()
+    a, _ = adapter(fail={"scontrol": CommandResult(0, "something else\n", "")})
+    with pytest.raises(AdapterError, match="not UP"):
+        a.ping()
+
+
+def test_subprocess_runner_timeout_and_missing_binary() -> None:
+    run = SubprocessRunner()
+    with pytest.raises(AdapterError, match="timed out after 0.2 s"):
+        run(["sleep", "5"], 0.2)
+    with pytest.raises(AdapterError, match="cannot run"):
+        run(["/nonexistent/sinfo"], 1.0)
+    assert run(["true"], 5.0).returncode == 0

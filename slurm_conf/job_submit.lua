@@ -100,7 +100,9 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
                        "(see slurm_conf/examples/)")
       end
       job_desc.requeue = 1
-      job_desc.environment.GPU_BRIDGE_GRACE_S = tostring(GRACE_S)
+      if job_desc.script ~= nil then -- batch jobs only: srun/salloc carry no environment here
+         job_desc.environment.GPU_BRIDGE_GRACE_S = tostring(GRACE_S)
+      end
    end
    return slurm.SUCCESS
 end

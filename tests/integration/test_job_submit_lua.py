@@ -126,6 +126,12 @@ def test_owner_may_publish_checkpoint_comment(cluster: MiniSlurm) -> None:
     assert show_job(cluster, job)["Comment"] == "gpu-bridge:checkpoint=1796000000"
 
 
+def test_interactive_srun_in_preempt_works(cluster: MiniSlurm) -> None:
+    """srun/salloc jobs carry no batch environment: the script must not trip over that."""
+    r = cluster.run(["srun", "-p", "preempt", "-t", "1", "true"], timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
 def test_bridge_may_submit_hold_jobs(cluster: MiniSlurm) -> None:
     rc, job, err = submit(cluster, "-p", "gpu-bridge", "-J", "gpu-bridge-hold:gpu-node-01", "-w", "gpu-node-01")
     assert rc == 0, err

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kubernetes import client as k8s
 
+from bridge import logs
 from bridge import wellknown as wk
 from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config
 from bridge.model import Phase
@@ -88,6 +89,7 @@ def main() -> None:
     ap.add_argument("--changes", type=int, default=2, help="nodes changed per tick")
     ap.add_argument("--ticks", type=int, default=20)
     args = ap.parse_args()
+    logs.configure(json=False, level="warning")
     for n in (int(x) for x in args.nodes.split(",")):
         run(n, args.changes, args.ticks)
 

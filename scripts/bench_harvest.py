@@ -92,7 +92,7 @@ def main() -> int:
     results: dict[str, Result] = {}
     ctls: dict[str, Any] = {}
     for name in ("bridge", "fixed-window", "reactive", "oracle"):
-        c = make_controller(name, setup)
+        c = BridgeController(setup, explain_every=20) if name == "bridge" and not args.quiet else make_controller(name, setup)
         ctls[name] = c
         results[name] = simulate(setup, c)
         print(f"  {name:<14} {results[name].wall_s:6.1f} s wall", flush=True)
@@ -189,6 +189,30 @@ def analyse(setup: Setup, rb: Result, bc: BridgeController, ro: Result, oc: Orac
             f" lent {lent_b:6.0f} vs {lent_o:6.0f} GPU-h; demand {np.nanmean(dem[sl]):5.1f}, forecast {np.nanmean(fc[sl]):5.1f},"
             f" oracle need {oc.need[sl].mean():5.1f}; violations {int(((rb.violation_minutes >= d * 1440) & (rb.violation_minutes < (d + 1) * 1440)).sum())}"
         )
+    if bc.explained:
+        parts: collections.Counter[str] = collections.Counter()
+        rows = []
+        for _, f in bc.explained:
+            if f.lend_peak is None or f.recent_peak is None:
+                continue
+            base = getattr(f, "lend_base", None) or f.recent_peak
+            burst = base * max(f.burst_factor, f.burst_factor_lend)
+            cands = {
+                "lend lookback peak x burst factor": burst,
+                "seasonal (reclaim horizon)": -1.0 if f.seasonal_peak is None else f.seasonal_peak,
+                "trend (reclaim horizon)": -1.0 if f.trend_peak is None else f.trend_peak,
+            }
+            top = max(cands, key=lambda k: cands[k])
+            parts[top if cands[top] >= f.lend_peak - 1e-9 else "trend/seasonal over the lend horizon"] += 1
+            rows.append((f.lend_peak, f.recent_peak, base, f.burst_factor, f.burst_factor_lend))
+        if rows:
+            a = np.asarray(rows)
+            print(
+                f"  lend forecast (every {bc.explain_every} ticks): set by {dict(parts.most_common())};\n"
+                f"    medians: lend peak / recent peak {np.median(a[:, 0] / np.maximum(a[:, 1], 0.5)):.2f},"
+                f" lend lookback peak / recent peak {np.median(a[:, 2] / np.maximum(a[:, 1], 0.5)):.2f},"
+                f" burst factor reclaim {np.median(a[:, 3]):.2f} / lend {np.median(a[:, 4]):.2f}"
+            )
     ratio = fc / np.maximum(dem, 0.5)
     print(
         f"  forecast / demand: median {np.nanmedian(ratio):.2f}, p90 {np.nanpercentile(ratio, 90):.2f};"

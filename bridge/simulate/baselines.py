@@ -29,7 +29,7 @@ from bridge.config import Config, PoolConfig
 from bridge.model import Action, ActionKind, ClusterView, NodeState, Phase, Plan
 from bridge.policy import plan
 from bridge.policy.demand import demand, nodes_for
-from bridge.policy.forecast import history_windows
+from bridge.policy.forecast import Forecast, forecast, history_windows
 from bridge.policy.history import HistoryRecorder
 from bridge.policy.victims import choose_victims
 from bridge.simulate.engine import Setup
@@ -97,10 +97,14 @@ class BridgeController(_Base):
 
     name = "bridge"
 
-    def __init__(self, setup: Setup) -> None:
+    def __init__(self, setup: Setup, explain_every: int = 0) -> None:
         super().__init__(setup)
         self.recorder = HistoryRecorder(history_windows(self.config, self.pool))
         self.last_plan: Plan | None = None
+        # every ``explain_every`` ticks, the forecast's parts (analysis only; 0 = off)
+        self.explain_every = explain_every
+        self.explained: list[tuple[float, Forecast]] = []
+        self._ticks = 0
         # per tick, for analysis: demand now, forecast peak, desired serving
         self.trace_t: list[float] = []
         self.trace_demand: list[float] = []
@@ -113,8 +117,13 @@ class BridgeController(_Base):
         if ps.signals is not None:
             self.recorder.add(ps.signals)
         pools = dict(view.pools)
-        pools[self.pool.name] = replace(ps, history=self.recorder.history(view.now))
+        hist = self.recorder.history(view.now)
+        pools[self.pool.name] = replace(ps, history=hist)
         p = plan(replace(view, pools=pools), self.config)
+        if self.explain_every and self._ticks % self.explain_every == 0:
+            fc = forecast(hist, ps.signals, view.now, config=self.config, pool=self.pool)
+            self.explained.append((view.now, fc))
+        self._ticks += 1
         self.last_plan = p
         d = next((d for d in p.pools if d.pool == self.pool.name), None)
         self.trace_t.append(view.now)

@@ -317,14 +317,15 @@ class Engine:
         s = self.s
         base = s.start_unix
         scrape_t = (math.ceil(t / s.scrape_s - 1e-9) - 1) * s.scrape_s
-        load = s.workload.at(t)
         if scrape_t < 0:
             sig = None
         else:
             sig = signals(base + scrape_t, s.workload.at(scrape_t), self.ready_at(scrape_t) * self.rpn, self.pool.target)
         ready = self.ready_count
-        c = self.pool.target.concurrency_per_replica or 24.0
-        inflight = load * c / ready if ready > 0 else None
+        # requests on each serving replica, as scraped (the load is spread evenly)
+        inflight = None
+        if sig is not None and sig.running is not None and sig.waiting is not None and sig.replicas_reporting > 0:
+            inflight = (sig.running + sig.waiting) / sig.replicas_reporting * self.rpn
         rj = self.research.node_job
         states: list[NodeState] = []
         for name in self.order:

@@ -302,11 +302,14 @@ class Api:
     # --- writes ------------------------------------------------------------------------------
     def create(self, t: Target, req: Request) -> Response:
         r = t.resource
-        body = defaults.check_type(r, req.json_body())
-        if t.subresource == "eviction":
-            return evict(self.store, t.namespace or "default", t.name, body)
-        if t.subresource == "binding":
-            return self._bind(t, body)
+        raw = req.json_body()
+        if t.subresource in ("eviction", "binding"):
+            if not isinstance(raw, dict):
+                raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+            if t.subresource == "eviction":
+                return evict(self.store, t.namespace or "default", t.name, raw)
+            return self._bind(t, raw)
+        body = defaults.check_type(r, raw)
         if t.subresource:
             raise ApiError(405, "MethodNotAllowed", f"POST is not supported on {r.name}/{t.subresource}")
         if t.name:

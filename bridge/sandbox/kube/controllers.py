@@ -213,6 +213,15 @@ def template_hash(template: Mapping[str, Any]) -> str:
     return out
 
 
+def node_info(name: str) -> dict[str, str]:
+    """A complete NodeSystemInfo (the official client rejects one with a field missing)."""
+    ident = str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
+    return {"architecture": "amd64", "bootID": ident, "containerRuntimeVersion": "containerd://1.7.22",
+            "kernelVersion": "6.1.0-sandbox", "kubeProxyVersion": "", "kubeletVersion": "v1.32.0",
+            "machineID": ident.replace("-", ""), "operatingSystem": "linux",
+            "osImage": "Debian GNU/Linux 12 (bookworm)", "systemUUID": ident}
+
+
 class Controllers:
     """All controllers in one reconcile thread."""
 
@@ -408,9 +417,7 @@ class Controllers:
             s["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                 "message": "kubelet is posting ready status", "lastHeartbeatTime": ts,
                                 "lastTransitionTime": ts}]
-            s.setdefault("nodeInfo", {"kubeletVersion": "v1.32.0", "containerRuntimeVersion": "sandbox://1.0",
-                                      "osImage": "gpu-bridge sandbox", "kernelVersion": "6.1.0",
-                                      "operatingSystem": "linux", "architecture": "amd64"})
+            s.setdefault("nodeInfo", node_info(name))
             if "allocatable" not in s and "capacity" in s:
                 s["allocatable"] = dict(s["capacity"])
         self.store.mutate(NODES, "", name, edit, subresource="status")
@@ -671,8 +678,10 @@ class Controllers:
                              "minReadySeconds": spec.get("minReadySeconds", 0)}}
             defaults.on_create(REPLICASETS, body)
             new_rs = self.store.create(REPLICASETS, body, keep_status=True)
-            self.event(d, "ScalingReplicaSet", f"Scaled up replica set {new_rs['metadata']['name']} from 0 to {start}",
-                       component="deployment-controller")
+            if start:
+                self.event(d, "ScalingReplicaSet",
+                           f"Scaled up replica set {new_rs['metadata']['name']} from 0 to {start}",
+                           component="deployment-controller")
         else:
             cur = int((new_rs.get("spec") or {}).get("replicas", 0))
             if recreate:

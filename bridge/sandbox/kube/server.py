@@ -4,6 +4,7 @@ bodies and chunked watch streams; and ``KubeServer``, the handle tests and the C
 
 from __future__ import annotations
 
+import base64
 import json
 import select
 import socket
@@ -125,10 +126,11 @@ class KubeServer:
 
     ``pod_start_delay_s`` is the time from a pod's binding to Ready (the vLLM cold start);
     ``pod_stop_s`` caps how long a deleted pod lingers (None: its whole grace period, as a
-    process that ignores SIGTERM would); ``token`` turns on bearer-token auth."""
+    process that ignores SIGTERM would); ``token`` turns on bearer-token auth, and with it
+    TLS by default (``tls``), since kubectl sends a token only over https."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None, *,
-                 pod_start_delay_s: float = 0.5, pod_stop_s: float | None = None,
+                 tls: bool | None = None, pod_start_delay_s: float = 0.5, pod_stop_s: float | None = None,
                  bookmark_interval_s: float = 1.0, event_log_size: int = 50_000,
                  controllers: bool = True) -> None:
         self.host = host
@@ -139,6 +141,8 @@ class KubeServer:
         self.api = Api(self.store, self.settings)
         self.controllers = Controllers(self.store, pod_start_delay_s=pod_start_delay_s, pod_stop_s=pod_stop_s) \
             if controllers else None
+        self.tls = bool(token) if tls is None else tls
+        self._ca_pem: bytes | None = None
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -146,6 +150,17 @@ class KubeServer:
     def start(self) -> "KubeServer":
         handler = type("Handler", (_Handler,), {"kube": self})
         self._httpd = _HTTPServer((self.host, self._port), handler)
+        if self.tls:
+            import ssl
+            import tempfile
+
+            from bridge.sandbox.kube.tls import self_signed
+            with tempfile.TemporaryDirectory(prefix="gpu-bridge-kube-tls-") as d:
+                cert, key = self_signed(self.host, Path(d))
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                ctx.load_cert_chain(cert, key)
+                self._ca_pem = cert.read_bytes()
+            self._httpd.socket = ctx.wrap_socket(self._httpd.socket, server_side=True)
         self._port = self._httpd.server_address[1]
         self.settings.server_address = f"{self.host}:{self._port}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
@@ -175,12 +190,17 @@ class KubeServer:
         self.stop()
 
     @property
+    def ca_pem(self) -> bytes | None:
+        """The server certificate (PEM) when serving TLS, for clients to trust."""
+        return self._ca_pem
+
+    @property
     def port(self) -> int:
         return self._port
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self._port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self._port}"
 
     def write_kubeconfig(self, path: str | Path, *, context: str = "gpu-bridge-sandbox",
                          namespace: str = "default") -> Path:
@@ -188,9 +208,12 @@ class KubeServer:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         user: dict[str, Any] = {"token": self.token} if self.token else {}
+        cluster: dict[str, Any] = {"server": self.url}
+        if self._ca_pem:
+            cluster["certificate-authority-data"] = base64.b64encode(self._ca_pem).decode()
         doc = {
             "apiVersion": "v1", "kind": "Config", "preferences": {}, "current-context": context,
-            "clusters": [{"name": context, "cluster": {"server": self.url}}],
+            "clusters": [{"name": context, "cluster": cluster}],
             "users": [{"name": context, "user": user}],
             "contexts": [{"name": context, "context": {"cluster": context, "user": context,
                                                        "namespace": namespace}}],

@@ -12,6 +12,7 @@ from typing import Any
 
 from bridge import wellknown
 from bridge.sandbox.kube import resources as res_mod
+from bridge.sandbox.kube.controllers import node_info
 from bridge.sandbox.kube.defaults import on_create
 from bridge.sandbox.kube.store import Store
 
@@ -58,9 +59,7 @@ def node_object(name: str, pool: str, gpus: int, index: int = 1) -> dict[str, An
                             "message": "kubelet is posting ready status", "lastHeartbeatTime": ts,
                             "lastTransitionTime": ts}],
             "addresses": [{"type": "InternalIP", "address": f"10.0.0.{index}"}, {"type": "Hostname", "address": name}],
-            "nodeInfo": {"kubeletVersion": "v1.32.0", "containerRuntimeVersion": "containerd://1.7.22",
-                         "osImage": "Debian GNU/Linux 12 (bookworm)", "kernelVersion": "6.1.0-sandbox",
-                         "operatingSystem": "linux", "architecture": "amd64"},
+            "nodeInfo": node_info(name),
         },
     }
 

@@ -1,0 +1,381 @@
+"""The official ``kubernetes`` client against the API: the semantics the daemon relies on."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from conftest import Kube, Serving, make_node, wait_for
+
+
+def _core(kube: Kube) -> tuple[Any, Any]:
+    client, api = kube.client()
+    return client, client.CoreV1Api(api)
+
+
+def _raw(api_call: Any, *args: Any, **kw: Any) -> Any:
+    resp = api_call(*args, _preload_content=False, **kw)
+    return json.loads(resp.data)
+
+
+def raw_request(api: Any, method: str, path: str, body: Any = None,
+                content_type: str = "application/json") -> tuple[int, Any]:
+    """One request through the client's own transport and auth; (status, decoded body)."""
+    m, url, headers, b, post = api.param_serialize(method, path, header_params={
+        "Content-Type": content_type, "Accept": "application/json"}, body=body, auth_settings=["BearerToken"])
+    resp = api.call_api(m, url, headers, b, post)
+    data = resp.read()
+    return resp.status, json.loads(data) if data else None
+
+
+def _ns(kube: Kube, core: Any, base: str = "ns") -> str:
+    ns = kube.name(base)
+    core.create_namespace({"metadata": {"name": ns}})
+    return ns
+
+
+def _cm(name: str, data: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "data": data or {"k": "v"}}
+
+
+def test_conflicts_on_stale_put_and_patch(kube: Kube) -> None:
+    client, core = _core(kube)
+    ApiException = client.exceptions.ApiException
+    name = kube.name("node-409")
+    node = make_node(core, client, name)
+    try:
+        stale = node.metadata.resource_version
+        core.patch_node(name, {"metadata": {"labels": {"a": "1"}}})
+        node.metadata.labels["b"] = "2"
+        with pytest.raises(ApiException) as exc:
+            core.replace_node(name, node)
+        assert exc.value.status == 409
+        body = json.loads(exc.value.body)
+        assert body["kind"] == "Status" and body["reason"] == "Conflict"
+        with pytest.raises(ApiException) as exc:
+            core.patch_node(name, {"metadata": {"resourceVersion": stale, "labels": {"c": "3"}}})
+        assert exc.value.status == 409
+        fresh = core.read_node(name)
+        assert core.patch_node(name, {"metadata": {"resourceVersion": fresh.metadata.resource_version,
+                                                   "labels": {"c": "3"}}}).metadata.labels["c"] == "3"
+    finally:
+        core.delete_node(name)
+
+
+def test_noop_patch_keeps_the_resource_version(kube: Kube) -> None:
+    client, core = _core(kube)
+    name = kube.name("node-noop")
+    make_node(core, client, name, {"x": "1"})
+    try:
+        rv = core.read_node(name).metadata.resource_version
+        assert core.patch_node(name, {"metadata": {"labels": {"x": "1"}}}).metadata.resource_version == rv
+    finally:
+        core.delete_node(name)
+
+
+def test_status_is_ignored_on_the_main_resource(kube: Kube) -> None:
+    client, core = _core(kube)
+    name = kube.name("node-status")
+    make_node(core, client, name)
+    try:
+        core.patch_node(name, {"status": {"allocatable": {"nvidia.com/gpu": "99"}}, "metadata": {"labels": {"y": "1"}}})
+        n = core.read_node(name)
+        assert n.status.allocatable["nvidia.com/gpu"] == "4" and n.metadata.labels["y"] == "1"
+    finally:
+        core.delete_node(name)
+
+
+def test_json_patch_test_failure_is_422_and_list_patch_is_json_patch(kube: Kube) -> None:
+    client, core = _core(kube)
+    name = kube.name("node-jsonpatch")
+    make_node(core, client, name, {"phase": "serving"})
+    try:
+        with pytest.raises(client.exceptions.ApiException) as exc:
+            core.patch_node(name, [{"op": "test", "path": "/metadata/labels/phase", "value": "lent"},
+                                   {"op": "replace", "path": "/metadata/labels/phase", "value": "x"}])
+        assert exc.value.status == 422
+        n = core.patch_node(name, [{"op": "test", "path": "/metadata/labels/phase", "value": "serving"},
+                                   {"op": "replace", "path": "/metadata/labels/phase", "value": "lending"}])
+        assert n.metadata.labels["phase"] == "lending"
+    finally:
+        core.delete_node(name)
+
+
+def test_merge_patch_null_deletes_a_key(kube: Kube) -> None:
+    client, core = _core(kube)
+    ns = _ns(kube, core)
+    core.create_namespaced_config_map(ns, _cm("m", {"a": "1", "b": "2"}))
+    status, obj = raw_request(core.api_client, "PATCH", f"/api/v1/namespaces/{ns}/configmaps/m",
+                              {"data": {"a": None}}, "application/merge-patch+json")
+    assert status == 200 and obj["data"] == {"b": "2"}
+    core.delete_namespace(ns)
+
+
+def test_not_found_already_exists_and_delete_preconditions(kube: Kube) -> None:
+    client, core = _core(kube)
+    ApiException = client.exceptions.ApiException
+    ns = _ns(kube, core)
+    cm = core.create_namespaced_config_map(ns, _cm("a"))
+    assert cm.metadata.uid and cm.metadata.creation_timestamp and cm.metadata.resource_version
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_config_map(ns, _cm("a"))
+    assert exc.value.status == 409 and json.loads(exc.value.body)["reason"] == "AlreadyExists"
+    with pytest.raises(ApiException) as exc:
+        core.read_namespaced_config_map("nope", ns)
+    assert exc.value.status == 404 and json.loads(exc.value.body)["reason"] == "NotFound"
+    with pytest.raises(ApiException) as exc:
+        core.delete_namespaced_config_map("a", ns, body=client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(uid="00000000-0000-0000-0000-000000000000")))
+    assert exc.value.status == 409
+    core.delete_namespaced_config_map("a", ns, body=client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(uid=cm.metadata.uid)))
+    gen = core.create_namespaced_config_map(ns, {"metadata": {"generateName": "gen-"}, "data": {}})
+    assert gen.metadata.name.startswith("gen-") and len(gen.metadata.name) == 9
+    core.delete_namespace(ns)
+
+
+def test_list_kind_rv_and_paging(kube: Kube) -> None:
+    client, core = _core(kube)
+    ns = _ns(kube, core)
+    for i in range(7):
+        core.create_namespaced_config_map(ns, _cm(f"cm-{i}"))
+    first = _raw(core.list_namespaced_config_map, ns, limit=3)
+    assert first["kind"] == "ConfigMapList" and first["metadata"]["resourceVersion"]
+    names = [i["metadata"]["name"] for i in first["items"]]
+    token = first["metadata"]["continue"]
+    while token:
+        page = _raw(core.list_namespaced_config_map, ns, limit=3, _continue=token)
+        names += [i["metadata"]["name"] for i in page["items"]]
+        token = page["metadata"].get("continue")
+    assert names == [f"cm-{i}" for i in range(7)]
+    core.delete_namespace(ns)
+
+
+def test_label_and_field_selectors(kube: Kube, serving: Serving) -> None:
+    client, core = _core(kube)
+    node = sorted(set(serving.node_of().values()))[0]
+    pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+    assert len(pods) == 1 and pods[0].spec.node_name == node
+    assert len(core.list_namespaced_pod(serving.ns, label_selector="app in (vllm,other),!nope").items) == 3
+    assert core.list_namespaced_pod(serving.ns, label_selector="app notin (vllm)").items == []
+    nodes = core.list_node(field_selector=f"metadata.name={serving.nodes[0]}").items
+    assert [n.metadata.name for n in nodes] == [serving.nodes[0]]
+    with pytest.raises(client.exceptions.ApiException) as exc:
+        core.list_node(field_selector="spec.bogus=1")
+    assert exc.value.status == 400 and "field label not supported" in json.loads(exc.value.body)["message"]
+
+
+def test_events_core_and_events_k8s_io_with_field_selectors(kube: Kube) -> None:
+    client, core = _core(kube)
+    _, api = kube.client()
+    events_v1 = client.EventsV1Api(api)
+    ns = _ns(kube, core)
+    ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    core.create_namespaced_event(ns, {"metadata": {"name": "e1"}, "involvedObject": {
+        "kind": "Node", "name": "gpu-node-07", "apiVersion": "v1"}, "reason": "NodeLent", "message": "lent",
+        "type": "Normal", "firstTimestamp": ts, "lastTimestamp": ts, "source": {"component": "gpu-bridge"}})
+    core.create_namespaced_event(ns, {"metadata": {"name": "e2"}, "involvedObject": {
+        "kind": "Node", "name": "gpu-node-08"}, "reason": "NodeLent", "message": "lent", "type": "Normal"})
+    got = core.list_namespaced_event(ns, field_selector="involvedObject.name=gpu-node-07,involvedObject.kind=Node")
+    assert [e.metadata.name for e in got.items] == ["e1"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+    events_v1.create_namespaced_event(ns, {"metadata": {"name": "n1"}, "eventTime": now, "action": "Lend",
+                                           "reason": "NodeLent", "reportingController": "gpu-bridge.io/daemon",
+                                           "reportingInstance": "a", "type": "Normal", "note": "lent",
+                                           "regarding": {"kind": "Node", "name": "gpu-node-07"}})
+    got = events_v1.list_namespaced_event(ns, field_selector="regarding.name=gpu-node-07")
+    assert [e.metadata.name for e in got.items] == ["n1"]
+    core.delete_namespace(ns)
+
+
+def test_lease_semantics(kube: Kube) -> None:
+    client, api = kube.client()
+    coord = client.CoordinationV1Api(api)
+    core = client.CoreV1Api(api)
+    ApiException = client.exceptions.ApiException
+    ns = _ns(kube, core)
+    body = {"metadata": {"name": "gpu-bridge"}, "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15}}
+    lease = coord.create_namespaced_lease(ns, body)
+    with pytest.raises(ApiException) as exc:
+        coord.create_namespaced_lease(ns, body)
+    assert exc.value.status == 409 and json.loads(exc.value.body)["reason"] == "AlreadyExists"
+    lease.spec.holder_identity = "b"
+    lease = coord.replace_namespaced_lease("gpu-bridge", ns, lease)
+    stale = lease.metadata.resource_version
+    lease.spec.holder_identity = "c"
+    coord.replace_namespaced_lease("gpu-bridge", ns, lease)
+    lease.metadata.resource_version = stale
+    with pytest.raises(ApiException) as exc:
+        coord.replace_namespaced_lease("gpu-bridge", ns, lease)
+    assert exc.value.status == 409
+    lease.metadata.resource_version = None
+    with pytest.raises(ApiException) as exc:
+        coord.replace_namespaced_lease("gpu-bridge", ns, lease)
+    assert exc.value.status == 422
+    status, obj = raw_request(api, "PUT", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/fresh",
+                              {"metadata": {"name": "fresh"}, "spec": {"holderIdentity": "z"}})
+    assert status == 201 and obj["spec"]["holderIdentity"] == "z"
+    core.delete_namespace(ns)
+
+
+def test_eviction_respects_the_pdb(kube: Kube, serving: Serving) -> None:
+    client = serving.client
+    ApiException = client.exceptions.ApiException
+    pods = sorted(serving.ready_pods(), key=lambda p: p.metadata.name)
+
+    def evict(name: str) -> None:
+        serving.core.create_namespaced_pod_eviction(name, serving.ns, client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=serving.ns)))
+
+    kube.kubectl("cordon", *serving.nodes)  # replacements stay Pending: the budget stays used
+    evict(pods[0].metadata.name)
+    evicted = serving.core.read_namespaced_pod(pods[0].metadata.name, serving.ns)
+    assert evicted.metadata.deletion_timestamp is not None
+    assert any(c.type == "DisruptionTarget" and c.status == "True" for c in evicted.status.conditions)
+    with pytest.raises(ApiException) as exc:
+        evict(pods[1].metadata.name)
+    assert exc.value.status == 429
+    body = json.loads(exc.value.body)
+    assert body["reason"] == "TooManyRequests"
+    assert [c["reason"] for c in body["details"]["causes"]] == ["DisruptionBudget"]
+    with pytest.raises(ApiException) as exc:
+        evict("no-such-pod")
+    assert exc.value.status == 404
+    wait_for(lambda: pods[0].metadata.name not in serving.node_of(), 15, "the evicted pod to be gone")
+
+
+def test_scale_subresource(kube: Kube, serving: Serving) -> None:
+    client, api = kube.client()
+    apps = client.AppsV1Api(api)
+    scale = apps.read_namespaced_deployment_scale("vllm", serving.ns)
+    assert scale.spec.replicas == 3 and scale.status.replicas == 3 and "app=vllm" in scale.status.selector
+    dep = apps.read_namespaced_deployment("vllm", serving.ns)
+    assert scale.metadata.resource_version == dep.metadata.resource_version
+    out = apps.patch_namespaced_deployment_scale("vllm", serving.ns, {"spec": {"replicas": 2}})
+    assert out.kind == "Scale" and out.spec.replicas == 2
+    dep2 = apps.read_namespaced_deployment("vllm", serving.ns)
+    assert dep2.spec.replicas == 2 and dep2.metadata.generation == dep.metadata.generation + 1
+    wait_for(lambda: len(serving.pods()) == 2, 10, "scale-down to 2 pods")
+
+
+def test_replicaset_scale_down_removes_the_pod_with_the_lowest_deletion_cost(kube: Kube, serving: Serving) -> None:
+    pods = sorted(serving.ready_pods(), key=lambda p: p.metadata.name)
+    chosen = pods[1].metadata.name
+    for p in pods:
+        cost = "-100" if p.metadata.name == chosen else "100"
+        serving.core.patch_namespaced_pod(p.metadata.name, serving.ns, {"metadata": {"annotations": {
+            "controller.kubernetes.io/pod-deletion-cost": cost}}})
+    serving.apps.patch_namespaced_deployment_scale("vllm", serving.ns, {"spec": {"replicas": 2}})
+    wait_for(lambda: chosen not in serving.node_of(), 10, "the lowest-cost pod to go")
+    assert {p.metadata.name for p in serving.pods()} == {p.metadata.name for p in pods} - {chosen}
+
+
+def test_watch_from_zero_replays_then_live_and_selector_moves(kube: Kube) -> None:
+    client, api = kube.client()
+    core = client.CoreV1Api(api)
+    ns = _ns(kube, core)
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "a", "labels": {"sel": "yes"}}, "data": {}})
+    from kubernetes import watch
+    seen: list[tuple[str, str]] = []
+    w = watch.Watch()
+
+    def run() -> None:
+        for ev in w.stream(core.list_namespaced_config_map, ns, label_selector="sel=yes", resource_version="0",
+                           timeout_seconds=3):
+            seen.append((ev["type"], ev["object"].metadata.name))
+    t = threading.Thread(target=run)
+    t.start()
+    wait_for(lambda: ("ADDED", "a") in seen, 5, "the replayed ADDED")
+    core.patch_namespaced_config_map("a", ns, {"metadata": {"labels": {"sel": "no"}}})
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "b", "labels": {"sel": "no"}}, "data": {}})
+    core.patch_namespaced_config_map("b", ns, {"metadata": {"labels": {"sel": "yes"}}})
+    core.patch_namespaced_config_map("b", ns, {"data": {"x": "1"}})
+    t.join(timeout=10)
+    assert seen == [("ADDED", "a"), ("DELETED", "a"), ("ADDED", "b"), ("MODIFIED", "b")]
+    core.delete_namespace(ns)
+
+
+def test_watch_from_a_resource_version_gives_only_newer_events(kube: Kube) -> None:
+    client, api = kube.client()
+    core = client.CoreV1Api(api)
+    ns = _ns(kube, core)
+    core.create_namespaced_config_map(ns, _cm("old"))
+    rv = _raw(core.list_namespaced_config_map, ns)["metadata"]["resourceVersion"]
+    core.create_namespaced_config_map(ns, _cm("new"))
+    core.delete_namespaced_config_map("old", ns)
+    from kubernetes import watch
+    evs = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(
+        core.list_namespaced_config_map, ns, resource_version=rv, timeout_seconds=1)]
+    assert evs == [("ADDED", "new"), ("DELETED", "old")]
+    core.delete_namespace(ns)
+
+
+def test_watch_bookmarks(kube: Kube) -> None:
+    client, api = kube.client()
+    core = client.CoreV1Api(api)
+    ns = _ns(kube, core)
+    rv = _raw(core.list_namespaced_config_map, ns)["metadata"]["resourceVersion"]
+    resp = core.list_namespaced_config_map(ns, watch=True, resource_version=rv, allow_watch_bookmarks=True,
+                                           timeout_seconds=2 if kube.sandbox else 70, _preload_content=False)
+    types = []
+    for line in resp:
+        for part in line.split(b"\n"):
+            if part.strip():
+                ev = json.loads(part)
+                types.append(ev["type"])
+                if ev["type"] == "BOOKMARK":
+                    assert int(ev["object"]["metadata"]["resourceVersion"]) >= int(rv)
+                    assert ev["object"]["kind"] == "ConfigMap"
+    resp.release_conn()
+    assert "BOOKMARK" in types
+    core.delete_namespace(ns)
+
+
+def test_watch_of_a_compacted_resource_version_is_410(kube: Kube) -> None:
+    if not kube.sandbox:
+        pytest.skip("compaction cannot be forced on a real cluster")
+    client, api = kube.client()
+    core = client.CoreV1Api(api)
+    ns = _ns(kube, core)
+    old_rv = _raw(core.list_namespaced_config_map, ns)["metadata"]["resourceVersion"]
+    core.create_namespaced_config_map(ns, _cm("x"))
+    kube.server.store.compact()
+    resp = core.list_namespaced_config_map(ns, watch=True, resource_version=old_rv, timeout_seconds=2,
+                                           _preload_content=False)
+    evs = [json.loads(p) for line in resp for p in line.split(b"\n") if p.strip()]
+    assert len(evs) == 1 and evs[0]["type"] == "ERROR"
+    assert evs[0]["object"]["code"] == 410 and evs[0]["object"]["reason"] == "Expired"
+    from kubernetes import watch
+    with pytest.raises(client.exceptions.ApiException) as exc:
+        list(watch.Watch().stream(core.list_namespaced_config_map, ns, resource_version=old_rv, timeout_seconds=2))
+    assert exc.value.status == 410
+    core.delete_namespace(ns)
+
+
+def test_bearer_token_is_required_when_set(tmp_path: Any, kube: Kube) -> None:
+    if not kube.sandbox:
+        pytest.skip("the sandbox's own token switch")
+    from kubernetes import client, config
+
+    from bridge.sandbox.kube import KubeServer
+    with KubeServer(port=0, token="s3cret") as server:
+        good = server.write_kubeconfig(tmp_path / "good")
+        api = config.new_client_from_config(config_file=str(good))
+        assert client.CoreV1Api(api).list_namespace().items
+        api.close()
+        import ssl
+        import urllib.error
+        import urllib.request
+        assert server.url.startswith("https://")  # kubectl sends a token only over TLS
+        ctx = ssl.create_default_context(cadata=server.ca_pem.decode())
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(server.url + "/api/v1/nodes", timeout=5, context=ctx)
+        assert exc.value.code == 401
+        assert json.loads(exc.value.read())["reason"] == "Unauthorized"
+        env_home = tmp_path / "h"
+        env_home.mkdir()
+        k2 = Kube(good, env_home, server)
+        assert "No resources found" in k2.kubectl("get", "nodes").stderr

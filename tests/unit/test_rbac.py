@@ -20,14 +20,16 @@ RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 EXPECTED: dict[tuple[str, str], dict[tuple[str, str], set[str]]] = {
     ("ClusterRole", "gpu-bridge-nodes"): {
         ("", "nodes"): {"get", "list", "watch", "patch"},
-        ("", "pods"): {"get", "list", "watch"},
-        ("", "events"): {"create", "patch"},
-        ("events.k8s.io", "events"): {"create", "patch"},
     },
     ("ClusterRole", "gpu-bridge-serving"): {
+        ("", "pods"): {"get", "list", "watch", "patch"},  # patch: pod-deletion-cost
         ("", "pods/eviction"): {"create"},
         ("apps", "deployments"): {"get", "list", "watch"},
         ("apps", "deployments/scale"): {"get", "patch", "update"},
+    },
+    ("Role", "gpu-bridge-events"): {
+        ("", "events"): {"create", "patch"},
+        ("events.k8s.io", "events"): {"create", "patch"},
     },
     ("Role", "gpu-bridge-leader-election"): {
         ("coordination.k8s.io", "leases"): {"get", "create", "update"},
@@ -47,7 +49,7 @@ def test_kinds() -> None:
     kinds = sorted(d["kind"] for d in docs())
     assert kinds == sorted(
         ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "RoleBinding",
-         "Role", "RoleBinding"]
+         "Role", "RoleBinding", "Role", "RoleBinding"]
     )
 
 
@@ -73,7 +75,7 @@ def test_no_wildcards_or_sensitive_resources() -> None:
 
 
 def test_lease_update_limited_to_the_bridge_lease() -> None:
-    (role,) = by_kind("Role")
+    (role,) = [r for r in by_kind("Role") if r["metadata"]["name"] == "gpu-bridge-leader-election"]
     assert role["metadata"]["namespace"] == "gpu-bridge"
     for rule in role["rules"]:
         if set(rule["verbs"]) & {"get", "update"}:
@@ -85,6 +87,11 @@ def test_serving_permissions_are_bound_per_namespace_only() -> None:
     assert crbs == ["gpu-bridge-nodes"]
     serving = [b for b in by_kind("RoleBinding") if b["roleRef"]["name"] == "gpu-bridge-serving"]
     assert serving and all(b["metadata"].get("namespace") for b in serving)
+
+
+def test_events_only_where_node_events_live() -> None:
+    (role,) = [r for r in by_kind("Role") if r["metadata"]["name"] == "gpu-bridge-events"]
+    assert role["metadata"]["namespace"] == "default"  # bridge.adapters.kube: event_namespace="default"
 
 
 def test_bindings_point_at_what_exists() -> None:

@@ -38,5 +38,16 @@ def configure(*, json: bool | None = None, level: str = "info", stream: Any = No
 
 def get(name: str | None = None) -> Any:
     """A bound structlog logger; ``name`` becomes the ``logger`` key."""
-    log = structlog.get_logger()
-    return log.bind(logger=name) if name else log
+    # Resolved at each call: bind() at import time would freeze the configuration then in
+    # force, so a later configure() (JSON, level, stream) would not reach module loggers.
+    return _Named(name) if name else structlog.get_logger()
+
+
+class _Named:
+    """A module logger that binds ``logger=<name>`` under the configuration current at call time."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(structlog.get_logger().bind(logger=self._name), attr)

@@ -100,3 +100,57 @@ def test_bindings_point_at_what_exists() -> None:
     for b in by_kind("ClusterRoleBinding") + by_kind("RoleBinding"):
         assert (b["roleRef"]["kind"], b["roleRef"]["name"]) in roles
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}]
+
+
+# --- the RBAC against the calls the code makes ---------------------------------------------
+# Grants the code does not use today, kept on purpose: patch on the scale subresource and on
+# events (the brief's list; a JSON-patch scale or event aggregation needs no RBAC change).
+UNUSED_ON_PURPOSE = {("patch", "deployments/scale"), ("patch", "events")}
+
+
+def code_calls() -> set[tuple[str, str]]:
+    """(verb, resource) of every Kubernetes call in the adapters and the leader election:
+    ``calls.run("verb", "resource", ...)``, ``_write("verb", ...)`` on leases, and the
+    informers (``_informer(name, "resource", ...)`` lists and watches)."""
+    import ast
+
+    out: set[tuple[str, str]] = set()
+    files = sorted((ROOT / "bridge" / "adapters" / "kube").glob("*.py")) + [ROOT / "bridge" / "leader.py"]
+    for path in files:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            consts = [a.value if isinstance(a, ast.Constant) and isinstance(a.value, str) else None for a in node.args]
+            name = node.func.attr
+            if name == "run" and len(consts) >= 2 and consts[0] and consts[1]:
+                out.add((consts[0], consts[1]))
+            elif name == "_write" and path.name == "leader.py" and consts and consts[0]:
+                out.add((consts[0], "leases"))
+            elif name == "_informer" and len(consts) >= 2 and consts[1]:
+                out |= {("list", consts[1]), ("watch", consts[1])}
+    return out
+
+
+def granted() -> set[tuple[str, str]]:
+    return {
+        (verb, res)
+        for d in by_kind("ClusterRole") + by_kind("Role")
+        for rule in d["rules"]
+        for res in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+@pytest.mark.skipif(not (ROOT / "bridge" / "adapters" / "kube").is_dir(), reason="no Kubernetes adapter yet")
+def test_every_call_the_code_makes_is_granted() -> None:
+    calls = code_calls()
+    assert ("patch", "nodes") in calls and ("create", "pods/eviction") in calls  # the scan sees the adapter
+    missing = calls - granted()
+    assert not missing, f"the code calls {sorted(missing)} but rbac.yaml does not grant it"
+
+
+@pytest.mark.skipif(not (ROOT / "bridge" / "adapters" / "kube").is_dir(), reason="no Kubernetes adapter yet")
+def test_nothing_granted_that_the_code_does_not_use() -> None:
+    unused = granted() - code_calls() - UNUSED_ON_PURPOSE
+    assert not unused, f"rbac.yaml grants {sorted(unused)} that no code calls (least privilege)"

@@ -227,10 +227,10 @@ class CliSlurm:
     def requeue(self, job_id: str) -> bool:
         jid = validate_job_id(job_id)
         job = next((j for j in self.jobs() if j.job_id == jid), None)
+        if job is not None and self._is_our_hold(job):
+            raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
         if job is None or job.state != "running":
             return False
-        if self._is_our_hold(job):
-            raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
         self._run(["scontrol", "requeue", jid])
         _log().info("slurm_job_requeued", job=jid, node=",".join(job.nodes))
         return True

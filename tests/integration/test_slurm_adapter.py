@@ -1,0 +1,149 @@
+"""CliSlurm against the real sandbox Slurm (22.05): reads, drain/resume only ours, the hold job
+preempts and requeues a research job (Slurm's way, and with the daemon's early requeue at the
+end of GraceTime), cancel_hold touches only our holds, lookups fail closed."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bridge import wellknown
+from bridge.adapters.slurm import CliSlurm, NotOursError, SlurmJobInfo
+from bridge.errors import AdapterError
+from bridge.sandbox.cluster import Sandbox
+
+pytestmark = pytest.mark.integration
+
+
+def wait_until(check: Callable[[], object], timeout_s: float, what: str) -> object:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        v = check()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def slurm_for(sb: Sandbox) -> CliSlurm:
+    return CliSlurm(env={"SLURM_CONF": str(sb.slurm.slurm_conf)}, timeout_s=10)
+
+
+def research_job(sb: Sandbox, tmp_path: Path, *extra: str) -> str:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrap 'echo usr1 >> \"$1\"' USR1\necho start $SLURMD_NODENAME ${SLURM_RESTART_COUNT:-0} >> \"$1\"\n"
+                      "while true; do sleep 0.2; done\n")
+    script.chmod(0o755)
+    out = sb.run_slurm(["sbatch", "--parsable", "-p", "preempt", "--requeue", "--gres=gpu:4", "-o", "/dev/null",
+                        *extra, str(script), str(tmp_path / "out")]).stdout
+    return out.strip().split(";")[0]
+
+
+def job(slurm: CliSlurm, jid: str) -> SlurmJobInfo | None:
+    return next((j for j in slurm.jobs() if j.job_id == jid), None)
+
+
+def test_reads(slurm_clean: Sandbox) -> None:
+    slurm = slurm_for(slurm_clean)
+    slurm.ping()
+    nodes = slurm.nodes()
+    assert [n.name for n in nodes] == list(slurm_clean.node_names)
+    assert all(n.state == "idle" and n.gpus == 4 and n.responding and not n.drained for n in nodes)
+    assert slurm.jobs() == () and slurm.holds() == {}
+
+
+def test_drain_resume_only_ours(slurm_clean: Sandbox) -> None:
+    sb, slurm = slurm_clean, slurm_for(slurm_clean)
+    assert slurm.drain("gpu-node-01", "serving\nsince now") is True
+    assert slurm.drain("gpu-node-01", "serving since now") is False
+    n = slurm.node("gpu-node-01")
+    assert n.drained_by_us and n.reason == "gpu-bridge: serving since now" and n.state == "idle"
+    sb.run_slurm(["scontrol", "update", "NodeName=gpu-node-02", "State=DRAIN", "Reason=maintenance: disk"])
+    assert slurm.drain("gpu-node-02", "serving") is False
+    assert slurm.node("gpu-node-02").reason == "maintenance: disk"
+    with pytest.raises(NotOursError):
+        slurm.resume("gpu-node-02")
+    assert slurm.node("gpu-node-02").drained_by_other
+    assert slurm.resume("gpu-node-01") is True
+    assert slurm.resume("gpu-node-01") is False
+    assert not slurm.node("gpu-node-01").drained
+
+
+def test_hold_preempts_research_job_and_daemon_requeues_at_grace_end(slurm_clean: Sandbox, tmp_path: Path) -> None:
+    """The reclaim path as the daemon will drive it: submit_hold, then at preempt_time + GraceTime
+    requeue the victims itself (Slurm would only notice at its next 30 s time-limit check)."""
+    sb, slurm = slurm_clean, slurm_for(slurm_clean)
+    jid = research_job(sb, tmp_path, "--signal=B:USR1@5")
+    running = wait_until(lambda: (j := job(slurm, jid)) is not None and j.state == "running" and j, 30, "running")
+    node = running.nodes[0]  # type: ignore[union-attr]
+    t0 = time.time()
+    hold = slurm.submit_hold(node)
+    assert slurm.submit_hold(node) == hold  # idempotent
+    preempted = wait_until(lambda: (j := job(slurm, jid)) is not None and j.preempt_time and j, 10, "preempt_time set")
+    t_preempt = time.time()
+    assert preempted.end_time is not None and abs(preempted.end_time - preempted.preempt_time - sb.grace_s) <= 1  # type: ignore[union-attr,operator]
+    assert slurm.holds()[node].job_id == hold and slurm.holds()[node].state == "pending"
+    # the daemon's early requeue, right when GraceTime is over
+    while time.time() < preempted.end_time:  # type: ignore[union-attr,operator]
+        time.sleep(0.1)
+    assert slurm.requeue(jid) is True
+    t_requeue = time.time()
+    wait_until(lambda: slurm.holds().get(node) is not None and slurm.holds()[node].state == "running", 20, "hold running")
+    t_hold = time.time()
+    victim = job(slurm, jid)
+    assert victim is not None and victim.restart_count == 1 and victim.state in ("pending", "running")
+    assert (tmp_path / "out").read_text().count("usr1") >= 1
+    print(f"\nadapter reclaim: preempt decided {t_preempt - t0:.2f} s, requeued by us {t_requeue - t0:.2f} s, "
+          f"hold running {t_hold - t0:.2f} s after submit_hold (GraceTime {sb.grace_s} s)")
+    assert t_hold - t0 < sb.grace_s + 6
+    # lending the node again: drop the hold, research jobs may come back
+    assert slurm.cancel_hold(node) == (hold,)
+    wait_until(lambda: node not in slurm.holds(), 15, "hold gone")
+
+
+def test_hold_preempts_and_slurm_requeues_by_itself(slurm_clean: Sandbox, tmp_path: Path) -> None:
+    """Without the early requeue Slurm still requeues (never cancels) after GraceTime."""
+    sb, slurm = slurm_clean, slurm_for(slurm_clean)
+    jid = research_job(sb, tmp_path)
+    running = wait_until(lambda: (j := job(slurm, jid)) is not None and j.state == "running" and j, 30, "running")
+    node = running.nodes[0]  # type: ignore[union-attr]
+    slurm.submit_hold(node)
+    wait_until(lambda: slurm.holds().get(node) is not None and slurm.holds()[node].state == "running",
+               sb.grace_s + 40, "hold running")
+    victim = job(slurm, jid)
+    assert victim is not None and victim.restart_count == 1
+
+
+def test_cancel_hold_touches_only_our_holds(slurm_clean: Sandbox) -> None:
+    sb, slurm = slurm_clean, slurm_for(slurm_clean)
+    fake = sb.run_slurm(["sbatch", "--parsable", "-p", "preempt", "-w", "gpu-node-03", "-o", "/dev/null",
+                         "-J", wellknown.SLURM_HOLD_JOB_PREFIX + "gpu-node-03", "--wrap", "sleep 300"]).stdout.strip()
+    hold = slurm.submit_hold("gpu-node-04")
+    wait_until(lambda: slurm.holds().get("gpu-node-04") is not None and slurm.holds()["gpu-node-04"].state == "running",
+               20, "hold running")
+    assert "gpu-node-03" not in slurm.holds()  # same name, research partition: not ours
+    assert slurm.cancel_hold("gpu-node-03") == ()
+    assert slurm.cancel_hold("gpu-node-04") == (hold,)
+    wait_until(lambda: "gpu-node-04" not in slurm.holds(), 15, "hold gone")
+    j = job(slurm, fake)
+    assert j is not None and j.state in ("running", "pending")
+    with pytest.raises(NotOursError):
+        slurm.requeue(slurm.submit_hold("gpu-node-04"))  # a hold is never "requeued" as a research job
+    slurm.cancel_hold("gpu-node-04")
+
+
+def test_lookups_fail_closed_when_slurmctld_is_gone(slurm_clean: Sandbox) -> None:
+    sb = slurm_clean
+    slurm = CliSlurm(env={"SLURM_CONF": str(sb.slurm.slurm_conf)}, timeout_s=3)
+    sb.stop_process("slurmctld")
+    for call in (slurm.ping, slurm.nodes, slurm.jobs, slurm.holds, lambda: slurm.drain("gpu-node-01", "x")):
+        with pytest.raises(AdapterError) as ei:
+            call()
+        assert re.search(r"failed \(rc \d+\)|timed out|not UP", str(ei.value)), str(ei.value)
+    broken = CliSlurm(env={"SLURM_CONF": "/nonexistent/slurm.conf"}, timeout_s=3)
+    with pytest.raises(AdapterError):
+        broken.nodes()

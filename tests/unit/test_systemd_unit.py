@@ -58,6 +58,9 @@ def test_verify_accepts_the_unit(tmp_path: Path) -> None:
 def test_verify_of_shipped_unit_only_misses_the_install_path() -> None:
     result = run(["systemd-analyze", "verify", str(UNIT)])
     problems = [line for line in result.stderr.splitlines() if line.strip()]
+    if Path(INSTALLED_BINARY).exists():  # installed on this machine: nothing to complain about
+        assert problems == [] and result.returncode == 0, result.stderr
+        return
     assert problems, "expected verify to complain that the install path does not exist here"
     assert all(f"Command {INSTALLED_BINARY} is not executable" in line for line in problems), problems
 

@@ -29,6 +29,7 @@ def run(replicas: int, rate: float, cv: float | None, seconds: float, scrape: bo
     reg = make_registry(sim)
     sim.advance(30)  # warm up: queues and batches filled
     arrived0 = sim.models[next(iter(sim.models))].arrived_total
+    done0 = sum(sum(r.success.values()) for r in sim.replicas.values())
     size = 0
     t0 = time.process_time()
     for _ in range(int(seconds)):
@@ -37,10 +38,12 @@ def run(replicas: int, rate: float, cv: float | None, seconds: float, scrape: bo
             size = len(generate_latest(reg))
     cpu = time.process_time() - t0
     arrived = sim.models[next(iter(sim.models))].arrived_total - arrived0
+    done = sum(sum(r.success.values()) for r in sim.replicas.values()) - done0
     reps = sim.replica_list()
     return {
         "cpu_ms_per_sim_s": 1000 * cpu / seconds,
         "req_per_s": arrived / seconds,
+        "done_per_s": done / seconds,
         "running": sum(r["running"] for r in reps),
         "waiting": sum(r["waiting"] for r in reps),
         "scrape_bytes": size,
@@ -60,11 +63,11 @@ def main() -> None:
     cv = args.cv if args.cv is not None else 3.0
     print(f"vLLM simulator: {args.replicas} replicas, capacity {capacity:.0f} req/s, cv {cv}, "
           f"{args.seconds:.0f} simulated s per run (step 0.1 s)")
-    print(f"{'rate req/s':>10} {'scrape/s':>8} {'CPU ms per sim s':>17} {'CPU %':>6} {'running':>8} {'waiting':>8} {'scrape KB':>9}")
+    print(f"{'rate req/s':>10} {'done/s':>7} {'scrape/s':>8} {'CPU ms per sim s':>17} {'CPU %':>6} {'running':>8} {'waiting':>8} {'scrape KB':>9}")
     for rate in rates:
         for scrape in (False, True):
             r = run(args.replicas, rate, cv, args.seconds, scrape)
-            print(f"{r['req_per_s']:10.0f} {('1' if scrape else '0'):>8} {r['cpu_ms_per_sim_s']:17.1f} "
+            print(f"{r['req_per_s']:10.0f} {r['done_per_s']:7.0f} {('1' if scrape else '0'):>8} {r['cpu_ms_per_sim_s']:17.1f} "
                   f"{r['cpu_ms_per_sim_s'] / 10:6.1f} {r['running']:8.0f} {r['waiting']:8.0f} "
                   f"{(r['scrape_bytes'] / 1024 if scrape else 0):9.0f}")
     print("CPU % = share of one core when the simulator runs in real time (speed only moves the trace clock).")

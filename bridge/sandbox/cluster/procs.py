@@ -183,6 +183,11 @@ def find_leftovers(marker: str, dir_text: str, roots: Iterable[int] = ()) -> dic
         parents[pid] = int(f[3])
         if _environ_has(pid, needle) or dir_text in cmdline(pid):
             found.add(pid)
+    # never ourselves or our ancestors (e.g. `timeout 60 gpu-bridge sandbox down --dir DIR`)
+    ancestor = _ppid(me)
+    while ancestor is not None and ancestor > 1:
+        found.discard(ancestor)
+        ancestor = parents.get(ancestor)
     # descendants of anything found
     changed = True
     while changed:

@@ -234,7 +234,7 @@ class ForecastConfig:
     )
     burst_step_s: float = setting(300.0, gt=0, doc="resolution of that history (max per step)")
     burst_quantile: float = setting(
-        0.99, gt=0, le=1, doc="quantile of (peak over next horizon) / (recent peak) seen in that history"
+        0.95, gt=0, le=1, doc="quantile of (peak over next horizon) / (recent peak) seen in that history"
     )
     burst_smoothing_replicas: float = setting(
         1.0, ge=0, doc="added to both sides of that ratio so near-zero load does not give wild ratios"

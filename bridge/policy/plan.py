@@ -297,7 +297,7 @@ def _assess(
     if not known_load:  # only when blind_after_s exceeds the burst window
         return work(decision(serving_now, status or Reason.SIGNALS_MISSING, f"not lending: {status_text or 'no recent sample'}"))
     load = max(known_load)
-    need_nodes = min(need(load), reachable)
+    need_nodes = need(load)
     desired = max(floor_c, need_nodes)
     urgent = demand_now is not None and demand_now > ready * rpn
     if desired > serving_now:
@@ -318,9 +318,12 @@ def _assess(
             text = f"min_serving {cfg.min_serving} > {serving_now} serving"
         if not fresh:
             text += f" ({status_text})"
+        count = min(desired, reachable) - serving_now
+        if count <= 0:
+            return work(decision(desired, Reason.NO_CANDIDATES, f"{text}; no lent node may be reclaimed"))
         return work(
             decision(desired, reason, text),
-            reclaim=desired - serving_now,
+            reclaim=count,
             reason=reason,
             detail=text,
             urgent=urgent,

@@ -320,7 +320,7 @@ class Api:
         if r.namespaced:
             meta["namespace"] = t.namespace or meta.get("namespace") or "default"
         if r.has_status and r.reset_status_on_create:
-            body.pop("status", None)
+            body["status"] = {}
         defaults.on_create(r, body)
         if req.param("dryRun"):
             return Response.of(201, body)

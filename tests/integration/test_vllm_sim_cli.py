@@ -96,10 +96,10 @@ def test_metrics_names_labels_and_types_and_clean_sigterm() -> None:
             "llama-0": {"model_name": "llama", "engine": "0", "pod": "llama-0", "node": "gpu-node-01"},
             "llama-1": {"model_name": "llama", "engine": "0", "pod": "llama-1", "node": "gpu-node-02"},
         }
-        t0 = fams["vllm_sim:trace_time_seconds"].samples[0].value
+        t0 = fams["vllm_sim_trace_time_seconds"].samples[0].value
         assert 18 * 3600 <= t0 < 18 * 3600 + 288 * 20
         time.sleep(1.0)
-        t1 = families(base)["vllm_sim:trace_time_seconds"].samples[0].value
+        t1 = families(base)["vllm_sim_trace_time_seconds"].samples[0].value
         assert t1 - t0 == pytest.approx(288, rel=0.5)  # about a trace-time day in 5 minutes
         load = json.loads(get(base + "/load"))
         assert load["trace_clock"].startswith("day 0 18:")
@@ -144,7 +144,7 @@ def test_replicas_come_and_go_through_the_api() -> None:
         with urllib.request.urlopen(req, timeout=5) as resp:
             assert json.loads(resp.read())["state"] == "draining"
         wait_for(lambda: pods() == {"vllm-b"}, 5, "vllm-a gone")
-        aborted = {s.labels["model_name"]: s.value for s in families(base)["vllm_sim:requests_aborted"].samples}
+        aborted = {s.labels["model_name"]: s.value for s in families(base)["vllm_sim_requests_aborted"].samples}
         assert aborted["m"] > 0
 
 

@@ -79,14 +79,14 @@ def test_removed_replica_series_disappear_and_starting_ones_are_not_shown() -> N
     for name in V1_FAMILIES:
         pods = {s.labels.get("pod") for s in fams[name].samples}
         assert "llama-b" not in pods and "warming" not in pods, name
-    aborted = {s.labels["model_name"]: s.value for s in fams["vllm_sim:requests_aborted"].samples}
+    aborted = {s.labels["model_name"]: s.value for s in fams["vllm_sim_requests_aborted"].samples}
     assert aborted["llama"] > 0 and aborted["qwen"] == 0
-    states = {(s.labels["model_name"], s.labels["state"]): s.value for s in fams["vllm_sim:replicas"].samples}
+    states = {(s.labels["model_name"], s.labels["state"]): s.value for s in fams["vllm_sim_replicas"].samples}
     assert states[("llama", "serving")] == 1 and states[("llama", "starting")] == 1
 
 
 def test_sim_families() -> None:
     fams = scrape(make_sim())
-    rate = {s.labels["model_name"]: s.value for s in fams["vllm_sim:arrival_rate"].samples}
+    rate = {s.labels["model_name"]: s.value for s in fams["vllm_sim_arrival_rate"].samples}
     assert rate == {"llama": 20.0, "qwen": 20.0}
-    assert fams["vllm_sim:trace_time_seconds"].samples[0].value == 30.0
+    assert fams["vllm_sim_trace_time_seconds"].samples[0].value == 30.0

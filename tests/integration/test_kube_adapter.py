@@ -202,3 +202,41 @@ def test_cache_goes_unsynced_when_the_server_is_gone(cluster: tuple[Any, Path, k
         assert kube.nodes()  # the last known state is still there, but the daemon must not act on it
     finally:
         kube.stop()
+
+
+def test_watch_resumed_after_compaction_relists(tmp_path: Path) -> None:
+    """The server keeps only a few events: an informer that reconnects after a drop with an
+    rv older than that gets 410 Gone, re-lists, and ends up with every change."""
+    from functools import partial
+
+    from bridge.adapters.kube.calls import ApiCalls
+    from bridge.adapters.kube.informer import Informer
+    from bridge.adapters.kube.objects import parse_node
+    from bridge.sandbox.kube.server import KubeServer
+
+    with KubeServer(port=0, event_log_size=3) as server:
+        kubeconfig = tmp_path / "kubeconfig"
+        server.write_kubeconfig(str(kubeconfig))
+        api = api_client_from_config(kubeconfig=str(kubeconfig))
+        seed_node(api, "gpu-node-0", "llama")
+        proxy = TcpProxy(server.port)
+        via = api_client_from_config(kubeconfig=str(proxied_kubeconfig(kubeconfig, proxy.port, tmp_path / "kc-proxy")))
+        inf = Informer(
+            "nodes", "nodes", partial(k8s.CoreV1Api(via).list_node, label_selector=f"{wk.LABEL_POOL}=llama"), parse_node,
+            calls=ApiCalls(), watch_timeout_s=30, request_timeout_s=2, backoff_initial_s=1.0,
+        )
+        try:
+            inf.start()
+            assert inf.wait_synced(5)
+            proxy.outage(1.5)  # drop the watch, refuse reconnects for 1.5 s
+            wait_for(lambda: not inf.synced, timeout=5, what="outage noticed")
+            for i in range(1, 8):  # more changes than the server remembers
+                seed_node(api, f"gpu-node-{i}", "llama")
+            wait_for(lambda: len(inf.items()) == 8 and inf.synced, timeout=10, what="all 8 nodes after relist")
+            st = inf.status()
+            assert st.relists == 2, st
+        finally:
+            inf.stop()
+            proxy.cut()
+            via.close()
+            api.close()

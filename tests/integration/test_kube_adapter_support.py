@@ -135,22 +135,29 @@ class TcpProxy:
         import socket
 
         self._target = ("127.0.0.1", target_port)
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(64)
-        self.port = int(self._listener.getsockname()[1])
         self._socks: list[Any] = []
         self._lock = threading.Lock()
         self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.port = 0
+        self._listen()
 
-    def _accept(self) -> None:
+    def _listen(self) -> None:
+        import socket
+
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.port = int(listener.getsockname()[1])
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: Any) -> None:
         import socket
 
         while not self._closed:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             try:
@@ -178,10 +185,35 @@ class TcpProxy:
                     pass
 
     def cut(self) -> None:
+        self._closed = True
+        self._stop_listening()
+        self.blip()
+
+    def _stop_listening(self) -> None:
         import socket
 
-        self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        except OSError:
+            pass
         self._listener.close()
+
+    def outage(self, seconds: float) -> None:
+        """Drop every connection and refuse new ones for ``seconds``, then accept again."""
+        self._stop_listening()
+        self.blip()
+
+        def back() -> None:
+            time.sleep(seconds)
+            if not self._closed:
+                self._listen()
+
+        threading.Thread(target=back, daemon=True).start()
+
+    def blip(self) -> None:
+        """Close every open connection; new ones are still accepted."""
+        import socket
+
         with self._lock:
             for s in self._socks:
                 try:
@@ -189,6 +221,7 @@ class TcpProxy:
                     s.close()
                 except OSError:
                     pass
+            self._socks.clear()
 
 
 def proxied_kubeconfig(kubeconfig: Path, proxy_port: int, out: Path) -> Path:

@@ -105,19 +105,6 @@ def test_hold_preempts_research_job_and_daemon_requeues_at_grace_end(slurm_clean
     wait_until(lambda: node not in slurm.holds(), 15, "hold gone")
 
 
-def test_hold_preempts_and_slurm_requeues_by_itself(slurm_clean: Sandbox, tmp_path: Path) -> None:
-    """Without the early requeue Slurm still requeues (never cancels) after GraceTime."""
-    sb, slurm = slurm_clean, slurm_for(slurm_clean)
-    jid = research_job(sb, tmp_path)
-    running = wait_until(lambda: (j := job(slurm, jid)) is not None and j.state == "running" and j, 30, "running")
-    node = running.nodes[0]  # type: ignore[union-attr]
-    slurm.submit_hold(node)
-    wait_until(lambda: slurm.holds().get(node) is not None and slurm.holds()[node].state == "running",
-               sb.grace_s + 40, "hold running")
-    victim = job(slurm, jid)
-    assert victim is not None and victim.restart_count == 1
-
-
 def test_cancel_hold_touches_only_our_holds(slurm_clean: Sandbox) -> None:
     sb, slurm = slurm_clean, slurm_for(slurm_clean)
     fake = sb.run_slurm(["sbatch", "--parsable", "-p", "preempt", "-w", "gpu-node-03", "-o", "/dev/null",

@@ -92,51 +92,64 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class RunningPrometheus:
+    """A real Prometheus in ``tmp`` scraping ``targets`` (host:port) every second."""
+
+    def __init__(self, tmp: Path, targets: list[str]) -> None:
+        port = free_port()
+        (tmp / "prometheus.yml").write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: vllm\n    honor_labels: true\n"
+            f"    static_configs:\n      - targets: {targets!r}\n"
+        )
+        self.proc = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.url = f"http://127.0.0.1:{port}"
+
+    def wait_until(self, ready: Any, timeout: float = 30) -> None:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if ready():
+                    return
+            except AdapterError:
+                pass
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus not ready in {timeout} s (exit code {self.proc.poll()})")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
 @pytest.fixture(scope="module")
 def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp: Path = tmp_path_factory.mktemp("prom")
     registry = CollectorRegistry()
     registry.register(VllmLike())
     server = serve_text_format(registry)
-    exporter_port = server.server_address[1]
-    port = free_port()
-    (tmp / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: vllm\n    honor_labels: true\n"
-        f"    static_configs:\n      - targets: ['127.0.0.1:{exporter_port}']\n"
-    )
-    proc = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={tmp / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    prom = RunningPrometheus(tmp, [f"127.0.0.1:{server.server_address[1]}"])
     try:
-        adapter = PromAdapter(url, timeout_s=2, rate_window_s=3)
-        deadline = time.time() + 30
-        while True:  # until the token rates exist: at least two scrapes happened
-            try:
-                if adapter.current(PromPool("llama", "llama")).signals.tokens_per_s is not None:
-                    time.sleep(4)  # so the series span the whole rate window (no extrapolation)
-                    break
-            except AdapterError:
-                pass
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"prometheus did not come up (exit code {proc.poll()})")
-            time.sleep(0.3)
-        yield url
+        adapter = PromAdapter(prom.url, timeout_s=2, rate_window_s=3)
+        # until the token rates exist (two scrapes), then long enough to span the rate window
+        prom.wait_until(lambda: adapter.current(PromPool("llama", "llama")).signals.tokens_per_s is not None)
+        time.sleep(4)
+        yield prom.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        prom.stop()
         server.shutdown()
         server.server_close()
 

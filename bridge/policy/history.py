@@ -116,10 +116,10 @@ class HistoryRecorder:
         for w in self.windows:  # finest first
             lo, hi = now + w.start_s, now + w.end_s
             for a, b in _minus((lo, hi), covered):
-                out.extend(s for s in self._levels[w.step_s].between(a, b) if s.t != a or a == lo)
+                out.extend(self._levels[w.step_s].between(a, b))
             covered.append((lo, hi))
-        out.sort(key=_t)
-        return tuple(out)
+        out.sort(key=_t)  # stable: at equal t the finer sample (added first) comes first
+        return tuple(s for i, s in enumerate(out) if i == 0 or s.t != out[i - 1].t)
 
 
 def _minus(iv: tuple[float, float], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -6,9 +6,10 @@ preempted, so a 2-node job's preemption frees both nodes and, if both are reclai
 loss is paid once. Order of preference:
 
 1. nodes idle in Slurm (no jobs): free;
-2. nodes whose jobs all ran at least ``min_runtime_s``, greedily by lost GPU-hours per node
-   freed (counting only the nodes still needed), then a trimming pass that drops any
-   preempted job the reclaim can do without (as Kueue does);
+2. nodes whose jobs all ran at least ``min_runtime_s``, choosing the set with the least lost
+   GPU-hours: nodes linked by multi-node jobs form groups; within a group the cheapest way to
+   free j nodes is found greedily (exact when a group is one job), and a small knapsack over
+   the groups picks how many nodes each group gives (exact across groups);
 3. only when ``allow_young`` (urgent demand) and still short: nodes with younger jobs or
    jobs the view does not know (unknown = assumed expensive, fail safe).
 
@@ -89,7 +90,7 @@ def choose_victims(
         if rule is VictimRule.NEWEST_FIRST:
             _newest_first(tier, count, chosen, preempted, node_jobs, jobs)
         else:
-            _least_lost(tier, count, chosen, preempted, node_jobs, loss)
+            _least_lost_groups(tier, count, chosen, preempted, node_jobs, loss)
     if rule is VictimRule.LEAST_LOST_WORK:
         _trim(chosen, preempted, node_jobs, loss)
     per_node = {n: tuple(sorted(node_jobs[n])) for n in chosen if node_jobs[n]}
@@ -140,6 +141,75 @@ def _least_lost(
         for m in order:
             if len(chosen) < count:
                 chosen.append(m)
+
+
+def _groups(tier: list[str], node_jobs: Mapping[str, frozenset[str]]) -> list[list[str]]:
+    """Nodes linked by shared jobs, each group sorted, groups by their first name."""
+    parent = {n: n for n in tier}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    by_job: dict[str, str] = {}
+    for n in tier:
+        for j in sorted(node_jobs[n]):
+            if j in by_job:
+                a, b = find(n), find(by_job[j])
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+            else:
+                by_job[j] = n
+    groups: dict[str, list[str]] = {}
+    for n in tier:
+        groups.setdefault(find(n), []).append(n)
+    return sorted((sorted(g) for g in groups.values()), key=lambda g: g[0])
+
+
+def _least_lost_groups(
+    tier: list[str],
+    count: int,
+    chosen: list[str],
+    preempted: set[str],
+    node_jobs: Mapping[str, frozenset[str]],
+    loss: Mapping[str, float],
+) -> None:
+    need = count - len(chosen)
+    if need <= 0:
+        return
+    left = [n for n in tier if n not in chosen]
+    # options[g][j] = (cost, nodes, jobs) to free j nodes of group g
+    options: list[dict[int, tuple[float, tuple[str, ...], frozenset[str]]]] = []
+    for g in _groups(left, node_jobs):
+        opts: dict[int, tuple[float, tuple[str, ...], frozenset[str]]] = {}
+        for j in range(1, min(len(g), need) + 1):
+            ch: list[str] = []
+            pre: set[str] = set(preempted)
+            _least_lost(g, j, ch, pre, node_jobs, loss)
+            new = frozenset(pre - preempted)
+            opts[j] = (sum(loss[x] for x in new), tuple(ch), new)
+        options.append(opts)
+    # knapsack over groups: best[k] = (cost, names, picks) freeing exactly k nodes
+    Best = tuple[float, tuple[str, ...], tuple[tuple[int, int], ...]]
+    best: dict[int, Best] = {0: (0.0, (), ())}
+    for gi, opts in enumerate(options):
+        nxt = dict(best)
+        for k, (cost, names, picks) in best.items():
+            for j, (c, ns, _) in opts.items():
+                if k + j > need:
+                    continue
+                cand = (round(cost + c, 9), tuple(sorted(names + ns)), picks + ((gi, j),))
+                cur = nxt.get(k + j)
+                if cur is None or cand[:2] < cur[:2]:
+                    nxt[k + j] = cand
+        best = nxt
+    k = max(best)
+    for gi, j in best[k][2]:
+        _, ns, js = options[gi][j]
+        chosen.extend(ns)
+        preempted |= js
 
 
 def _newest_first(

@@ -240,3 +240,31 @@ def test_watch_resumed_after_compaction_relists(tmp_path: Path) -> None:
             proxy.cut()
             via.close()
             api.close()
+
+
+def test_bearer_token_auth_and_no_token_in_errors_or_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bridge.errors import AdapterError
+    from bridge.sandbox.kube.server import KubeServer
+
+    secret = "s3cr3t-t0ken-value"
+    with KubeServer(port=0, token=secret) as server:
+        good = server.write_kubeconfig(tmp_path / "good")
+        api = api_client_from_config(kubeconfig=str(good))
+        seed_node(api, "gpu-node-0", "llama")
+        seed_deployment(api, NS, "vllm", "llama", 0)
+        kube = KubeAdapter(api_client_from_config(kubeconfig=str(good)), pools=[POOL], identity="t", watch_timeout_s=5)
+        try:
+            started(kube)
+            assert [n.name for n in kube.nodes()] == ["gpu-node-0"]
+        finally:
+            kube.stop()
+        bad = tmp_path / "bad"
+        bad.write_text(good.read_text().replace(secret, "wrong-" + secret))
+        denied = KubeAdapter(api_client_from_config(kubeconfig=str(bad)), pools=[POOL], identity="t")
+        with pytest.raises(AdapterError, match="HTTP 401") as info:
+            denied.start()
+        assert secret not in str(info.value)
+        denied.stop()
+        api.close()
+    out = capsys.readouterr()
+    assert secret not in out.out and secret not in out.err

@@ -561,6 +561,7 @@ class Sandbox:
             "env": self.env if self.components else {},
             "components": [c.name for c in self.components],
             "processes": [r.to_json() for r in self.records.values()],
+            "paths": paths,
             "notes": list(self.notes),
         }
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from bridge import logs
+from bridge.adapters.slurm import CliSlurm
 from bridge.sandbox.cluster import Sandbox
 
 SCRIPT = """#!/bin/bash
@@ -43,7 +44,10 @@ def poll(cond, timeout: float = 90.0) -> float:  # type: ignore[no-untyped-def]
     raise TimeoutError
 
 
-def preemption(sb: Sandbox, work: Path) -> tuple[float, float, float]:
+def preemption(sb: Sandbox, work: Path, early: bool) -> tuple[float, float, float]:
+    """Seconds from hold submission to: the victim's signal, its requeue, the hold running.
+    ``early``: requeue the victim ourselves (CliSlurm.requeue) once its GraceTime is over, as
+    the daemon does, instead of waiting for slurmctld's periodic time-limit check."""
     script = work / "job.sh"
     script.write_text(SCRIPT)
     script.chmod(0o755)
@@ -57,10 +61,26 @@ def preemption(sb: Sandbox, work: Path) -> tuple[float, float, float]:
                          "-J", f"gpu-bridge-hold:{node}", "-o", "/dev/null", "--wrap", "sleep 600"]).stdout.strip()
     poll(lambda: "usr1" in out.read_text())
     t_sig = float(out.read_text().split("usr1")[1].split()[0])
+    if early:
+        slurm = CliSlurm(env=sb.slurm_env())
+        victim = poll_job(slurm, jid)
+        while time.time() < (victim.end_time or 0):
+            time.sleep(0.05)
+        slurm.requeue(jid)
     t_req = poll(lambda: job(sb, jid).get("JobState") in ("PENDING", "REQUEUED"))
     t_hold = poll(lambda: job(sb, hold).get("JobState") == "RUNNING")
     sb.reset()
     return t_sig - t0, t_req - t0, t_hold - t0
+
+
+def poll_job(slurm: CliSlurm, jid: str):  # type: ignore[no-untyped-def]
+    t0 = time.time()
+    while time.time() - t0 < 30:
+        j = next((j for j in slurm.jobs() if j.job_id == jid), None)
+        if j is not None and j.preempt_time:
+            return j
+        time.sleep(0.05)
+    raise TimeoutError
 
 
 def main() -> int:
@@ -79,15 +99,17 @@ def main() -> int:
         if i == args.runs - 1 and args.preemptions:
             work = d / "work"
             work.mkdir()
-            for _ in range(args.preemptions):
-                sig, req, hold = preemption(sb, work)
-                print(f"hold-job preemption (GraceTime {sb.grace_s} s): signal {sig:.2f} s, requeued {req:.2f} s, "
-                      f"hold running {hold:.2f} s")
+            for early in (False, True):
+                for _ in range(args.preemptions):
+                    sig, req, hold = preemption(sb, work, early)
+                    how = "daemon requeues at grace end" if early else "Slurm requeues by itself"
+                    print(f"hold-job preemption (GraceTime {sb.grace_s} s, {how}): signal {sig:.2f} s, "
+                          f"requeued {req:.2f} s, hold running {hold:.2f} s", flush=True)
         t0 = time.monotonic()
         sb.down()
         downs.append(time.monotonic() - t0)
         shutil.rmtree(d, ignore_errors=True)
-        print(f"run {i + 1}: up {ups[-1]:.2f} s, down {downs[-1]:.2f} s")
+        print(f"run {i + 1}: up {ups[-1]:.2f} s, down {downs[-1]:.2f} s", flush=True)
     for name, xs in (("up", ups), ("down", downs)):
         print(f"{name}: n={len(xs)} min {min(xs):.2f} s  median {statistics.median(xs):.2f} s  max {max(xs):.2f} s")
     return 0

@@ -109,7 +109,7 @@ def test_conflict_is_reread_and_retried(cluster: tuple[Any, Path, k8s.ApiClient]
     _, _, api = cluster
     seed_deployment(api, NS, "vllm", "llama", 0)
     started(kube)
-    kube._nodes.stop()  # freeze the cache so the next write carries a stale rv
+    kube._node_infs[0].stop()  # freeze the cache so the next write carries a stale rv
     raw(k8s.CoreV1Api(api).patch_node, "gpu-node-0", {"metadata": {"labels": {"someone": "else"}}})
     assert kube.set_phase("gpu-node-0", Phase.LENT, "lent", 1.0)
     calls = kube.calls.snapshot()
@@ -268,3 +268,30 @@ def test_bearer_token_auth_and_no_token_in_errors_or_logs(tmp_path: Path, capsys
         api.close()
     out = capsys.readouterr()
     assert secret not in out.out and secret not in out.err
+
+
+def test_pools_with_their_own_node_selector(tmp_path: Path) -> None:
+    from bridge.sandbox.kube.server import KubeServer
+
+    with KubeServer(port=0) as server:
+        kubeconfig = server.write_kubeconfig(tmp_path / "kc")
+        api = api_client_from_config(kubeconfig=str(kubeconfig))
+        core = k8s.CoreV1Api(api)
+        for name, labels in (("h100-a", {"gpu": "h100"}), ("m-b", {wk.LABEL_POOL: "mistral"}), ("both-c", {"gpu": "h100", wk.LABEL_POOL: "mistral"}), ("none-d", {})):
+            raw(core.create_node, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+        seed_deployment(api, NS, "vllm", "llama", 0)
+        seed_deployment(api, NS, "mistral", "mistral", 0)
+        pools = [PoolTarget("llama", NS, "vllm", node_selector={"gpu": "h100"}), PoolTarget("mistral", NS, "mistral")]
+        kube = KubeAdapter(api_client_from_config(kubeconfig=str(kubeconfig)), pools=pools, identity="t", watch_timeout_s=5)
+        try:
+            started(kube)
+            got = {n.name: (n.pool, n.problem) for n in kube.nodes()}
+            assert got["h100-a"] == ("llama", None) and got["m-b"] == ("mistral", None)
+            assert got["both-c"][1] == "node matches the node selectors of several pools: llama, mistral"
+            assert "none-d" not in got
+            assert kube.fence("h100-a")
+            n = kube.node("h100-a")
+            assert n is not None and n.fenced and n.pool == "llama"
+        finally:
+            kube.stop()
+            api.close()

@@ -8,6 +8,7 @@ the same shape the parsers in ``objects`` take.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -105,10 +106,23 @@ class KubeAdapter:
         self._on_change = on_change
         self._started = False
         self._lock = threading.Lock()
-        selector = f"{wk.LABEL_POOL} in ({','.join(sorted(self._pools))})"
-        self._nodes: Informer[NodeInfo] = self._informer(
-            "nodes", "nodes", partial(self._core.list_node, label_selector=selector), parse_node
-        )
+        # Nodes: one watch on the pool label for every pool that uses it (the default), one
+        # watch per pool with its own node selector otherwise.
+        default = sorted(p.name for p in pools if not p.node_selector or dict(p.node_selector) == {wk.LABEL_POOL: p.name})
+        self._node_infs: list[Informer[NodeInfo]] = []
+        if default:
+            selector = f"{wk.LABEL_POOL} in ({','.join(default)})"
+            self._node_infs.append(self._informer("nodes", "nodes", partial(self._core.list_node, label_selector=selector), parse_node))
+        for p in pools:
+            if p.name not in default and p.node_selector:
+                self._node_infs.append(
+                    self._informer(
+                        f"nodes/{p.name}",
+                        "nodes",
+                        partial(self._core.list_node, label_selector=selector_from_match_labels(p.node_selector)),
+                        partial(_parse_pool_node, pool=p.name),
+                    )
+                )
         self._pods: dict[str, Informer[PodInfo]] = {}
         self._deployments: dict[str, Informer[DeploymentInfo]] = {}
         for p in pools:
@@ -163,7 +177,7 @@ class KubeAdapter:
         return self.cache_status().synced
 
     def _all_informers(self) -> list[Informer[Any]]:
-        return [self._nodes, *self._deployments.values(), *self._pods.values()]
+        return [*self._node_infs, *self._deployments.values(), *self._pods.values()]
 
     def _deployment_selector(self, p: PoolTarget) -> str:
         obj = read_json(
@@ -185,10 +199,23 @@ class KubeAdapter:
         return CacheStatus(synced=self._started and all(s.synced for s in infos), last_event_age_s=age, informers=infos)
 
     def nodes(self) -> tuple[NodeInfo, ...]:
-        return self._nodes.items()
+        if len(self._node_infs) == 1:
+            return self._node_infs[0].items()
+        seen: dict[str, list[NodeInfo]] = {}
+        for inf in self._node_infs:
+            for n in inf.items():
+                seen.setdefault(n.name, []).append(n)
+        return tuple(_one_pool(seen[name]) for name in sorted(seen))
 
     def node(self, name: str) -> NodeInfo | None:
-        return self._nodes.get(name)
+        found = [n for inf in self._node_infs if (n := inf.get(name)) is not None]
+        return _one_pool(found) if found else None
+
+    def _node_write_through(self, obj: Mapping[str, Any]) -> None:
+        name = str(obj["metadata"]["name"])
+        for inf in self._node_infs:
+            if inf.get(name) is not None:
+                inf.write_through(obj)
 
     def pods(self, pool: str) -> tuple[PodInfo, ...]:
         inf = self._pods.get(self._pool(pool).name)
@@ -236,11 +263,11 @@ class KubeAdapter:
         obj = read_json(
             self.calls.run("get", "nodes", name, self._core.read_node, name, _preload_content=False, _request_timeout=self._timeout)
         )
-        self._nodes.write_through(obj)
+        self._node_write_through(obj)
         return parse_node(obj)
 
     def _patch_node(self, name: str, build: Callable[[NodeInfo], dict[str, Any] | None]) -> bool:
-        current = self._nodes.get(name) or self._get_node(name)
+        current = self.node(name) or self._get_node(name)
         for _attempt in range(self._retries + 1):
             body = build(current)
             if body is None:
@@ -258,7 +285,7 @@ class KubeAdapter:
                 log.info("write_conflict_retry", node=name, resource="nodes")
                 current = self._get_node(name)
                 continue
-            self._nodes.write_through(obj)
+            self._node_write_through(obj)
             return True
         raise KubeConflictError("patch", "nodes", name, 409, f"still conflicting after {self._retries} retries")
 
@@ -361,7 +388,7 @@ class KubeAdapter:
         controllers write them, so ``kubectl describe node`` lists it."""
         if event_type not in ("Normal", "Warning"):
             raise ValueError(f"event_type: expected Normal or Warning, got {event_type!r}")
-        info = self._nodes.get(node)
+        info = self.node(node)
         uid = info.uid if info is not None else self._get_node(node).uid
         now = self._clock()
         stamp = _rfc3339(now)
@@ -390,3 +417,18 @@ class KubeAdapter:
 
 def _parse_pool_pod(obj: Mapping[str, Any], *, pool: str) -> PodInfo:
     return parse_pod(obj, pool)
+
+
+def _parse_pool_node(obj: Mapping[str, Any], *, pool: str) -> NodeInfo:
+    """A node found by a pool's own node selector belongs to that pool, label or not."""
+    return dataclasses.replace(parse_node(obj), pool=pool)
+
+
+def _one_pool(found: list[NodeInfo]) -> NodeInfo:
+    """A node seen by several pools' selectors is a configuration problem: hold it."""
+    if len(found) == 1:
+        return found[0]
+    pools = ", ".join(sorted(n.pool or "?" for n in found))
+    first = found[0]
+    problem = f"node matches the node selectors of several pools: {pools}"
+    return dataclasses.replace(first, problem=f"{first.problem}; {problem}" if first.problem else problem)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -14,13 +15,15 @@ from .objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
 
 @dataclass(frozen=True, slots=True)
 class PoolTarget:
-    """Where one pool's serving replicas live. ``pod_selector`` None = the Deployment's own
-    ``spec.selector.matchLabels``, read once at start."""
+    """Where one pool's nodes and serving replicas are. ``pod_selector`` None = the
+    Deployment's own ``spec.selector.matchLabels``, read once at start; ``node_selector``
+    None (or ``{gpu-bridge.io/pool: <name>}``) = nodes labelled with the pool's name."""
 
     name: str
     namespace: str
     deployment: str
     pod_selector: str | None = None
+    node_selector: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from kubernetes import client as k8s
 from bridge import logs
 from bridge import wellknown as wk
 from bridge.adapters.kube.calls import ApiCalls, KubeApiError, read_json
+from bridge.errors import AdapterError
 
 log = logs.get(__name__)
 
@@ -141,9 +142,9 @@ class LeaderElector:
             else:
                 self._acquire()
             self.last_error = None
-        except KubeApiError as e:
-            self.last_error = str(e)
-            log.warning("lease_step_failed", lease=self.name, identity=self.identity, error=str(e), leader=self.is_leader)
+        except (AdapterError, KeyError, TypeError, ValueError) as e:  # never raise into the tick
+            self.last_error = str(e) if isinstance(e, AdapterError) else f"bad Lease object: {type(e).__name__}: {e}"
+            log.warning("lease_step_failed", lease=self.name, identity=self.identity, error=self.last_error, leader=self.is_leader)
         if self._held and not self.is_leader:
             log.warning("leadership_lapsed", lease=self.name, identity=self.identity, reason="renew_deadline_passed")
             self._held = False
@@ -162,7 +163,7 @@ class LeaderElector:
         )
         try:
             self._write("update", self._api.replace_namespaced_lease, self.name, self.namespace, body)
-        except KubeApiError as e:
+        except (AdapterError, KeyError, TypeError, ValueError) as e:
             log.warning("lease_release_failed", lease=self.name, identity=self.identity, error=str(e))
             return False
         log.info("lease_released", lease=self.name, identity=self.identity)

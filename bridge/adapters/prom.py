@@ -362,7 +362,7 @@ class PromAdapter:
         except PrometheusApiClientException as e:
             self._fail(kind)
             raise AdapterError("prometheus", f"pool {pool.name}: {kind} failed: {str(e)[:ERROR_CAP]}") from None
-        except (requests.RequestException, OSError, ValueError) as e:
+        except (requests.RequestException, OSError, ValueError, KeyError, TypeError) as e:
             self._fail(kind)
             raise AdapterError("prometheus", f"pool {pool.name}: {kind} failed: {type(e).__name__}: {str(e)[:ERROR_CAP]}") from None
         if not isinstance(result, list):

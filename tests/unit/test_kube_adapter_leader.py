@@ -165,3 +165,12 @@ def test_release_hands_over_at_once(setup: tuple[LeaseStore, Clock, LeaderElecto
 def test_bad_deadline_is_rejected() -> None:
     with pytest.raises(ValueError, match="renew_deadline_s: expected 0 < value < lease_duration_s"):
         LeaderElector(object(), namespace="x", lease_duration_s=5, renew_deadline_s=5)  # type: ignore[arg-type]
+
+
+def test_a_garbled_lease_is_an_error_not_a_crash(setup: tuple[LeaseStore, Clock, LeaderElector, LeaderElector]) -> None:
+    store, clock, a, b = setup
+    a.try_acquire_or_renew()
+    assert store.obj is not None
+    store.obj["spec"]["leaseDurationSeconds"] = "fifteen"
+    assert not b.try_acquire_or_renew()
+    assert b.last_error is not None and b.last_error.startswith("bad Lease object: ValueError")

@@ -133,3 +133,34 @@ def test_range_result_one_signal_per_step_oldest_first() -> None:
     assert [h.running for h in hist] == [1, 2, 3, None]
     assert [h.kv_cache_usage_sum for h in hist] == [None, 0.5, 0.25, None]
     assert [h.tokens_per_s for h in hist] == [None, None, 10, None]
+
+
+class StandInClient:
+    """Stands in for PrometheusConnect (third-party) to feed the adapter bad answers."""
+
+    def __init__(self, answer: object = None, error: Exception | None = None) -> None:
+        self.answer, self.error = answer, error
+
+    def custom_query(self, query: str, params: dict[str, str] | None = None, timeout: float | None = None) -> object:
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("client", "message"),
+    [
+        (StandInClient(error=KeyError("data")), "prometheus: pool llama: query failed: KeyError: 'data'"),
+        (StandInClient(answer={"resultType": "vector"}), "prometheus: pool llama: query: expected a list of series, got dict"),
+        (StandInClient(answer=[{"metric": {}}]), "prometheus: pool llama: unexpected query result: 'value'"),
+    ],
+    ids=["key-error", "not-a-list", "no-value"],
+)
+def test_bad_answers_are_adapter_errors_never_no_load(client: StandInClient, message: str) -> None:
+    from bridge.adapters.prom import PromAdapter
+    from bridge.errors import AdapterError
+
+    adapter = PromAdapter("http://unused", client=client)  # type: ignore[arg-type]
+    with pytest.raises(AdapterError) as info:
+        adapter.current(POOL)
+    assert str(info.value) == message

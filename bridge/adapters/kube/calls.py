@@ -106,8 +106,14 @@ class ApiCalls:
 
 
 def read_json(resp: Any) -> Any:
-    """The body of a raw (``_preload_content=False``) response, decoded; the connection released."""
+    """The body of a raw (``_preload_content=False``) response, decoded; the connection
+    released. A body that is not a JSON object is an AdapterError, like any bad answer."""
     try:
-        return json.loads(resp.data)
+        doc = json.loads(resp.data)
+    except (ValueError, TypeError) as e:
+        raise AdapterError("kubernetes", f"response is not JSON: {sanitize(str(e))}") from None
     finally:
         resp.release_conn()
+    if not isinstance(doc, dict):
+        raise AdapterError("kubernetes", f"response is not a JSON object but {type(doc).__name__}")
+    return doc

@@ -64,7 +64,7 @@ def preemption(sb: Sandbox, work: Path, early: bool) -> tuple[float, float, floa
     if early:
         slurm = CliSlurm(env=sb.slurm_env())
         victim = poll_job(slurm, jid)
-        while time.time() < (victim.end_time or 0):
+        while not victim.grace_over(time.time()):
             time.sleep(0.05)
         slurm.requeue(jid)
     t_req = poll(lambda: job(sb, jid).get("JobState") in ("PENDING", "REQUEUED"))

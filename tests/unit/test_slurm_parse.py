@@ -175,3 +175,10 @@ def test_job_id_validation() -> None:
     for bad in ["", "1;2", "-1", "1 2", "x" * 20, True]:
         with pytest.raises(AdapterError, match="job id"):
             validate_job_id(bad)
+
+
+def test_grace_over() -> None:
+    j = {j.job_id: j for j in parse_jobs(fixture("squeue-24.11.json"))}
+    victim = j["101"]  # preempt_time 1796216790, end_time 1796216800
+    assert not victim.grace_over(1796216800.5) and victim.grace_over(1796216801.0)
+    assert not j["103"].grace_over(2e9)  # not preempted

@@ -106,7 +106,9 @@ def main() -> int:
     print()
 
     b, o, fw, re = (results[n].metrics for n in ("bridge", "oracle", "fixed-window", "reactive"))
-    unavoidable = int((w.load > args.nodes * setup.replicas_per_node + 1e-9).sum())
+    cap_all = args.nodes * setup.replicas_per_node + 1e-9
+    unavoidable = int((w.load > cap_all).sum())
+    avoidable = int((w.load[results["bridge"].violation_minutes] <= cap_all).sum())
     budget = 0.001 * b.trace_minutes
     checks = [
         (
@@ -118,7 +120,8 @@ def main() -> int:
             "bridge SLO-violation minutes <= 0.1 % of trace minutes",
             b.slo_violation_minutes <= budget,
             f"{b.slo_violation_minutes} <= {budget:.1f} ({b.slo_violation_minutes / b.trace_minutes:.3%}); "
-            f"{unavoidable} minutes exceed all {args.nodes} nodes (unavoidable; oracle {o.slo_violation_minutes})",
+            f"{unavoidable} minutes exceed all {args.nodes} nodes (unavoidable; oracle {o.slo_violation_minutes}),"
+            f" bridge's avoidable ones: {avoidable}",
         ),
         (
             "bridge SLO-violation minutes <= reactive and <= fixed-window",

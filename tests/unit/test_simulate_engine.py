@@ -192,3 +192,59 @@ def test_bridge_runs_the_real_policy_and_is_deterministic() -> None:
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
     assert runs[0]["lends"] > 0 and runs[0]["lent_gpu_hours"] > 0
+
+
+# --- properties ---------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    rates=st.lists(st.floats(1.0, 100.0), min_size=12, max_size=12),
+    cv=st.floats(0.5, 6.0),
+    cold=st.sampled_from([60.0, 300.0, 420.0]),
+    grace=st.sampled_from([0.0, 120.0]),
+    seed=st.integers(0, 1000),
+)
+def test_oracle_never_violates_within_the_pool(rates: list[float], cv: float, cold: float, grace: float, seed: int) -> None:
+    import dataclasses
+
+    trace = Trace(tuple(i * 600.0 for i in range(12)), tuple(rates), tuple(cv for _ in rates), 600.0, "hyp")
+    w = build_workload(trace, peak_replicas=6, seed=seed)
+    c = default_config(cold_start_s=cold, drain_s=DRAIN)
+    c = dataclasses.replace(c, slurm=dataclasses.replace(c.slurm, grace_s=grace))
+    nodes = int(math.ceil(w.load.max())) + 1
+    setup = Setup(c, w, nodes=nodes, seed=seed)
+    r = simulate(setup, OracleController(setup))
+    assert r.metrics.slo_violation_minutes == 0
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    script=st.lists(
+        st.tuples(st.integers(0, 119), st.sampled_from([ActionKind.LEND, ActionKind.RECLAIM]), st.integers(0, 5)),
+        max_size=40,
+    ),
+    seed=st.integers(0, 50),
+)
+def test_research_accounting_never_exceeds_the_lent_time(script: list[tuple[int, ActionKind, int]], seed: int) -> None:
+    mix = JobMix(
+        (
+            JobClass("a", 1.0, 1, 0.2, 1.0, 600.0),
+            JobClass("b", 1.0, 2, 0.2, 2.0, None),
+            JobClass("c", 1.0, 3, 0.5, 1.0, 900.0, publishes=False),
+        ),
+        queue_depth=6,
+    )
+    setup = Setup(cfg(), flat_workload(1.0, 60), nodes=6, mix=mix, seed=seed)
+    names = setup.node_names()
+    plan: dict[float, list[tuple[ActionKind, str]]] = {}
+    for k, kind, i in script:
+        plan.setdefault(k * TICK, []).append((kind, names[i]))
+    r = simulate(setup, Scripted(plan, setup.start_unix))
+    m = r.metrics
+    assert m.useful_gpu_hours >= 0 and m.lost_gpu_hours >= 0
+    assert m.useful_gpu_hours + m.lost_gpu_hours <= m.lent_gpu_hours + 1e-6
+    assert m.lends - m.reclaims == int(r.tick_lent[-1]) + int(setup.nodes - r.tick_committed[-1] - r.tick_lent[-1])

@@ -172,3 +172,25 @@ def test_find_leftovers_by_marker_and_descendants(tmp_path: Path) -> None:
     finally:
         p.kill()
         p.wait()
+
+
+def test_sweep_spares_a_user_reading_the_logs_and_a_shell_with_the_env(tmp_path: Path) -> None:
+    """Only the sandbox's own processes are swept: not `tail -f DIR/log/...`, not a process
+    that merely has DIR/env's variables."""
+    import os
+
+    d = str(tmp_path / "sb")
+    (tmp_path / "sb" / "log").mkdir(parents=True)
+    (tmp_path / "sb" / "log" / "x.log").write_text("x\n")
+    tail = subprocess.Popen(["tail", "-f", f"{d}/log/x.log"], stdout=subprocess.DEVNULL)
+    shell = subprocess.Popen(["sleep", "30"], env={**os.environ, "GPU_BRIDGE_SANDBOX_DIR": d})
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", f"{d}/spool/d/gpu-node-01/job00001/slurm_script"])
+    try:
+        time.sleep(0.2)
+        found = procs.find_leftovers(d, d)
+        assert job.pid in found
+        assert tail.pid not in found and shell.pid not in found
+    finally:
+        for p in (tail, shell, job):
+            p.kill()
+            p.wait()

@@ -2,7 +2,7 @@
 
 A PID alone can be reused after a process dies, so every process the sandbox starts is
 recorded with its kernel start time (``/proc/PID/stat`` field 22) and only signalled while
-both still match. Every daemon gets ``GPU_BRIDGE_SANDBOX_DIR`` in its environment, which its
+both still match. Every daemon gets ``GPU_BRIDGE_SANDBOX_PROC`` in its environment, which its
 children (slurmstepd, job scripts) inherit: ``sweep`` finds what a daemon left behind.
 """
 
@@ -26,7 +26,9 @@ def _log() -> Any:
     # Resolved at call time, so the CLI's logs.configure() (made after import) applies.
     return logs.get(__name__)
 
-MARKER_ENV = "GPU_BRIDGE_SANDBOX_DIR"
+# Not GPU_BRIDGE_SANDBOX_DIR (which DIR/env exports to users): a shell that sourced DIR/env
+# and what it started must never be swept by `down`.
+MARKER_ENV = "GPU_BRIDGE_SANDBOX_PROC"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +166,17 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def _cmdline_is_ours(cmd: str, dir_text: str) -> bool:
+    """A daemon started from DIR/bin, or a job script in DIR/spool. Not just "names DIR":
+    a user's `tail -f DIR/log/slurmctld.log` is not the sandbox's to kill."""
+    d = dir_text.rstrip("/")
+    return cmd.startswith(d + "/bin/") or (d + "/spool/") in cmd
+
+
 def find_leftovers(marker: str, dir_text: str, roots: Iterable[int] = ()) -> dict[int, str]:
-    """Live processes that belong to this sandbox: the marker in their environment, ``dir_text``
-    in their command line, or a descendant of one of those (or of ``roots``)."""
+    """Live processes that belong to this sandbox: the marker in their environment, a command
+    line run from ``dir_text``/bin or naming ``dir_text``/spool (job scripts), or a descendant
+    of one of those (or of ``roots``)."""
     me = os.getpid()
     needle = f"{MARKER_ENV}={marker}".encode()
     parents: dict[int, int] = {}
@@ -181,7 +191,7 @@ def find_leftovers(marker: str, dir_text: str, roots: Iterable[int] = ()) -> dic
         if f is None or f[2] in ("Z", "X"):
             continue
         parents[pid] = int(f[3])
-        if _environ_has(pid, needle) or dir_text in cmdline(pid):
+        if _environ_has(pid, needle) or _cmdline_is_ours(cmdline(pid), dir_text):
             found.add(pid)
     # never ourselves or our ancestors (e.g. `timeout 60 gpu-bridge sandbox down --dir DIR`)
     ancestor = _ppid(me)

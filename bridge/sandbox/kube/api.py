@@ -165,15 +165,18 @@ class Api:
                 if list_rv < self.store.compacted_rv:
                     raise ApiError(410, "Expired", "The provided continue parameter is too old to display a "
                                    "consistent list result. You can start a new list without the continue parameter.")
-            entries = self.store.entries(t.resource, t.namespace)
+            keys = None
+            if t.resource.key == "/pods":
+                node = next((f.value for f in freqs if f.field == "spec.nodeName" and not f.negate), None)
+                if node is not None:
+                    keys = list(self.store.pods_by_node.get(node, ()))
+            entries = self.store.entries(t.resource, t.namespace, after=start_key, keys=keys)
         out: list[Entry] = []
         remaining = 0
         next_key: tuple[str, str] | None = None
         for e in entries:
             m = e.obj["metadata"]
             key = (m.get("namespace", ""), m["name"])
-            if start_key is not None and key <= start_key:
-                continue
             if not (selectors.labels_match(lreqs, m.get("labels")) and selectors.fields_match(freqs, e.obj)):
                 continue
             if limit and len(out) >= limit:

@@ -169,6 +169,7 @@ class FieldRequirement:
     getter: Callable[[Mapping[str, Any]], str]
     negate: bool
     value: str
+    field: str = ""
 
     def matches(self, obj: Mapping[str, Any]) -> bool:
         return (self.getter(obj) == self.value) != self.negate
@@ -195,7 +196,7 @@ def parse_field_selector(text: str | None, resource_key: str, kind: str) -> tupl
         getter = allowed.get(f)
         if getter is None:
             raise SelectorError(f'field label not supported: {f}')
-        out.append(FieldRequirement(getter, op == "!=", v.strip()))
+        out.append(FieldRequirement(getter, op == "!=", v.strip(), f))
     return tuple(out)
 
 

@@ -34,6 +34,13 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "gpu-bridge-kube"
     kube: "KubeServer"  # set on the subclass per server
 
+    def setup(self) -> None:
+        super().setup()
+        try:  # small replies must not wait for a delayed ACK (Nagle)
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         return None
 
@@ -42,9 +49,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", resp.content_type)
         self.send_header("Content-Length", str(len(resp.body)))
         self.send_header("Cache-Control", "no-cache, private")
-        self.end_headers()
+        self._headers_buffer.append(b"\r\n")  # headers and body in one write
         if self.command != "HEAD":
-            self.wfile.write(resp.body)
+            self._headers_buffer.append(resp.body)
+        self.wfile.write(b"".join(self._headers_buffer))
+        self._headers_buffer = []
 
     def _handle(self) -> None:
         try:

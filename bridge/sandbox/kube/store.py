@@ -6,6 +6,7 @@ watch streams may serialise what they hold without copying (each entry caches it
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import random
@@ -147,6 +148,8 @@ class Store:
         self.compacted_rv = 0
         self.watchers: dict[str, set[Watcher]] = {r.key: set() for r in res_mod.RESOURCES}
         self.listeners: list[Callable[[WatchEvent], None]] = []
+        self._sorted: dict[str, list[tuple[str, str]] | None] = {r.key: None for r in res_mod.RESOURCES}
+        self.pods_by_node: dict[str, set[tuple[str, str]]] = {}  # spec.nodeName -> pod keys (drain's list)
         # pods being deleted gracefully: (namespace, name) -> (uid, time.monotonic() deadline)
         self.deadlines: dict[tuple[str, str], tuple[str, float]] = {}
         ns = res_mod.core("namespaces")
@@ -164,22 +167,40 @@ class Store:
             raise not_found(r, name)
         return e.obj
 
-    def entries(self, r: Resource, namespace: str | None = None) -> list[Entry]:
-        """Entries in key order (namespace, name), as etcd lists them."""
+    def sorted_keys(self, r: Resource) -> list[tuple[str, str]]:
+        """All keys of a resource in etcd order (cached until an object comes or goes)."""
         with self.lock:
-            items = self.objects[r.key].items()
-            if namespace is not None and r.namespaced:
-                sel = [(k, e) for k, e in items if k[0] == namespace]
+            keys = self._sorted[r.key]
+            if keys is None:
+                keys = self._sorted[r.key] = sorted(self.objects[r.key])
+            return keys
+
+    def entries(self, r: Resource, namespace: str | None = None, after: tuple[str, str] | None = None,
+                keys: list[tuple[str, str]] | None = None) -> list[Entry]:
+        """Entries in key order (namespace, name), as etcd lists them; ``after`` starts past a
+        key (paging); ``keys`` restricts to an index's candidates."""
+        with self.lock:
+            objs = self.objects[r.key]
+            if keys is not None:
+                ks = sorted(k for k in keys if k in objs)
             else:
-                sel = list(items)
-        sel.sort(key=lambda t: t[0])
-        return [e for _, e in sel]
+                ks = self.sorted_keys(r)
+            lo, hi = 0, len(ks)
+            if namespace is not None and r.namespaced:
+                lo, hi = bisect.bisect_left(ks, (namespace, "")), bisect.bisect_left(ks, (namespace + "\x00", ""))
+            if after is not None:
+                lo = max(lo, bisect.bisect_right(ks, after))
+            return [objs[k] for k in ks[lo:hi]]
 
     def objs(self, r: Resource, namespace: str | None = None) -> list[dict[str, Any]]:
         return [e.obj for e in self.entries(r, namespace)]
 
     # --- events ----------------------------------------------------------------------------
     def _emit(self, typ: str, r: Resource, entry: Entry, prev: Entry | None) -> None:
+        if typ != "MODIFIED":
+            self._sorted[r.key] = None
+        if r.key == "/pods":
+            self._index_pod(typ, entry, prev)
         ev = WatchEvent(self.rv, typ, r.key, entry.obj["metadata"].get("namespace", ""), entry, prev)
         self.log.append(ev)
         while len(self.log) > self.event_log_size:
@@ -189,6 +210,17 @@ class Store:
                 w.push(ev)
         for fn in self.listeners:
             fn(ev)
+
+    def _index_pod(self, typ: str, entry: Entry, prev: Entry | None) -> None:
+        m = entry.obj["metadata"]
+        key = (m.get("namespace", ""), m["name"])
+        old_node = ((prev.obj.get("spec") or {}).get("nodeName") or "") if prev is not None else ""
+        new_node = "" if typ == "DELETED" else ((entry.obj.get("spec") or {}).get("nodeName") or "")
+        if old_node != new_node or typ == "DELETED":
+            if old_node in self.pods_by_node:
+                self.pods_by_node[old_node].discard(key)
+        if typ != "DELETED":
+            self.pods_by_node.setdefault(new_node, set()).add(key)
 
     def compact(self, rv: int | None = None) -> int:
         """Forget events up to ``rv`` (default: all): a watch from an older rv gets 410."""

@@ -25,6 +25,7 @@ def register_cli(subparsers: Any) -> None:
     up.add_argument("--no-vllm", action="store_true", help="do not start the vLLM simulator")
     up.add_argument("--vllm-arg", action="append", default=None, metavar="ARG",
                     help="argument passed to `gpu-bridge sandbox vllm` (repeatable; default: --replicas 1)")
+    up.add_argument("--no-prometheus", action="store_true", help="Slurm (and munged) only: ready in about 1 s")
     up.add_argument("--kube", action="store_true", help="also start the Kubernetes API server (gpu-bridge sandbox kube)")
     up.add_argument("--timeout-s", type=float, default=60.0)
     up.set_defaults(func=cmd_up)
@@ -46,7 +47,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             job_submit_lua=args.job_submit_lua, extra_slurm_conf=extra,
             vllm=False if args.no_vllm else None,
             vllm_args=tuple(args.vllm_arg) if args.vllm_arg is not None else ("--replicas", "1"),
-            kube=args.kube, timeout_s=args.timeout_s,
+            kube=args.kube, timeout_s=args.timeout_s, prometheus=not args.no_prometheus,
         )
         if sb.running():
             print(f"gpu-bridge sandbox up: a sandbox is already running in {sb.dir} "
@@ -59,8 +60,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     for note in sb.notes:
         print(f"note: {note}")
-    print(f"sandbox up in {sb.startup_s:.2f} s: {len(sb.node_names)} idle nodes ({sb.node_names[0]}..{sb.node_names[-1]}), "
-          f"Prometheus {sb.prometheus_url}" + (f", vLLM simulator {sb.vllm_url}" if sb.vllm_url else ""))
+    print(f"sandbox up in {sb.startup_s:.2f} s: {len(sb.node_names)} idle nodes ({sb.node_names[0]}..{sb.node_names[-1]})"
+          + (f", Prometheus {sb.prometheus_url}" if "prometheus" in sb.ports else "")
+          + (f", vLLM simulator {sb.vllm_url}" if sb.vllm_url else ""))
     print(f"environment: {sb.env_file}   (set -a; . {sb.env_file}; set +a)")
     for k, v in sb.env.items():
         print(f"  {k}={v}")

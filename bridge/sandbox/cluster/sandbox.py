@@ -244,6 +244,7 @@ class Sandbox:
         vllm: bool | None = None,
         vllm_args: Sequence[str] = ("--replicas", "1"),
         kube: bool = False,
+        prometheus: bool = True,
         kube_args: Sequence[str] = (),
         cpus_per_node: int = 8,
         real_memory_mb: int = 16000,
@@ -264,6 +265,7 @@ class Sandbox:
         self.vllm_requested = vllm
         self.vllm_args = tuple(vllm_args)
         self.kube_enabled = kube
+        self.prometheus_enabled = prometheus  # False: a Slurm-only sandbox, ready in about 1 s
         self.kube_args = tuple(kube_args)
         self.cpus_per_node = cpus_per_node
         self.real_memory_mb = real_memory_mb
@@ -442,7 +444,9 @@ class Sandbox:
                 raise SandboxError("kube: `gpu-bridge sandbox kube` is not available (bridge.sandbox.kube registers no command)")
             comps.append(kube)
         # Prometheus after the things it scrapes, Slurm last (it blocks on munged).
-        comps += [PrometheusComponent(), SlurmComponent()]
+        if self.prometheus_enabled:
+            comps.append(PrometheusComponent())
+        comps.append(SlurmComponent())
         return comps
 
     def running(self) -> bool:
@@ -475,7 +479,9 @@ class Sandbox:
         self.components = self._components()
         names = [c.name for c in self.components]
         ports = procs.free_ports(2 + len(self.node_names) + ("vllm-sim" in names) + ("kube-api" in names))
-        self.ports = {"slurmctld": ports.pop(), "prometheus": ports.pop()}
+        self.ports = {"slurmctld": ports.pop()}
+        if "prometheus" in names:
+            self.ports["prometheus"] = ports.pop()
         if "vllm-sim" in names:
             self.ports["vllm"] = ports.pop()
         if "kube-api" in names:
@@ -557,7 +563,7 @@ class Sandbox:
             "grace_s": self.grace_s,
             "partitions": {"preempt": wellknown.SLURM_PREEMPT_PARTITION, "hold": wellknown.SLURM_HOLD_PARTITION},
             "ports": {**self.ports, "slurmd": dict(self.node_ports)},
-            "urls": {k: v for k, v in (("prometheus", self.ports and self.prometheus_url), ("vllm", self.vllm_url)) if v},
+            "urls": {k: v for k, v in (("prometheus", "prometheus" in self.ports and self.prometheus_url), ("vllm", self.vllm_url)) if v},
             "env": self.env if self.components else {},
             "components": [c.name for c in self.components],
             "processes": [r.to_json() for r in self.records.values()],
@@ -599,7 +605,9 @@ class Sandbox:
             sb.components.append(VllmSimComponent())
         if "kube-api" in names:
             sb.components.append(KubeApiComponent())
-        sb.components += [PrometheusComponent(), SlurmComponent()]
+        if "prometheus" in names:
+            sb.components.append(PrometheusComponent())
+        sb.components.append(SlurmComponent())
         return sb
 
     def status(self) -> dict[str, Any]:

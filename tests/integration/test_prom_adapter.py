@@ -207,6 +207,12 @@ def test_history_is_oldest_first_one_per_step(prom_url: str) -> None:
     assert hist[-1].running == 6 and hist[-1].kv_cache_usage_sum == pytest.approx(0.875)
 
 
+def test_evaluation_time_can_be_given(prom_url: str) -> None:
+    at = round(time.time() - 2, 3)
+    reading = PromAdapter(prom_url, timeout_s=2, rate_window_s=3).current(PromPool("llama", "llama"), at=at)
+    assert reading.signals.t == at and reading.signals.running == 6
+
+
 def test_query_counter(prom_url: str) -> None:
     adapter = PromAdapter(prom_url, timeout_s=2)
     adapter.current(PromPool("llama", "llama"))

@@ -240,3 +240,29 @@ def test_error_text_is_capped_and_redacts_tokens() -> None:
     e = KubeApiError("patch", "nodes", "n1", 409, "Conflict\nthe object has been modified")
     assert str(e) == "kubernetes: patch nodes n1: HTTP 409: Conflict the object has been modified"
     assert e.status == 409 and e.system == "kubernetes"
+
+
+def test_missing_kubeconfig_is_an_adapter_error(tmp_path: Any) -> None:
+    from bridge.adapters.kube import api_client_from_config
+    from bridge.errors import AdapterError
+
+    with pytest.raises(AdapterError, match=r"^kubernetes: cannot load kubeconfig configuration: "):
+        api_client_from_config(kubeconfig=str(tmp_path / "nope"))
+
+
+def test_kubeconfig_loads_unchanged(tmp_path: Any) -> None:
+    from bridge.adapters.kube import api_client_from_config
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: tok-123}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    api = api_client_from_config(kubeconfig=str(path))
+    try:
+        assert api.configuration.host == "http://127.0.0.1:1"
+        assert "Bearer tok-123" in api.configuration.api_key.values()
+    finally:
+        api.close()

@@ -92,7 +92,7 @@ def test_cli_up_status_down_leaves_nothing(sandbox_dir: Path) -> None:
 
 
 def test_failed_start_names_the_daemon_and_its_log_lines(sandbox_dir: Path) -> None:
-    sb = Sandbox(sandbox_dir, nodes=1, vllm=False, extra_slurm_conf="NoSuchSlurmKey=1", timeout_s=20)
+    sb = Sandbox(sandbox_dir, nodes=1, vllm=False, prometheus=False, extra_slurm_conf="NoSuchSlurmKey=1", timeout_s=20)
     with pytest.raises(SandboxError) as ei:
         sb.up()
     text = str(ei.value)
@@ -101,3 +101,31 @@ def test_failed_start_names_the_daemon_and_its_log_lines(sandbox_dir: Path) -> N
     assert "NoSuchSlurmKey" in text  # Slurm's own complaint, not just "timeout"
     assert procs_naming(sandbox_dir) == []
     assert find_leftovers(str(sandbox_dir), str(sandbox_dir)) == {}
+
+
+def test_slurm_only_sandbox_with_job_submit_lua(sandbox_dir: Path, tmp_path: Path) -> None:
+    """`job_submit_lua` lands next to slurm.conf with JobSubmitPlugins=lua and is enforced;
+    without Prometheus the sandbox is ready in about a second."""
+    lua = tmp_path / "job_submit.lua"
+    lua.write_text(
+        'function slurm_job_submit(job_desc, part_list, submit_uid)\n'
+        '  if job_desc.name == "forbidden" then\n'
+        '    slurm.log_user("sandbox test: forbidden name")\n'
+        '    return slurm.ERROR\n'
+        '  end\n'
+        '  return slurm.SUCCESS\n'
+        'end\n'
+        'function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)\n'
+        '  return slurm.SUCCESS\n'
+        'end\n'
+        'return slurm.SUCCESS\n'
+    )
+    with Sandbox(sandbox_dir, nodes=2, vllm=False, prometheus=False, job_submit_lua=lua) as sb:
+        assert (sandbox_dir / "etc" / "job_submit.lua").read_text() == lua.read_text()
+        assert "JobSubmitPlugins=lua" in (sandbox_dir / "etc" / "slurm.conf").read_text()
+        assert "PROMETHEUS_URL" not in sb.env and sb.startup_s is not None
+        bad = sb.run_slurm(["sbatch", "-J", "forbidden", "-o", "/dev/null", "--wrap", "true"], check=False)
+        assert bad.returncode != 0 and "forbidden name" in bad.stderr
+        ok = sb.run_slurm(["sbatch", "--parsable", "-J", "fine", "-o", "/dev/null", "--wrap", "true"])
+        assert ok.stdout.strip()
+    assert procs_naming(sandbox_dir) == []

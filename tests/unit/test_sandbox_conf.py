@@ -194,3 +194,14 @@ def test_sweep_spares_a_user_reading_the_logs_and_a_shell_with_the_env(tmp_path:
         for p in (tail, shell, job):
             p.kill()
             p.wait()
+
+
+def test_slurm_version_and_cgroup_conf() -> None:
+    from bridge.sandbox.cluster.slurm import installed_version, parse_version, render_cgroup_conf
+
+    assert parse_version("slurm-wlm 22.05.8") == (22, 5)
+    assert parse_version("slurm 24.11.5") == (24, 11)
+    assert parse_version("garbage") == (0, 0)
+    assert render_cgroup_conf((22, 5)) is None
+    assert "CgroupPlugin=disabled" in (render_cgroup_conf((24, 11)) or "")
+    assert installed_version() >= (22, 5)

@@ -95,7 +95,8 @@ def main() -> int:
         c = BridgeController(setup, explain_every=20) if name == "bridge" and not args.quiet else make_controller(name, setup)
         ctls[name] = c
         results[name] = simulate(setup, c)
-        print(f"  {name:<14} {results[name].wall_s:6.1f} s wall", flush=True)
+        extra = f" (floor {c.floor} nodes)" if name == "fixed-window" else ""
+        print(f"  {name:<14} {results[name].wall_s:6.1f} s wall{extra}", flush=True)
     naive_setup = dataclasses.replace(setup, config=naive_cfg)
     r_naive = simulate(naive_setup, make_controller("bridge", naive_setup))
     r_naive.metrics.policy = "bridge (naive victims)"

@@ -107,7 +107,10 @@ def _tag(expr: str, tag: str) -> str:
 
 
 def _window(seconds: float) -> str:
-    return f"{max(1, round(seconds))}s"
+    """A PromQL duration: whole seconds when it is one, else milliseconds (``500ms``)."""
+    if seconds >= 1 and abs(seconds - round(seconds)) < 1e-6:
+        return f"{round(seconds)}s"
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def build_query(pool: PromPool, *, rate_window_s: float, with_timestamps: bool = True, gauge_window_s: float | None = None) -> str:
@@ -287,7 +290,9 @@ def parse_range(result: Sequence[Mapping[str, Any]], *, pool: PromPool, start: f
 
 
 class PromAdapter:
-    """Queries one Prometheus. ``staleness_s``: a gauge sample older than this is not used."""
+    """Queries one Prometheus. ``staleness_s``: a gauge sample older than this is not used.
+    ``scrape_interval_s``: history gauge windows span at least two scrapes, so a step shorter
+    than the scrape interval still sees a sample."""
 
     def __init__(
         self,
@@ -296,9 +301,11 @@ class PromAdapter:
         timeout_s: float = 10.0,
         staleness_s: float = 60.0,
         rate_window_s: float = 60.0,
+        scrape_interval_s: float = 15.0,
         client: PrometheusConnect | None = None,
     ) -> None:
         self.url = url
+        self.scrape_interval_s = scrape_interval_s
         self.timeout_s = timeout_s
         self.staleness_s = staleness_s
         self.rate_window_s = rate_window_s
@@ -332,12 +339,15 @@ class PromAdapter:
 
     def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
         """One LoadSignals per ``step_s`` from ``start`` to ``end``, oldest first; gauges are
-        each step's peak (``max_over_time`` over the step), token rates over the rate window."""
-        if step_s < 1 or end < start:
-            raise ValueError(f"history: need step_s >= 1 and end >= start, got start={start} end={end} step_s={step_s}")
-        # prometheus-api-client sends whole seconds; Prometheus evaluates at start + k * step.
-        start, end, step_s = float(round(start)), float(round(end)), float(round(step_s))
-        query = build_query(pool, rate_window_s=self.rate_window_s, gauge_window_s=step_s)
+        each step's peak (``max_over_time`` over the step, at least two scrape intervals),
+        token rates over the rate window."""
+        if step_s <= 0 or end < start:
+            raise ValueError(f"history: need step_s > 0 and end >= start, got start={start} end={end} step_s={step_s}")
+        # prometheus-api-client sends start/end in whole seconds; Prometheus evaluates at
+        # start + k * step, so the steps are computed from the rounded start.
+        start, end = float(round(start)), float(round(end))
+        window = max(step_s, 2 * self.scrape_interval_s)
+        query = build_query(pool, rate_window_s=self.rate_window_s, gauge_window_s=window)
         result = self._run(
             "query_range",
             pool,
@@ -345,7 +355,7 @@ class PromAdapter:
                 query,
                 start_time=datetime.fromtimestamp(start, UTC),
                 end_time=datetime.fromtimestamp(end, UTC),
-                step=_window(step_s),
+                step=f"{step_s:g}",  # the API takes a float number of seconds
                 timeout=self.timeout_s,
             ),
         )

@@ -213,6 +213,14 @@ def test_evaluation_time_can_be_given(prom_url: str) -> None:
     assert reading.signals.t == at and reading.signals.running == 6
 
 
+def test_history_with_a_sub_second_step(prom_url: str) -> None:
+    end = time.time()
+    adapter = PromAdapter(prom_url, timeout_s=2, rate_window_s=3, scrape_interval_s=1)
+    hist = adapter.history(PromPool("llama", "llama"), start=end - 2, end=end, step_s=0.5)
+    assert len(hist) == 5 and [h.t - hist[0].t for h in hist] == [0, 0.5, 1.0, 1.5, 2.0]
+    assert hist[-1].running == 6
+
+
 def test_query_counter(prom_url: str) -> None:
     adapter = PromAdapter(prom_url, timeout_s=2)
     adapter.current(PromPool("llama", "llama"))

@@ -164,3 +164,8 @@ def test_bad_answers_are_adapter_errors_never_no_load(client: StandInClient, mes
     with pytest.raises(AdapterError) as info:
         adapter.current(POOL)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(60, "60s"), (1, "1s"), (0.5, "500ms"), (2.5, "2500ms")])
+def test_durations(seconds: float, text: str) -> None:
+    assert prom._window(seconds) == text

@@ -9,7 +9,6 @@ the same shape the parsers in ``objects`` take.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -96,7 +95,6 @@ class KubeAdapter:
         self._api = api_client
         self._core = k8s.CoreV1Api(api_client)
         self._apps = k8s.AppsV1Api(api_client)
-        self._policy = k8s.PolicyV1Api(api_client)
         self._pools = {p.name: p for p in pools}
         self._event_ns = event_namespace
         self._timeout = request_timeout_s
@@ -105,7 +103,6 @@ class KubeAdapter:
         self._clock = clock
         self._on_change = on_change
         self._started = False
-        self._lock = threading.Lock()
         # Nodes: one watch on the pool label for every pool that uses it (the default), one
         # watch per pool with its own node selector otherwise.
         default = sorted(p.name for p in pools if not p.node_selector or dict(p.node_selector) == {wk.LABEL_POOL: p.name})

@@ -284,7 +284,7 @@ def test_watch_from_zero_replays_then_live_and_selector_moves(kube: Kube) -> Non
 
     def run() -> None:
         for ev in w.stream(core.list_namespaced_config_map, ns, label_selector="sel=yes", resource_version="0",
-                           timeout_seconds=3):
+                           timeout_seconds=1):
             seen.append((ev["type"], ev["object"].metadata.name))
     t = threading.Thread(target=run)
     t.start()
@@ -319,7 +319,7 @@ def test_watch_bookmarks(kube: Kube) -> None:
     ns = _ns(kube, core)
     rv = _raw(core.list_namespaced_config_map, ns)["metadata"]["resourceVersion"]
     resp = core.list_namespaced_config_map(ns, watch=True, resource_version=rv, allow_watch_bookmarks=True,
-                                           timeout_seconds=2 if kube.sandbox else 70, _preload_content=False)
+                                           timeout_seconds=1 if kube.sandbox else 70, _preload_content=False)
     types = []
     for line in resp:
         for part in line.split(b"\n"):

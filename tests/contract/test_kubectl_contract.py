@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 import pytest
 from conftest import Kube, Serving, make_node, wait_for
@@ -172,3 +173,20 @@ def test_rollout_of_a_new_template_replaces_every_pod(kube: Kube, serving: Servi
     pods = serving.pods()
     assert not old & {p.metadata.name for p in pods}
     assert {p.spec.containers[0].image for p in pods} == {"vllm/vllm-openai:v0.7.0"}
+
+
+def test_create_and_apply_with_validation_left_to_the_server(kube: Kube, tmp_path: Path) -> None:
+    """kubectl create/apply -f (default --validate=strict) work: discovery plus the OpenAPI
+    v3 documents tell kubectl that the server does field validation."""
+    ns = kube.name("apply")
+    f = tmp_path / "objs.yaml"
+    f.write_text(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n---\n"
+                 f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: {ns}\ndata:\n  a: '1'\n")
+    assert "created" in kube.kubectl("create", "-f", str(f)).stdout
+    f.write_text(f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: {ns}\n"
+                 f"  labels: {{tier: x}}\ndata:\n  b: '2'\n")
+    kube.kubectl("apply", "-f", str(f))
+    cm = json.loads(kube.kubectl("get", "configmap", "cfg", "-n", ns, "-o", "json").stdout)
+    assert cm["metadata"]["labels"] == {"tier": "x"} and cm["data"]["b"] == "2"
+    assert "kubectl.kubernetes.io/last-applied-configuration" in cm["metadata"]["annotations"]
+    kube.kubectl("delete", "namespace", ns)

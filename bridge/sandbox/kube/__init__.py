@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any
 
-from bridge.sandbox.kube.serving_model import ServingModel, seed_serving, wait_serving_ready
+from bridge.sandbox.kube.serving_model import DEFAULT_MODEL, ServingModel, seed_serving, wait_serving_ready
 from bridge.sandbox.kube.server import KubeServer
 
 __all__ = ["KubeServer", "ServingModel", "seed_serving", "wait_serving_ready", "register_cli"]
@@ -34,7 +34,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--spare-nodes", type=int, default=0, help="extra GPU nodes without a replica (default 0)")
     p.add_argument("--replicas", type=int, default=None, help="vLLM replicas (default: one per serving node)")
     p.add_argument("--pool", default="default", help="value of the gpu-bridge.io/pool node label (default 'default')")
-    p.add_argument("--model", default=ServingModel.model, help=f"served model (default {ServingModel.model})")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"served model (default {DEFAULT_MODEL})")
     p.add_argument("--grace-s", type=int, default=30, help="the vLLM pods' terminationGracePeriodSeconds (default 30)")
     p.set_defaults(func=_run)
 

@@ -171,3 +171,39 @@ def get(group: str, name: str) -> Resource:
         if r.group == group and r.name == name:
             return r
     raise KeyError(f"{group}/{name}")
+
+
+def _gv_path(group: str, version: str) -> str:
+    return f"apis/{group}/{version}" if group else f"api/{version}"
+
+
+def openapi_v3_root() -> dict[str, Any]:
+    """``/openapi/v3``: where each group version's document is."""
+    gvs = sorted({(r.group, r.version) for r in RESOURCES})
+    return {"paths": {_gv_path(g, v): {"serverRelativeURL": f"/openapi/v3/{_gv_path(g, v)}?hash=sandbox1"}
+                      for g, v in gvs}}
+
+
+def openapi_v3_gv(group: str, version: str) -> dict[str, Any] | None:
+    """A minimal OpenAPI v3 document of one group version: every resource's PATCH operation
+    with its group-version-kind and the ``fieldValidation`` query parameter, which is what
+    kubectl checks before leaving validation to the server (``kubectl create/apply``
+    without ``--validate=false``). No schemas: kubectl then uses its compiled-in types."""
+    rs = [r for r in RESOURCES if r.group == group and r.version == version]
+    if not rs:
+        return None
+    paths: dict[str, Any] = {}
+    for r in rs:
+        prefix = f"/{_gv_path(group, version)}" + ("/namespaces/{namespace}" if r.namespaced else "")
+        gvk = {"group": group, "version": version, "kind": r.kind}
+        params = [{"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+                  {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+                  {"name": "dryRun", "in": "query", "schema": {"type": "string"}}]
+        op = {"operationId": f"patch{r.kind}", "parameters": params, "x-kubernetes-group-version-kind": gvk,
+              "x-kubernetes-action": "patch", "responses": {"200": {"description": "OK"}}}
+        post = {"operationId": f"create{r.kind}", "parameters": params, "x-kubernetes-group-version-kind": gvk,
+                "x-kubernetes-action": "post", "responses": {"201": {"description": "Created"}}}
+        paths[f"{prefix}/{r.name}/{{name}}"] = {"patch": op}
+        paths[f"{prefix}/{r.name}"] = {"post": post}
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes (gpu-bridge sandbox)", "version": "v1.32.0"},
+            "paths": paths, "components": {"schemas": {}}}

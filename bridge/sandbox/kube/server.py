@@ -254,6 +254,17 @@ class KubeServer:
             return Response.of(200, res_mod.api_versions(self.settings.server_address))
         if path == "/apis":
             return Response.of(200, res_mod.api_group_list())
+        if parts[:2] == ["openapi", "v3"]:
+            if len(parts) == 2:
+                return Response.of(200, res_mod.openapi_v3_root())
+            rest = parts[2:]
+            doc = None
+            if rest[:1] == ["api"] and len(rest) == 2:
+                doc = res_mod.openapi_v3_gv("", rest[1])
+            elif rest[:1] == ["apis"] and len(rest) == 3:
+                doc = res_mod.openapi_v3_gv(rest[1], rest[2])
+            if doc is not None:
+                return Response.of(200, doc)
         if parts[:1] == ["openapi"]:
             return _status(404, "NotFound", "the server could not find the requested resource")
         group, version, target, legacy_watch = parse_target(parts)

@@ -17,6 +17,7 @@ from bridge.sandbox.kube.defaults import on_create
 from bridge.sandbox.kube.store import Store
 
 MODEL_LABEL = "gpu-bridge.io/model"  # the vLLM simulator reads the model from this pod label
+DEFAULT_MODEL = "meta-llama/Llama-3.1-70B-Instruct"  # the vLLM simulator's default too
 NAMESPACE = "serving"
 DEPLOYMENT = "vllm"
 PDB = "vllm"
@@ -30,7 +31,7 @@ class ServingModel:
 
     nodes: int = 4
     pool: str = "default"
-    model: str = "meta-llama/Llama-3.1-70B-Instruct"
+    model: str = DEFAULT_MODEL
     namespace: str = NAMESPACE
     deployment: str = DEPLOYMENT
     replicas: int | None = None  # default: one per node

@@ -136,3 +136,18 @@ def test_dry_run_writes_nothing_and_says_what_would_change() -> None:
     assert sum(k.calls.values()) == 0
     k.fence("n0")
     assert not dry.fence("n0")  # already so: a real run would not write either
+
+
+def test_fenced_writes_only_while_leader() -> None:
+    from bridge.adapters.kube import FencedKube, NotLeaderError
+
+    k = world()
+    leader = FakeLeader()
+    fenced = FencedKube(k, leader)
+    assert isinstance(fenced, KubeReader) and isinstance(fenced, KubeWriter)
+    assert fenced.fence("n0")
+    leader.leader = False  # the Lease lapsed mid-step
+    with pytest.raises(NotLeaderError, match=r"^kubernetes: unfence refused: not the leader"):
+        fenced.unfence("n0")
+    n = fenced.node("n0")  # reads still work
+    assert n is not None and n.fenced

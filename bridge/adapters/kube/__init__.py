@@ -7,6 +7,7 @@
 from .calls import ApiCalls, KubeApiError, KubeConflictError
 from .client import KubeAdapter, api_client_from_config
 from .dryrun import DryRunKube
+from .fenced import FencedKube, NotLeaderError
 from .informer import InformerStatus
 from .objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo, Taint, parse_deployment, parse_node, parse_pod, parse_scale
 from .protocol import CacheStatus, KubeAdapterProtocol, KubeReader, KubeWriter, PoolTarget
@@ -17,6 +18,7 @@ __all__ = [
     "DeploymentInfo",
     "DryRunKube",
     "EvictOutcome",
+    "FencedKube",
     "InformerStatus",
     "KubeAdapter",
     "KubeAdapterProtocol",
@@ -25,6 +27,7 @@ __all__ = [
     "KubeReader",
     "KubeWriter",
     "NodeInfo",
+    "NotLeaderError",
     "PodInfo",
     "PoolTarget",
     "ScaleInfo",

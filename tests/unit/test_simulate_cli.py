@@ -135,3 +135,15 @@ def test_trace_window_must_be_whole_minutes() -> None:
     t = Trace((0.0, 90.0), (1.0, 2.0), (1.0, 1.0), 90.0)
     with pytest.raises(ValueError, match="whole number of minutes"):
         build_workload(t, peak_replicas=2)
+
+
+def test_one_pool_of_a_multi_pool_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = tmp_path / "two.yaml"
+    conf.write_text("pools:\n  - name: llama\n  - name: qwen\n    cold_start_s: 240\n")
+    trace = small_trace(tmp_path)
+    assert main(["simulate", "--trace", str(trace), "--config", str(conf), "--pool", "qwen", "--nodes", "6",
+                 "--peak-replicas", "4", "--policy", "bridge", "--json"]) == 0
+    out = capsys.readouterr()
+    assert "cold start 240 s" in out.err and json.loads(out.out)[0]["policy"] == "bridge"
+    assert main(["simulate", "--config", str(conf), "--pool", "nope"]) == 2
+    assert "--pool: no pool named 'nope'" in capsys.readouterr().err

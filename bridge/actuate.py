@@ -29,7 +29,9 @@ class SlurmWrites(Protocol):
 
     def submit_hold(self, node: str) -> str: ...
 
-    def cancel_hold(self, node: str) -> bool: ...
+    def cancel_hold(self, node: str) -> Any: ...
+
+    def requeue(self, job_id: str) -> bool: ...
 
 
 class KubeWrites(Protocol):
@@ -142,7 +144,11 @@ class Actuator:
             changed = bool(outcomes)
             self._event(node, EVENT_REASONS[Step.EVICT_POD], f"evicting serving pod(s) left after scale-down: {detail}")
         elif step is Step.CANCEL_HOLD:
-            changed = self.slurm.cancel_hold(node)
+            changed = bool(self.slurm.cancel_hold(node))
+        elif step is Step.REQUEUE_JOBS:
+            for job in facts.research_jobs:
+                changed |= self.slurm.requeue(job)
+            detail = f"GraceTime over, requeued {', '.join(facts.research_jobs)}"
         elif step is Step.RESUME:
             changed = self.slurm.resume(node)
         elif step is Step.BLOCKED:

@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bridge.sandbox.cli",
     "bridge.simulate.cli",
     "bridge.config_cli",
+    "bridge.daemon_cli",
 )
 
 

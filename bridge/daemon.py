@@ -35,6 +35,8 @@ from bridge.policy.plan import plan as policy_plan
 log = logs.get(__name__)
 
 MAX_CHAINED_STEPS = 12
+# Past GraceTime plus this, jobs still on a node being reclaimed are requeued by the daemon.
+REQUEUE_SLACK_S = 2.0
 
 
 class SlurmReads(Protocol):
@@ -269,6 +271,11 @@ class Daemon:
                     self._reclaims[action.node] = ReclaimTimes(
                         action.node, action.pool, decided=now, signal_t=sig.t if sig else None
                     )
+                    if self.metrics is not None:
+                        for job_id in action.jobs:
+                            job = obs.view.jobs.get(job_id)
+                            if job is not None:
+                                self.metrics.record_preemption(pool=action.pool, job=job, now=now)
             if plan.actions and not self.dry_run:
                 obs = self.observe(self.clock())
         if not self.dry_run:
@@ -294,7 +301,12 @@ class Daemon:
                 pool = self.targets[obs.pool_of[name]]
                 dep_desired = obs.view.pools[pool.name].desired_replicas
                 want = desired_replicas([f for n, f in obs.facts.items() if obs.pool_of[n] == pool.name])
-                step = next_step(facts, now=obs.view.now, scaled_down=dep_desired <= want)
+                step = next_step(
+                    facts,
+                    now=obs.view.now,
+                    scaled_down=dep_desired <= want,
+                    requeue_after_s=self.config.slurm.grace_s + REQUEUE_SLACK_S,
+                )
                 if step is None or step in WAITS:
                     if step is Step.BLOCKED:
                         self.actuator.execute(step, facts, pool, now=obs.view.now)
@@ -323,6 +335,8 @@ class Daemon:
         return records
 
     def _on_step(self, record: StepRecord) -> None:
+        if record.step is Step.MARK_LENT and record.changed and self.metrics is not None and self.last_observation:
+            self.metrics.record_lend(self.last_observation.pool_of.get(record.node, ""))
         times = self._reclaims.get(record.node)
         if times is None:
             return
@@ -373,4 +387,8 @@ class Daemon:
 
 def _reclaim_kwargs(times: ReclaimTimes) -> dict[str, float]:
     b = times.breakdown()
-    return {k: v for k, v in b.items()}
+    return {
+        "detection_s": max(0.0, b.get("detection_s", 0.0)),
+        "slurm_release_s": max(0.0, b.get("slurm_release_s", 0.0)),
+        "kubernetes_ready_s": max(0.0, b.get("kubernetes_ready_s", 0.0)),
+    }

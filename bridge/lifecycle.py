@@ -48,6 +48,7 @@ class Step(enum.StrEnum):
     MARK_LENT = "mark_lent"
     SUBMIT_HOLD = "submit_hold"
     WAIT_HOLD = "wait_hold"  # research jobs are being preempted (GraceTime)
+    REQUEUE_JOBS = "requeue_jobs"  # GraceTime is over but Slurm has not ended them yet: requeue
     DRAIN = "drain"
     MARK_RETURNING = "mark_returning"
     UNFENCE = "unfence"
@@ -94,8 +95,19 @@ class NodeFacts:
     research_jobs: tuple[str, ...]  # research jobs running on the node
 
 
-def next_step(facts: NodeFacts, *, now: float, scaled_down: bool, evict_after_s: float = 20.0) -> Step | None:
+def next_step(
+    facts: NodeFacts,
+    *,
+    now: float,
+    scaled_down: bool,
+    evict_after_s: float = 20.0,
+    requeue_after_s: float | None = None,
+) -> Step | None:
     """The next step for a node, or None when it is at rest in its phase.
+
+    ``requeue_after_s``: once a reclaim is this old and research jobs still hold the node,
+    requeue them (Slurm 22.05 enforces the end of GraceTime only on its 30 s sweep, so a
+    preempted job can outlive its grace by that much). None: leave it to Slurm.
 
     ``scaled_down``: the pool's Deployment already has no replica counted for this node
     (``desired_replicas`` excludes it and the scale was written), so a remaining pod on a
@@ -152,6 +164,8 @@ def next_step(facts: NodeFacts, *, now: float, scaled_down: bool, evict_after_s:
                 return Step.DRAIN
             if slurm_empty_and_down:
                 return Step.DRAIN
+            if facts.research_jobs and requeue_after_s is not None and now - facts.phase_since >= requeue_after_s:
+                return Step.REQUEUE_JOBS
             return Step.WAIT_HOLD
         if facts.research_jobs:  # drained but jobs still on it: the hold has not got it yet
             return Step.WAIT_HOLD if facts.hold is not None else Step.SUBMIT_HOLD

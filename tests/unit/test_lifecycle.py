@@ -164,6 +164,20 @@ def test_next_step(node: NodeFacts, scaled_down: bool, expected: Step | None) ->
     assert next_step(node, now=NOW, scaled_down=scaled_down) == expected
 
 
+def test_jobs_outliving_their_grace_are_requeued() -> None:
+    node = facts(
+        phase=Phase.RECLAIMING,
+        phase_since=NOW - 30,
+        fenced=True,
+        pods=(),
+        hold=HoldFacts("9", running=False),
+        slurm_drained_by_us=False,
+        research_jobs=("5",),
+    )
+    assert next_step(node, now=NOW, scaled_down=True, requeue_after_s=31) is Step.WAIT_HOLD
+    assert next_step(node, now=NOW, scaled_down=True, requeue_after_s=30) is Step.REQUEUE_JOBS
+
+
 def test_desired_replicas_keeps_lending_replica_until_its_pod_is_marked() -> None:
     serving = facts()
     lending_unmarked = facts(name="n2", phase=Phase.LENDING, fenced=True)

@@ -158,7 +158,10 @@ class VllmSimComponent(BridgeSubprocessComponent):
 
 class KubeApiComponent(BridgeSubprocessComponent):
     """The sandbox's Kubernetes API server (`gpu-bridge sandbox kube --port P --kubeconfig F`).
-    Enabled with ``Sandbox(kube=True)``; readiness = its port accepts and the kubeconfig exists."""
+    Enabled with ``Sandbox(kube=True)``; readiness = its port accepts and the kubeconfig exists.
+    Ready before the next component starts: the vLLM simulator follows its pods."""
+
+    ready_before_next = True
 
     def __init__(self, extra_args: Sequence[str] = ()) -> None:
         super().__init__("kube-api", "bridge.sandbox.kube", "kube", "kube", extra_args)
@@ -430,6 +433,11 @@ class Sandbox:
     # ---- lifecycle ---------------------------------------------------------------------
     def _components(self) -> list[Any]:
         comps: list[Any] = [MungeComponent()]
+        if self.kube_enabled:
+            kube = KubeApiComponent(self.kube_args)
+            if not kube.available():
+                raise SandboxError("kube: `gpu-bridge sandbox kube` is not available (bridge.sandbox.kube registers no command)")
+            comps.append(kube)
         vllm = VllmSimComponent(self.vllm_args)
         if self.vllm_requested is not False:
             if vllm.available():
@@ -438,11 +446,6 @@ class Sandbox:
                 raise SandboxError("vllm: `gpu-bridge sandbox vllm` is not available (bridge.sandbox.vllm registers no command)")
             else:
                 self.notes.append("vLLM simulator not started: bridge.sandbox.vllm registers no `vllm` command yet")
-        if self.kube_enabled:
-            kube = KubeApiComponent(self.kube_args)
-            if not kube.available():
-                raise SandboxError("kube: `gpu-bridge sandbox kube` is not available (bridge.sandbox.kube registers no command)")
-            comps.append(kube)
         # Prometheus after the things it scrapes, Slurm last (it blocks on munged).
         if self.prometheus_enabled:
             comps.append(PrometheusComponent())
@@ -492,6 +495,8 @@ class Sandbox:
         try:
             for c in self.components:
                 c.start(self)
+                if getattr(c, "ready_before_next", False):  # e.g. the vLLM simulator follows the kube API
+                    c.wait_ready(self, max(1.0, t0 + self.timeout_s - time.monotonic()))
             deadline = t0 + self.timeout_s
             for c in self.components:
                 c.wait_ready(self, max(1.0, deadline - time.monotonic()))

@@ -1,0 +1,254 @@
+"""`gpu-bridge run | status | plan`: the daemon and the commands that look at what it sees."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from bridge import logs, sdnotify
+from bridge.config import Config, load_config
+from bridge.daemon import Daemon, TickResult
+from bridge.errors import AdapterError, BridgeError, ConfigError
+from bridge.metrics import BridgeMetrics, serve
+from bridge.model import Phase
+from bridge.observe import Observation
+from bridge.wiring import Adapters, build_adapters, check_private_file
+
+log = logs.get(__name__)
+
+
+def register_cli(subparsers: Any) -> None:
+    run = subparsers.add_parser("run", help="run the daemon (observe -> plan -> act)")
+    run.add_argument("--config", required=True, help="YAML config file")
+    run.add_argument("--dry-run", action="store_true", help="decide and log, write nothing")
+    run.add_argument("--once", action="store_true", help="one iteration, then exit (with --dry-run: what would happen now)")
+    run.add_argument("--log-format", choices=("json", "console", "auto"), default="auto")
+    run.set_defaults(func=cmd_run)
+
+    status = subparsers.add_parser("status", help="who owns every node, in which phase, and why")
+    status.add_argument("--config", required=True)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    plan = subparsers.add_parser("plan", help="what the policy would do now, and why (writes nothing)")
+    plan.add_argument("--config", required=True)
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=cmd_plan)
+
+
+def _load(path: str) -> Config:
+    check_private_file(path, what="config")
+    return load_config(path)
+
+
+def _fail(exc: BridgeError) -> int:
+    if isinstance(exc, ConfigError):
+        for p in exc.problems:
+            print(p, file=sys.stderr)
+    else:
+        print(f"gpu-bridge: {exc}", file=sys.stderr)
+    return 1
+
+
+def _one_shot(args: argparse.Namespace) -> tuple[Config, Adapters, Daemon]:
+    config = _load(args.config)
+    adapters = build_adapters(config, dry_run=True, leader=False)
+    if not adapters.kube.cache_status().synced:
+        deadline = time.monotonic() + config.kubernetes.timeout_s
+        while time.monotonic() < deadline and not adapters.kube.cache_status().synced:
+            time.sleep(0.05)
+    daemon = Daemon(
+        config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools, dry_run=True
+    )
+    return config, adapters, daemon
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        config = _load(args.config)
+    except BridgeError as exc:
+        return _fail(exc)
+    fmt = None if args.log_format == "auto" else args.log_format == "json"
+    logs.configure(json=fmt, level=config.daemon.log_level)
+    dry_run = args.dry_run or config.daemon.dry_run
+    log.info("starting", dry_run=dry_run, config=args.config, pools=[p.name for p in config.pools])
+    if dry_run:
+        log.warning("dry_run_mode", detail="DRY RUN: decisions are logged, nothing is written to Slurm or Kubernetes")
+    try:
+        adapters = build_adapters(config, dry_run=dry_run, leader=not args.once)
+    except BridgeError as exc:
+        return _fail(exc)
+    metrics = BridgeMetrics()
+    metrics.set_dry_run(dry_run)
+    for p in config.pools:
+        metrics.record_settings(pool=p.name, min_serving=p.min_serving, reclaim_budget_s=config.slurm.grace_s + p.cold_start_s + 60)
+    server = None
+    if not args.once:
+        server = serve(metrics.registry, port=config.daemon.metrics_port, addr=config.daemon.metrics_host)
+        log.info("metrics_listening", host=config.daemon.metrics_host, port=server.port)
+    daemon = Daemon(
+        config,
+        kube=adapters.kube,
+        slurm=adapters.slurm,
+        prom=adapters.prom,
+        prom_pools=adapters.prom_pools,
+        leader=adapters.leader,
+        metrics=metrics,
+        dry_run=dry_run,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("stopping", signal=signal.Signals(signum).name)
+        sdnotify.stopping("stopping")
+        stop.set()
+        daemon.wake.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    deadline = time.monotonic() + max(10.0, config.kubernetes.timeout_s)
+    while not adapters.kube.cache_status().synced and time.monotonic() < deadline and not stop.is_set():
+        time.sleep(0.05)
+    try:
+        if args.once:
+            result = daemon.tick()
+            _print_plan(daemon, as_json=False)
+            return 0 if result.observed else 1
+        sdnotify.ready("watching")
+        interval = sdnotify.watchdog_interval_s()
+        last_ping = [0.0]
+
+        def on_tick(result: TickResult) -> None:
+            now = time.monotonic()
+            if interval is None or now - last_ping[0] >= interval / 2:
+                sdnotify.watchdog()
+                last_ping[0] = now
+
+        daemon.run(stop, on_tick=on_tick)
+        return 0
+    finally:
+        adapters.close()
+        if server is not None:
+            server.close()
+        log.info("stopped")
+
+
+def _since(t: float, now: float) -> str:
+    age = max(0, int(now - t))
+    if age < 120:
+        return f"{age}s"
+    if age < 7200:
+        return f"{age // 60}m"
+    return f"{age // 3600}h{(age % 3600) // 60:02d}m"
+
+
+def status_rows(obs: Observation) -> list[dict[str, Any]]:
+    """One row per pool node: who owns it, its phase, since when, why, what runs on it."""
+    rows = []
+    now = obs.view.now
+    for n in obs.view.nodes:
+        facts = obs.facts.get(n.name)
+        if n.phase in (Phase.SERVING, Phase.RETURNING):
+            owner = "serving" if n.phase is Phase.SERVING else "-> serving"
+        elif n.phase is Phase.LENT:
+            owner = "slurm"
+        else:
+            owner = "-> slurm" if n.phase is Phase.LENDING else "-> serving"
+        pods = [p.name + ("" if p.ready else " (not ready)") for p in (facts.pods if facts else ())]
+        rows.append(
+            {
+                "node": n.name,
+                "pool": n.pool,
+                "owner": owner,
+                "phase": str(n.phase),
+                "since": datetime.fromtimestamp(n.phase_since, UTC).isoformat(),
+                "age": _since(n.phase_since, now),
+                "pin": str(n.pin) if n.pin else None,
+                "problem": n.problem,
+                "slurm_state": n.slurm_state,
+                "serving_pods": pods,
+                "slurm_jobs": list(n.jobs),
+                "hold_job": facts.hold.job_id if facts and facts.hold else None,
+            }
+        )
+    return rows
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    logs.configure(json=True, level="warning")
+    try:
+        _config, adapters, daemon = _one_shot(args)
+    except BridgeError as exc:
+        return _fail(exc)
+    try:
+        obs = daemon.observe(time.time())
+    except AdapterError as exc:
+        return _fail(exc)
+    finally:
+        adapters.close()
+    rows = status_rows(obs)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    headers = ("NODE", "POOL", "OWNER", "PHASE", "SINCE", "SLURM", "ON IT", "NOTE")
+    table = []
+    for r in rows:
+        on_it = ", ".join(r["serving_pods"] + [f"job {j}" for j in r["slurm_jobs"]]) or "-"
+        note = r["problem"] or (f"pinned {r['pin']}" if r["pin"] else "") or (f"hold {r['hold_job']}" if r["hold_job"] else "")
+        table.append((r["node"], r["pool"], r["owner"], r["phase"], r["age"], r["slurm_state"], on_it, note))
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *table, strict=False)]
+    for row in (headers, *table):
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
+    return 0
+
+
+def _print_plan(daemon: Daemon, *, as_json: bool) -> None:
+    plan = daemon.last_plan
+    if plan is None:
+        print("no plan (not observed)")
+        return
+    if as_json:
+        out = {
+            "now": plan.now,
+            "pools": [d.__dict__ if hasattr(d, "__dict__") else _asdict(d) for d in plan.pools],
+            "actions": [_asdict(a) for a in plan.actions],
+            "held": dict(plan.held),
+        }
+        print(json.dumps(out, indent=2, default=str))
+        return
+    for d in plan.pools:
+        print(f"pool {d.pool}: {d.detail}")
+    for a in plan.actions:
+        print(f"  {a.kind} {a.node}: {a.detail}")
+    if not plan.actions:
+        print("  no action")
+    for node, why in sorted(plan.held.items()):
+        print(f"  held {node}: {why}")
+
+
+def _asdict(obj: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    logs.configure(json=True, level="warning")
+    try:
+        _config, adapters, daemon = _one_shot(args)
+    except BridgeError as exc:
+        return _fail(exc)
+    try:
+        daemon.tick()
+    except AdapterError as exc:
+        return _fail(exc)
+    finally:
+        adapters.close()
+    _print_plan(daemon, as_json=args.json)
+    return 0

@@ -1,0 +1,141 @@
+"""Builds the real adapters from a config: the one place that knows which class talks to what.
+
+``dry_run`` swaps in write sides that log what they would do and write nothing (reads are
+real), so ``--dry-run`` runs the very same loop and policy as the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridge import logs
+from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
+from bridge.adapters.kube.dryrun import DryRunKube
+from bridge.adapters.kube.protocol import PoolTarget
+from bridge.adapters.prom import PromAdapter, PromPool
+from bridge.adapters.slurm.cli import CliSlurm
+from bridge.config import Config
+from bridge.errors import ConfigError
+from bridge.leader import LeaderElector
+
+log = logs.get(__name__)
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def check_private_file(path: str | Path, *, what: str) -> None:
+    """Refuse a config or credential file that someone other than its owner (or root) can
+    write: whoever can write it controls what the daemon does to two schedulers."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise ConfigError([f"{p}: cannot read {what}: {exc.strerror or exc}"]) from None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(
+            [
+                f"{p}: {what} is writable by group or others (mode {stat.filemode(st.st_mode)}); "
+                f"refusing to use it. Fix with: chmod go-w {p}"
+            ]
+        )
+
+
+class DryRunSlurm:
+    """Slurm reads pass through; writes are logged and not made (``--dry-run``)."""
+
+    def __init__(self, inner: CliSlurm) -> None:
+        self._inner = inner
+
+    def nodes(self) -> Any:
+        return self._inner.nodes()
+
+    def jobs(self) -> Any:
+        return self._inner.jobs()
+
+    def _would(self, write: str, **kw: object) -> bool:
+        log.info("dry_run_write", system="slurm", write=write, **kw)
+        return False
+
+    def drain(self, node: str, reason: str) -> bool:
+        return self._would("drain", node=node, reason=reason)
+
+    def resume(self, node: str) -> bool:
+        return self._would("resume", node=node)
+
+    def submit_hold(self, node: str) -> str:
+        self._would("submit_hold", node=node)
+        return ""
+
+    def cancel_hold(self, node: str) -> bool:
+        return self._would("cancel_hold", node=node)
+
+
+@dataclass
+class Adapters:
+    kube: Any
+    slurm: Any
+    prom: PromAdapter
+    prom_pools: dict[str, PromPool]
+    leader: LeaderElector | None
+    identity: str
+    _closers: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        for c in reversed(self._closers):
+            try:
+                c()
+            except Exception as exc:  # closing is best effort
+                log.warning("close_failed", error=str(exc))
+
+
+def build_adapters(
+    config: Config, *, dry_run: bool = False, leader: bool = True, identity: str | None = None, start_watches: bool = True
+) -> Adapters:
+    """Real adapters for ``config``; the Kubernetes watches are started (and must sync)."""
+    identity = identity or default_identity()
+    k = config.kubernetes
+    if k.kubeconfig:
+        check_private_file(k.kubeconfig, what="kubeconfig")
+    api = api_client_from_config(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None)
+    real_kube = KubeAdapter(
+        api,
+        pools=[PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools],
+        identity=identity,
+        request_timeout_s=k.timeout_s,
+    )
+    closers: list[Any] = []
+    if start_watches:
+        real_kube.start()
+        closers.append(real_kube.stop)
+    slurm = CliSlurm(timeout_s=config.slurm.command_timeout_s, hold_partition=config.slurm.hold_partition)
+    prom = PromAdapter(
+        config.prometheus.url,
+        timeout_s=config.prometheus.timeout_s,
+        staleness_s=config.policy.signal_max_age_s,
+        rate_window_s=config.prometheus.rate_window_s,
+    )
+    elector = None
+    if leader:
+        d = config.daemon
+        elector = LeaderElector(
+            api, namespace=d.lease_namespace, identity=identity, name=d.lease_name, lease_duration_s=d.lease_duration_s
+        )
+    kube: Any = DryRunKube(real_kube, identity=identity) if dry_run else real_kube
+    slurm_side: Any = DryRunSlurm(slurm) if dry_run else slurm
+    closers.append(api.close)
+    return Adapters(
+        kube=kube,
+        slurm=slurm_side,
+        prom=prom,
+        prom_pools={p.name: PromPool.from_config(p) for p in config.pools},
+        leader=elector,
+        identity=identity,
+        _closers=closers,
+    )

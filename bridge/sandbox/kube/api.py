@@ -206,7 +206,8 @@ class Api:
         lreqs, freqs = self._selectors(t, req)
         r = t.resource
         rv_param = req.param("resourceVersion")
-        timeout = float(req.param("timeoutSeconds") or self.settings.default_watch_timeout_s)
+        timeout = float(req.param("timeoutSeconds") or go_duration_s(req.param("timeout"))
+                        or self.settings.default_watch_timeout_s)
         bookmarks = req.flag("allowWatchBookmarks")
         send_initial = req.flag("sendInitialEvents")
         table = tables.wants_table(req.headers.get("accept", ""))
@@ -447,6 +448,21 @@ class Api:
             bind_pod(self.store, t.namespace or "", t.name, node)
         return Response.of(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                  "code": 201})
+
+
+def go_duration_s(text: str) -> float:
+    """A Go duration ("32s", "1m30s", "500ms") in seconds; 0 if empty or malformed."""
+    import re
+
+    total = 0.0
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    pos = 0
+    for m in re.finditer(r"([0-9.]+)(ms|us|µs|ns|h|m|s)", text or ""):
+        if m.start() != pos:
+            return 0.0
+        total += float(m.group(1)) * units[m.group(2)]
+        pos = m.end()
+    return total if pos == len(text or "") else 0.0
 
 
 def scale_of(r: Resource, obj: Mapping[str, Any]) -> dict[str, Any]:

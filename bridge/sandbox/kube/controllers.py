@@ -527,7 +527,8 @@ class Controllers:
 
     # --- scheduler -------------------------------------------------------------------------
     def _schedule(self) -> None:
-        pending = [p for p in self.store.objs(PODS)
+        unbound = [e.obj for e in self.store.entries(PODS, keys=list(self.store.pods_by_node.get("", ())))]
+        pending = [p for p in unbound
                    if not (p.get("spec") or {}).get("nodeName") and not p["metadata"].get("deletionTimestamp")
                    and (p.get("spec") or {}).get("schedulerName", "default-scheduler") == "default-scheduler"]
         if not pending:

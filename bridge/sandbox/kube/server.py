@@ -285,6 +285,12 @@ class KubeServer:
     def _verb(self, t: Any, req: Request, legacy_watch: bool) -> Any:
         m = req.method
         if m in ("GET", "HEAD"):
+            if legacy_watch and t.name and not t.subresource:  # /api/v1/watch/namespaces/N/pods/NAME
+                sel = f"metadata.name={t.name}"
+                fs = req.param("fieldSelector")
+                req.query["fieldSelector"] = f"{fs},{sel}" if fs else sel
+                t = type(t)(t.resource, t.namespace, "", "")
+                return self.api.watch(t, req)
             if not t.name:
                 if legacy_watch or req.flag("watch"):
                     return self.api.watch(t, req)

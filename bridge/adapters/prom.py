@@ -46,6 +46,7 @@ PROMPT = "vllm:prompt_tokens_total"
 GENERATION = "vllm:generation_tokens_total"
 GAUGES = (RUNNING, WAITING, KV_V1, KV_V0)
 TAG = "bridge_q"
+ENGINE = "engine"
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 ERROR_CAP = 300
 
@@ -167,26 +168,39 @@ def _bad(value: float, *, upper: float | None = None) -> str | None:
     return None
 
 
+def _pod_key(key: frozenset[tuple[str, str]]) -> frozenset[tuple[str, str]]:
+    """The serving replica (pod) of a series: its labels without ``engine`` (a vLLM V1 server
+    with data parallelism exports one series per engine)."""
+    return frozenset((k, v) for k, v in key if k != ENGINE)
+
+
 class _Signal:
-    """Sum of one signal over replicas, or the reason it cannot be trusted."""
+    """One signal's valid values grouped by replica, or the reason it cannot be trusted."""
 
     def __init__(self) -> None:
-        self.total = 0.0
-        self.replicas = 0
+        self.by_replica: dict[frozenset[tuple[str, str]], list[float]] = {}
         self.problem: str | None = None
 
-    def add(self, value: float, what: str, *, upper: float | None = None) -> None:
+    def add(self, key: frozenset[tuple[str, str]], value: float, what: str, *, upper: float | None = None) -> None:
         why = _bad(value, upper=upper)
         if why is not None:
             self.problem = self.problem or f"{what} {why}"
             return
-        self.total += value
-        self.replicas += 1
+        self.by_replica.setdefault(_pod_key(key), []).append(value)
 
-    def result(self, empty: str) -> float | None:
-        if self.problem is None and self.replicas == 0:
+    @property
+    def replicas(self) -> int:
+        return len(self.by_replica)
+
+    def result(self, empty: str, *, mean_per_replica: bool = False) -> float | None:
+        """The sum over replicas (of each replica's mean over its engines if asked)."""
+        if self.problem is None and not self.by_replica:
             self.problem = empty
-        return None if self.problem is not None else self.total
+        if self.problem is not None:
+            return None
+        if mean_per_replica:
+            return sum(sum(v) / len(v) for v in self.by_replica.values())
+        return sum(sum(v) for v in self.by_replica.values())
 
 
 def signals_from_step(
@@ -210,13 +224,14 @@ def signals_from_step(
                 if age > staleness_s:
                     sig.problem = sig.problem or f"{what} is stale: last sample {age:.0f} s old (limit {staleness_s:g} s)"
                     continue
-            sig.add(values[key], what, upper=upper)
+            sig.add(key, values[key], what, upper=upper)
         return sig
 
     running = gauge(RUNNING, sorted(step.values.get(RUNNING, {}), key=_describe))
     waiting = gauge(WAITING, sorted(step.values.get(WAITING, {}), key=_describe))
     v1 = step.values.get(KV_V1, {})
-    v0_only = [k for k in step.values.get(KV_V0, {}) if k not in v1]
+    replicas_v1 = {_pod_key(k) for k in v1}
+    v0_only = [k for k in step.values.get(KV_V0, {}) if _pod_key(k) not in replicas_v1]
     kv = gauge(KV_V1, sorted(v1, key=_describe), upper=1.0)
     kv = gauge(KV_V0, sorted(v0_only, key=_describe), upper=1.0, sig=kv)
 
@@ -226,11 +241,11 @@ def signals_from_step(
         if not series and tokens.problem is None:
             tokens.problem = f"no series of {name}"
         for key in sorted(series, key=_describe):
-            tokens.add(series[key], f"rate({name}{_describe(key)})")
+            tokens.add(key, series[key], f"rate({name}{_describe(key)})")
 
     r = running.result(f"no series of {RUNNING}")
     w = waiting.result(f"no series of {WAITING}")
-    k = kv.result(f"no series of {KV_V1} or {KV_V0}")
+    k = kv.result(f"no series of {KV_V1} or {KV_V0}", mean_per_replica=True)
     tok = tokens.result(f"no series of {PROMPT} / {GENERATION}")
     for name, sig in (("running", running), ("waiting", waiting), ("kv_cache_usage_sum", kv), ("tokens_per_s", tokens)):
         if sig.problem is not None:

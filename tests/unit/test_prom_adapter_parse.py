@@ -169,3 +169,18 @@ def test_bad_answers_are_adapter_errors_never_no_load(client: StandInClient, mes
 @pytest.mark.parametrize(("seconds", "text"), [(60, "60s"), (1, "1s"), (0.5, "500ms"), (2.5, "2500ms")])
 def test_durations(seconds: float, text: str) -> None:
     assert prom._window(seconds) == text
+
+
+def test_engines_of_one_server_are_one_replica() -> None:
+    """vLLM V1 with data parallelism: one pod, one series per engine. Requests add up; the
+    pod's KV usage is the mean over its engines; it counts as one replica."""
+    result = []
+    for engine, running, kv in (("0", 2, 0.5), ("1", 3, 0.25)):
+        for tag, v in ((f"value:{prom.RUNNING}", running), (f"value:{prom.WAITING}", 0), (f"value:{prom.KV_V1}", kv)):
+            result.append(series(tag, v, "a", engine=engine))
+            name = tag.split(":", 1)[1]
+            result.append(series(f"ts:{name}", T - 1, "a", engine=engine))
+    result += [series("rate:prompt", 1, "a", engine="0"), series("rate:generation", 1, "a", engine="0")]
+    s = parse_instant(result, pool=POOL, staleness_s=30, at=None).signals
+    assert (s.running, s.replicas_reporting) == (5, 1)
+    assert s.kv_cache_usage_sum == pytest.approx(0.375)

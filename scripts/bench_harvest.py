@@ -153,7 +153,31 @@ def main() -> int:
 
     if not args.quiet:
         analyse(setup, results["bridge"], ctls["bridge"], results["oracle"], ctls["oracle"])
+        frontier(setup, results["bridge"], results["oracle"])
     return 0
+
+
+def frontier(setup: Setup, rb: Result, ro: Result) -> None:
+    """What a controller that knew the future 10-minute means exactly (but not the bursts
+    inside them) could do with headroom: the oracle run on the window means x m + a."""
+    w = setup.workload
+    k = int(round(w.window_s / w.minute_s))
+    means = np.repeat(w.window_load, k)[: w.minutes]
+    print()
+    print("frontier: an oracle that knows the future 10-min means exactly, not the bursts inside them")
+    print(f"  {'provisioned':<22} {'lent GPU-h':>10} {'% of oracle':>11} {'SLO-viol min':>12}")
+    for mult, add in ((1.0, 0.0), (1.15, 0.5), (1.3, 1.0), (1.5, 1.0), (2.0, 1.0)):
+        fake = dataclasses.replace(w, load=means * mult + add)
+        r = simulate(setup, OracleController(dataclasses.replace(setup, workload=fake)))
+        m = r.metrics
+        print(
+            f"  {f'mean x {mult:g} + {add:g}':<22} {m.lent_gpu_hours:10.0f} {m.lent_gpu_hours / ro.metrics.lent_gpu_hours:11.1%}"
+            f" {m.slo_violation_minutes:12d}"
+        )
+    print(
+        f"  {'bridge (no foresight)':<22} {rb.metrics.lent_gpu_hours:10.0f} "
+        f"{rb.metrics.lent_gpu_hours / ro.metrics.lent_gpu_hours:11.1%} {rb.metrics.slo_violation_minutes:12d}"
+    )
 
 
 def analyse(setup: Setup, rb: Result, bc: BridgeController, ro: Result, oc: OracleController) -> None:

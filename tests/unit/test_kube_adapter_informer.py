@@ -187,3 +187,16 @@ def test_write_through_never_goes_back_in_time(make: Callable[[Script], tuple[In
     inf.write_through(node("n1", "15", phase="serving"))
     n = inf.get("n1")
     assert n is not None and n.resource_version == "20" and n.phase is not None and n.phase.value == "lent"
+
+
+def test_an_event_older_than_our_write_does_not_roll_the_cache_back(make: Callable[[Script], tuple[Informer[NodeInfo], ApiCalls]]) -> None:
+    script = Script(lists=[{"rv": "10", "items": [node("n1", "9")]}], watches=[[]])
+    inf, _ = make(script)
+    assert inf.wait_synced(5)
+    inf.write_through(node("n1", "30", phase="lent"))  # our PATCH's answer
+    inf._handle({"type": "MODIFIED", "object": node("n1", "20", phase="serving")}, "10")  # an earlier change, late
+    n = inf.get("n1")
+    assert n is not None and n.resource_version == "30" and n.phase is not None and n.phase.value == "lent"
+    inf._handle({"type": "MODIFIED", "object": node("n1", "31", phase="reclaiming")}, "20")
+    n = inf.get("n1")
+    assert n is not None and n.resource_version == "31"

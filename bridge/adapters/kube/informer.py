@@ -266,7 +266,10 @@ class Informer(Generic[T]):
             return new_rv
         key = self._key(obj)
         with self._lock:
-            if kind in ("ADDED", "MODIFIED"):
+            old = self._rvs.get(key)
+            if kind in ("ADDED", "MODIFIED") and old is not None and old != new_rv and not rv_newer(new_rv, old):
+                pass  # older than what a write of ours already stored: never go back in time
+            elif kind in ("ADDED", "MODIFIED"):
                 try:
                     self._store[key] = self._parse(obj)
                     self._rvs[key] = new_rv

@@ -134,7 +134,7 @@ def test_one_leader_then_takeover_after_sigkill(candidates: tuple[Candidate, Can
     # b first sees a's last record at most one retry period before the kill; it takes over
     # one lease duration of its own clock after that (plus one step).
     print(f"takeover {took - killed_at:.2f} s after SIGKILL (lease {LEASE_S} s)")
-    assert took - killed_at <= LEASE_S + 1.5, f"takeover after {took - killed_at:.2f} s"
+    assert took - killed_at <= LEASE_S + 2.0, f"takeover after {took - killed_at:.2f} s"
 
 
 def test_release_on_sigterm_hands_over_at_once(candidates: tuple[Candidate, Candidate]) -> None:

@@ -190,3 +190,41 @@ def test_create_and_apply_with_validation_left_to_the_server(kube: Kube, tmp_pat
     assert cm["metadata"]["labels"] == {"tier": "x"} and cm["data"]["b"] == "2"
     assert "kubectl.kubernetes.io/last-applied-configuration" in cm["metadata"]["annotations"]
     kube.kubectl("delete", "namespace", ns)
+
+
+def test_describe_events_and_api_resources(kube: Kube, serving: Serving) -> None:
+    pod = serving.ready_pods()[0]
+    node = pod.spec.node_name
+    out = kube.kubectl("describe", "node", node).stdout
+    assert "nvidia.com/gpu:" in out and pod.metadata.name in out  # allocatable and its non-terminated pod
+    out = kube.kubectl("describe", "pod", "-n", serving.ns, pod.metadata.name).stdout
+    assert "Controlled By:  ReplicaSet/vllm-" in out and "Status:       Running" in out and node in out
+    ev = kube.kubectl("get", "events", "-n", serving.ns, "--field-selector",
+                      f"involvedObject.name={pod.metadata.name}").stdout
+    assert "Scheduled" in ev or not kube.sandbox
+    res = kube.kubectl("api-resources").stdout
+    for line in ("pods", "deployments", "poddisruptionbudgets", "leases", "events"):
+        assert line in res
+
+
+@pytest.mark.integration
+def test_get_watch_prints_changes(kube: Kube) -> None:
+    client, api = kube.client()
+    core = client.CoreV1Api(api)
+    name = kube.name("node-watch")
+    make_node(core, client, name)
+    proc = kube.kubectl_bg("get", "node", name, "-w")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any(ln.startswith(name) for ln in lines), 10, "the first row")
+        kube.kubectl("cordon", name)
+        wait_for(lambda: any("SchedulingDisabled" in ln for ln in lines), 10, "the cordoned row")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        reader.join(timeout=5)
+        if proc.stdout:
+            proc.stdout.close()
+        core.delete_node(name)

@@ -5,7 +5,8 @@ Honest on purpose: ``FakeKube`` keeps objects in the API's JSON shape, reads the
 the same parsers and writes them through the same patch builders as ``KubeAdapter``, bumps
 resourceVersions, rejects stale writes (409, retried a bounded number of times like the real
 one), blocks evictions a PodDisruptionBudget forbids (BLOCKED), and runs a tiny
-ReplicaSet/scheduler/kubelet in ``step(now)``: pods are deleted lowest deletion cost first,
+ReplicaSet/scheduler/kubelet in ``step(now)``: pods are deleted in the ReplicaSet
+controller's order (unscheduled, pending, not Ready, then lowest deletion cost),
 placed only on schedulable untainted pool nodes (one replica per node), Ready after a start
 delay, gone after their termination grace.
 """
@@ -239,7 +240,7 @@ class FakeKube:
         for pool_name, pool in self._pools.items():
             live = [p for p in self.pods(pool_name) if not p.terminating]
             if len(live) > pool.replicas:
-                victims = sorted(live, key=lambda p: (p.deletion_cost or 0, p.ready, p.name))[: len(live) - pool.replicas]
+                victims = sorted(live, key=_deletion_rank)[: len(live) - pool.replicas]
                 for v in victims:
                     self._delete_pod(v.name)
             for _ in range(pool.replicas - len(live)):
@@ -329,6 +330,16 @@ class FakeKube:
         obj["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
         self._bump(obj)
         self._pod_times[name] = self.now + self._pools[self._pod_pool[name]].grace_s
+
+
+_PHASE_RANK = {"Pending": 0, "Unknown": 1, "Running": 2}
+
+
+def _deletion_rank(pod: PodInfo) -> tuple[bool, int, bool, int, str]:
+    """The ReplicaSet controller's scale-down order (controller.ActivePodsWithRanks):
+    unscheduled first, then Pending < Unknown < Running, then not Ready before Ready, and only
+    then the lower pod-deletion-cost. A starting pod is removed before a cheap Ready one."""
+    return (pod.node is not None, _PHASE_RANK.get(pod.phase, 2), pod.ready, pod.deletion_cost or 0, pod.name)
 
 
 @dataclass

@@ -151,3 +151,17 @@ def test_fenced_writes_only_while_leader() -> None:
         fenced.unfence("n0")
     n = fenced.node("n0")  # reads still work
     assert n is not None and n.fenced
+
+
+def test_scale_down_prefers_a_starting_pod_over_a_cheap_ready_one() -> None:
+    """As the real ReplicaSet controller: readiness ranks before pod-deletion-cost, so a lend
+    that lowers the cost and scales down must still verify which pod went."""
+    k = world(nodes=3, replicas=2, start_delay_s=60)
+    k.scale("serving", "vllm", 3)
+    k.step(1.0)  # a third pod starts on n2, not Ready for 60 s
+    ready = [p for p in k.pods("llama") if p.ready]
+    k.set_pod_deletion_cost("serving", ready[0].name, -1000)
+    k.scale("serving", "vllm", 2)
+    k.step(2.0)
+    gone = [p for p in k.pods("llama") if p.terminating]
+    assert [p.node for p in gone] == ["n2"]  # the starting one, not the cheap Ready one

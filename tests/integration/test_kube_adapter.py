@@ -299,3 +299,34 @@ def test_pools_with_their_own_node_selector(tmp_path: Path) -> None:
         finally:
             kube.stop()
             api.close()
+
+
+def test_lend_and_return_one_node_through_the_adapter(cluster: tuple[Any, Path, k8s.ApiClient], kube: KubeAdapter) -> None:
+    """The adapter's side of a lend and a return on the sandbox's scheduler and controllers:
+    fence + cheapest pod + scale down empties exactly that node and nothing lands on it; unfence
+    + scale up brings a Ready replica back onto it."""
+    _, _, api = cluster
+    seed_deployment(api, NS, "vllm", "llama", 2)  # gpu-node-2 carries a foreign taint: 0 and 1 serve
+    started(kube)
+    wait_for(lambda: len([p for p in kube.pods("llama") if p.ready]) == 2, timeout=20, what="2 Ready replicas")
+    target = "gpu-node-1"
+    victim = next(p for p in kube.pods("llama") if p.node == target)
+
+    assert kube.fence(target)
+    assert kube.set_pod_deletion_cost(NS, victim.name, -1000)
+    assert kube.scale(NS, "vllm", 1)
+    assert kube.set_phase(target, Phase.LENDING, "low load", 100.0)
+    wait_for(lambda: not any(p.node == target for p in kube.pods("llama")), timeout=20, what="no serving pod left on the lent node")
+    assert [p.node for p in kube.pods("llama")] == ["gpu-node-0"]
+    kube.emit_event(target, "GpuBridgeLent", "lent to Slurm")
+
+    assert kube.unfence(target)
+    assert kube.scale(NS, "vllm", 2)
+    assert kube.set_phase(target, Phase.RETURNING, "spike", 200.0)
+    back = wait_for(
+        lambda: next((p for p in kube.pods("llama") if p.node == target and p.ready and not p.terminating), None),
+        timeout=20, what="a Ready replica back on the node",
+    )
+    assert back.name != victim.name
+    n = kube.node(target)
+    assert n is not None and not n.fenced and not n.unschedulable and n.phase is Phase.RETURNING

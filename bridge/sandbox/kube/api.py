@@ -8,14 +8,14 @@ import base64
 import json
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from bridge.sandbox.kube import defaults, patch as patch_mod, resources as res_mod, selectors, tables
 from bridge.sandbox.kube.eviction import evict
 from bridge.sandbox.kube.resources import Resource
 from bridge.sandbox.kube.store import ApiError, Entry, Store, WatchEvent, Watcher, conflict, deepcopy_json, \
-    not_found, now_rfc3339
+    now_rfc3339
 
 JSON = "application/json"
 
@@ -76,7 +76,6 @@ class Settings:
     default_watch_timeout_s: float = 1800.0
     server_address: str = "127.0.0.1:0"
     git_version: str = "v1.32.0-gpu-bridge-sandbox"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_target(parts: list[str]) -> tuple[str, str, Target | None, bool]:
@@ -120,7 +119,7 @@ def _check_ns_match(t: Target, body: Mapping[str, Any]) -> None:
 
 
 class Api:
-    """The verbs. ``scheduler_hint`` lets controllers react to writes (they also listen)."""
+    """The verbs on a parsed ``Target``; controllers see the writes through the store."""
 
     def __init__(self, store: Store, settings: Settings) -> None:
         self.store = store

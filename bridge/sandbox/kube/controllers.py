@@ -22,7 +22,6 @@ from typing import Any
 from bridge import logs
 from bridge.sandbox.kube import defaults, resources as res_mod, selectors
 from bridge.sandbox.kube.api import bind_pod, delete_object, set_condition
-from bridge.sandbox.kube.eviction import matching_pdbs  # noqa: F401  (re-exported for tests)
 from bridge.sandbox.kube.quantity import parse as parse_quantity
 from bridge.sandbox.kube.store import ApiError, Store, WatchEvent, deepcopy_json, now_rfc3339
 

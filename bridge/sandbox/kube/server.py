@@ -5,7 +5,6 @@ bodies and chunked watch streams; and ``KubeServer``, the handle tests and the C
 from __future__ import annotations
 
 import base64
-import json
 import select
 import socket
 import threading
@@ -307,7 +306,3 @@ class KubeServer:
                 return self.api.delete_collection(t, req)
             return self.api.delete(t, req)
         return _status(405, "MethodNotAllowed", f"the server does not allow the method {m}")
-
-
-def json_dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))

@@ -7,7 +7,6 @@ watch streams may serialise what they hold without copying (each entry caches it
 from __future__ import annotations
 
 import bisect
-import copy
 import json
 import random
 import threading
@@ -380,7 +379,8 @@ class Store:
             if new == old:
                 return old, False
             nm = new["metadata"]
-            if nm.get("deletionTimestamp") and not nm.get("finalizers") and om_finalizers(old) and r.kind != "Pod":
+            if nm.get("deletionTimestamp") and not nm.get("finalizers") and r.kind != "Pod":
+                # the last finalizer of an object being deleted is gone: now it goes
                 self._remove(r, ns, name)
                 return new, False
             nm["resourceVersion"] = self._next_rv()
@@ -451,11 +451,3 @@ class Store:
                 self.create(r, b, keep_status=True)
                 n += 1
         return n
-
-
-def om_finalizers(obj: Mapping[str, Any]) -> bool:
-    return bool((obj.get("metadata") or {}).get("finalizers")) or bool((obj.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def copy_obj(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return copy.deepcopy(dict(obj))

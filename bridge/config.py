@@ -446,6 +446,16 @@ def _hint(word: str, choices: typing.Iterable[str]) -> str:
     return f'; did you mean "{m[0]}"?' if m else ""
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
+
+
+def _key(key: Any) -> str:
+    """A key as shown in a problem: plain keys as they are, anything else quoted (an empty
+    key, spaces, control characters) so the path stays readable and one line."""
+    text = str(key)
+    return text if _PLAIN_KEY.fullmatch(text) else _show(text)
+
+
 def _join(path: str, key: str) -> str:
     if not key:
         return path
@@ -525,7 +535,7 @@ def _convert(value: Any, tp: Any, where: str, source: str, problems: list[str], 
         out: dict[str, str] = {}
         for k, v in value.items():
             if not isinstance(k, str) or not isinstance(v, str):
-                problems.append(f"{source}: {_join(where, str(k))}: expected a string, got {_show(v)}")
+                problems.append(f"{source}: {_join(where, _key(k))}: expected a string, got {_show(v)}")
                 continue
             out[k] = v
         return out
@@ -570,7 +580,7 @@ def _convert_dataclass(value: Any, cls: Any, where: str, source: str, problems: 
     bad = False
     for key in value:
         if key not in fields:
-            problems.append(f"{source}: {_join(where, str(key))}: unknown key{_hint(str(key), fields) or _known(fields)}")
+            problems.append(f"{source}: {_join(where, _key(key))}: unknown key{_hint(str(key), fields) or _known(fields)}")
             bad = True
     for name, f in fields.items():
         if name not in value:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bridge import logs
+from bridge import faults, logs
 from bridge.errors import AdapterError
 from bridge.lifecycle import LENDING_POD_DELETION_COST, NodeFacts, Step
 from bridge.model import Action, ActionKind, Phase
@@ -102,7 +102,8 @@ class Actuator:
     def start(self, action: Action, *, now: float) -> None:
         """Begin a policy action: record the first transit phase on the node."""
         phase = Phase.LENDING if action.kind is ActionKind.LEND else Phase.RECLAIMING
-        self._mark(action.node, phase, action.detail, now)
+        if self._mark(action.node, phase, action.detail, now):
+            faults.after_write(f"start_{phase}")
         log.info(
             "node_transition_started",
             node=action.node,
@@ -157,12 +158,19 @@ class Actuator:
         if step not in (Step.WAIT_HOLD, Step.WAIT_PODS_GONE, Step.WAIT_READY):
             log.info("node_step", node=node, pool=pool.name, phase=str(facts.phase), step=str(step), changed=changed, detail=detail)
         self.on_step(record)
+        if changed:
+            faults.after_write(str(step))
         return changed
+
+    def refuse(self, node: str, request: str, why: str) -> None:
+        """Show an operator why their request was not carried out."""
+        self._event(node, "GpuBridgeRequestRefused", f"{request} refused: {why}", "Warning")
 
     def scale_pool(self, pool: PoolTarget, replicas: int) -> bool:
         changed = self.kube.scale(pool.namespace, pool.deployment, replicas)
         if changed:
             log.info("pool_scaled", pool=pool.name, deployment=pool.deployment, replicas=replicas)
+            faults.after_write(faults.SCALE)
         return changed
 
     def _mark(self, node: str, phase: Phase, reason: str, now: float) -> bool:
@@ -171,9 +179,9 @@ class Actuator:
             self._event(node, EVENT_REASONS[phase], reason or f"phase {phase}")
         return changed
 
-    def _event(self, node: str, reason: str, message: str) -> None:
+    def _event(self, node: str, reason: str, message: str, event_type: str = "Normal") -> None:
         try:
-            self.kube.emit_event(node, reason, message)
+            self.kube.emit_event(node, reason, message, event_type)
         except AdapterError as exc:  # an Event is a courtesy: never fail a transition on it
             log.warning("event_not_emitted", node=node, reason=reason, error=str(exc))
 

@@ -26,7 +26,8 @@ from bridge.actuate import Actuator, KubeWrites, PoolTarget, SlurmWrites, StepRe
 from bridge.config import Config, PoolConfig
 from bridge.errors import AdapterError
 from bridge.lifecycle import WAITS, NodeFacts, Step, desired_replicas, next_step
-from bridge.model import ActionKind, LoadSignals, Phase, Plan, SlurmJob
+from bridge.manual import check_request
+from bridge.model import Action, ActionKind, LoadSignals, Phase, Plan, SlurmJob
 from bridge.observe import Observation, Readings, SlurmNodeLike, join
 from bridge.policy.forecast import history_windows
 from bridge.policy.history import HistoryRecorder
@@ -51,6 +52,8 @@ class SlurmSide(SlurmReads, SlurmWrites, Protocol):
 
 class KubeSide(KubeWrites, Protocol):
     def cache_status(self) -> Any: ...
+
+    def set_request(self, node: str, request: str | None) -> bool: ...
 
     def nodes(self) -> Sequence[Any]: ...
 
@@ -278,6 +281,9 @@ class Daemon:
                                 self.metrics.record_preemption(pool=action.pool, job=job, now=now)
             if plan.actions and not self.dry_run:
                 obs = self.observe(self.clock())
+        if obs.requests and not self.dry_run:
+            self._handle_requests(obs, now)
+            obs = self.observe(self.clock())
         if not self.dry_run:
             result.steps = self._advance(obs)
         result.in_transit = sum(
@@ -289,6 +295,25 @@ class Daemon:
 
     def _facts_after(self, obs: Observation) -> Mapping[str, NodeFacts]:
         return obs.facts
+
+    def _handle_requests(self, obs: Observation, now: float) -> None:
+        """Carry out operators' requests that pass the safety checks; refuse the others.
+        Either way the request is removed, and the outcome shown as an Event on the node."""
+        for node, request in sorted(obs.requests.items()):
+            outcome = check_request(obs.view, self.config, node, request)
+            try:
+                if isinstance(outcome, Action):
+                    log.info("request_accepted", node=node, request=request)
+                    self.actuator.start(outcome, now=now)
+                    if outcome.kind is ActionKind.RECLAIM:
+                        self._reclaims[node] = ReclaimTimes(node, outcome.pool, decided=now, signal_t=None)
+                else:
+                    log.warning("request_refused", node=node, request=request, reason=outcome)
+                    self.actuator.refuse(node, request, outcome)
+                self.kube.set_request(node, None)
+            except AdapterError as exc:
+                self._count_error(exc.system)
+                log.warning("request_failed", node=node, request=request, error=str(exc))
 
     def _advance(self, obs: Observation) -> list[StepRecord]:
         """Advance every node that has a next step, chaining immediate steps."""

@@ -11,12 +11,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from bridge import logs, sdnotify
+from bridge import logs, sdnotify, wellknown
 from bridge.config import Config, load_config
 from bridge.daemon import Daemon, TickResult
 from bridge.errors import AdapterError, BridgeError, ConfigError
 from bridge.metrics import BridgeMetrics, serve
-from bridge.model import Phase
+from bridge.model import Phase, Pin
 from bridge.observe import Observation
 from bridge.wiring import Adapters, build_adapters, check_private_file
 
@@ -35,6 +35,25 @@ def register_cli(subparsers: Any) -> None:
     status.add_argument("--config", required=True)
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    for name, helptext in (
+        ("lend", "ask the daemon to lend NODE to Slurm (same lifecycle and safety checks as its own moves)"),
+        ("reclaim", "ask the daemon to take NODE back for serving (jobs are requeued, never cancelled)"),
+    ):
+        p = subparsers.add_parser(name, help=helptext)
+        p.add_argument("node")
+        p.add_argument("--config", required=True)
+        p.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the move to finish")
+        p.set_defaults(func=cmd_request, request=name)
+    pin = subparsers.add_parser("pin", help="keep NODE on one side (moving it there first); the policy leaves it alone")
+    pin.add_argument("node")
+    pin.add_argument("side", choices=("serving", "slurm"))
+    pin.add_argument("--config", required=True)
+    pin.set_defaults(func=cmd_pin)
+    unpin = subparsers.add_parser("unpin", help="give NODE back to the policy")
+    unpin.add_argument("node")
+    unpin.add_argument("--config", required=True)
+    unpin.set_defaults(func=cmd_pin, side=None)
 
     plan = subparsers.add_parser("plan", help="what the policy would do now, and why (writes nothing)")
     plan.add_argument("--config", required=True)
@@ -251,4 +270,87 @@ def cmd_plan(args: argparse.Namespace) -> int:
     finally:
         adapters.close()
     _print_plan(daemon, as_json=args.json)
+    return 0
+
+
+def _writer(args: argparse.Namespace) -> tuple[Config, Any]:
+    config = _load(args.config)
+    adapters = build_adapters(config, dry_run=False, leader=False, start_watches=False)
+    return config, adapters
+
+
+def _pool_node(adapters: Any, config: Config, name: str) -> Any:
+    from bridge.adapters.slurm.hostlist import validate_node_name
+
+    validate_node_name(name)
+    node = adapters.kube.read_node(name)
+    if node.pool not in {p.name for p in config.pools}:
+        raise ConfigError([f"{name}: not a node of a configured pool (label {wellknown.LABEL_POOL}={node.pool!r})"])
+    return node
+
+
+def cmd_request(args: argparse.Namespace) -> int:
+    logs.configure(json=True, level="warning")
+    try:
+        config, adapters = _writer(args)
+        try:
+            _pool_node(adapters, config, args.node)
+            adapters.kube.set_request(args.node, args.request)
+        finally:
+            adapters.close()
+    except (BridgeError, ValueError) as exc:
+        return _fail(exc if isinstance(exc, BridgeError) else ConfigError([str(exc)]))
+    print(f"{args.request} of {args.node} requested; the leading gpu-bridge carries it out (kubectl describe node {args.node})")
+    if args.wait > 0:
+        return _wait_phase(args, Phase.LENT if args.request == "lend" else Phase.SERVING)
+    return 0
+
+
+def _wait_phase(args: argparse.Namespace, target: Phase) -> int:
+    deadline = time.monotonic() + args.wait
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            config, adapters = _writer(args)
+            try:
+                node = adapters.kube.read_node(args.node)
+            finally:
+                adapters.close()
+        except BridgeError as exc:
+            return _fail(exc)
+        if node.phase != last:
+            print(f"{args.node}: {node.phase} ({node.reason or ''})")
+            last = node.phase
+        if node.phase is target and wellknown.ANNOTATION_REQUEST not in node.annotations:
+            return 0
+        if wellknown.ANNOTATION_REQUEST not in node.annotations and node.phase is not target and last is not None:
+            # request consumed but not carried out: refused (the Event says why)
+            if node.phase in (Phase.SERVING, Phase.LENT):
+                print(f"{args.node}: request not carried out (see: kubectl describe node {args.node})", file=sys.stderr)
+                return 1
+        time.sleep(1.0)
+    print(f"{args.node}: still {last} after {args.wait:.0f} s", file=sys.stderr)
+    return 1
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    logs.configure(json=True, level="warning")
+    try:
+        config, adapters = _writer(args)
+        try:
+            node = _pool_node(adapters, config, args.node)
+            pin = Pin(args.side) if args.side else None
+            adapters.kube.set_pin(args.node, pin)
+            moved = ""
+            if pin is Pin.SLURM and node.phase in (None, Phase.SERVING):
+                adapters.kube.set_request(args.node, "lend")
+                moved = "; lending it first"
+            elif pin is Pin.SERVING and node.phase is Phase.LENT:
+                adapters.kube.set_request(args.node, "reclaim")
+                moved = "; reclaiming it first"
+        finally:
+            adapters.close()
+    except (BridgeError, ValueError) as exc:
+        return _fail(exc if isinstance(exc, BridgeError) else ConfigError([str(exc)]))
+    print(f"{args.node}: " + (f"pinned to {args.side}{moved}" if args.side else "unpinned: the policy decides again"))
     return 0

@@ -23,6 +23,7 @@ _ACTIVE_STATES = frozenset({"running", "completing", "configuring", "suspended",
 
 class KubeNode(Protocol):
     name: str
+    annotations: Mapping[str, str]
     pool: str | None
     phase: Phase | None
     phase_since: float | None
@@ -65,6 +66,7 @@ class Observation:
     facts: Mapping[str, NodeFacts]
     pool_of: Mapping[str, str]
     problems: Mapping[str, str] = field(default_factory=dict)  # node -> why it is held
+    requests: Mapping[str, str] = field(default_factory=dict)  # node -> an operator's lend/reclaim
 
 
 def is_hold_job(job: SlurmJob, config: Config) -> bool:
@@ -130,11 +132,15 @@ def join(
     states: list[NodeState] = []
     pool_of: dict[str, str] = {}
     problems: dict[str, str] = {}
+    requests: dict[str, str] = {}
     for kn in sorted(kube_nodes, key=lambda n: n.name):
         pool = pool_for_node(kn, config)
         if pool is None:
             continue  # not ours: never touched
         pool_of[kn.name] = pool.name
+        request = kn.annotations.get(wk.ANNOTATION_REQUEST)
+        if request is not None:
+            requests[kn.name] = request
         problem = kn.problem
         sn = slurm_by_name.get(kn.name) if slurm_by_name is not None else None
         if slurm_by_name is None:
@@ -199,7 +205,7 @@ def join(
         jobs=research_jobs,
         pending_research_nodes=pending_nodes,
     )
-    return Observation(view=view, facts=facts, pool_of=pool_of, problems=problems)
+    return Observation(view=view, facts=facts, pool_of=pool_of, problems=problems, requests=requests)
 
 
 def _slurm_state(sn: SlurmNodeLike | None, allocated: bool) -> str:

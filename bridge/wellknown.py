@@ -17,6 +17,10 @@ LABEL_PIN = f"{PREFIX}/pin"  # serving | slurm: operator override, the policy ne
 ANNOTATION_PHASE_SINCE = f"{PREFIX}/phase-since"  # unix seconds, float, when the phase began
 ANNOTATION_REASON = f"{PREFIX}/reason"  # human-readable reason of the last transition
 ANNOTATION_OWNER = f"{PREFIX}/owner"  # identity of the daemon instance that made the change
+# An operator's request (`gpu-bridge lend|reclaim NODE`): lend | reclaim. The leader carries it
+# out through the same lifecycle and safety checks as its own decisions, then removes it.
+ANNOTATION_REQUEST = f"{PREFIX}/request"
+REQUESTS = ("lend", "reclaim")
 ANNOTATION_CORDONED = f"{PREFIX}/cordoned"  # "true": gpu-bridge set spec.unschedulable, so it may undo it
 
 # --- Kubernetes taint placed on a node while it is not serving ---------------------------

@@ -36,7 +36,7 @@ from bridge.adapters.kube.objects import (
 )
 from bridge.adapters.kube.protocol import CacheStatus, PoolTarget
 from bridge.adapters.prom import PromPool, SignalsReading
-from bridge.model import LoadSignals, Phase
+from bridge.model import LoadSignals, Phase, Pin
 
 
 def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
@@ -163,6 +163,12 @@ class FakeKube:
     # --- KubeWriter ---------------------------------------------------------------------
     def set_phase(self, node: str, phase: Phase, reason: str, since: float) -> bool:
         return self._patch_node(node, lambda n: patches.phase_patch(n, Phase(phase), reason, since, self.identity))
+
+    def set_request(self, node: str, request: str | None) -> bool:
+        return self._patch_node(node, lambda n: patches.request_patch(n, request))
+
+    def set_pin(self, node: str, pin: Pin | None) -> bool:
+        return self._patch_node(node, lambda n: patches.pin_patch(n, Pin(pin) if pin is not None else None))
 
     def fence(self, node: str) -> bool:
         return self._patch_node(node, patches.fence_patch)

@@ -21,7 +21,7 @@ from kubernetes import config as k8s_config
 from bridge import logs
 from bridge import wellknown as wk
 from bridge.errors import AdapterError
-from bridge.model import Phase
+from bridge.model import Phase, Pin
 
 from . import patches
 from .calls import ApiCalls, KubeApiError, KubeConflictError, read_json
@@ -162,9 +162,14 @@ class KubeAdapter:
         self._started = True
         log.info("kube_adapter_started", pools=sorted(self._pools), identity=self.identity)
 
-    def stop(self) -> None:
-        for inf in self._all_informers():
-            inf.stop()
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End every watch: all are signalled first, then joined within ``timeout_s`` overall."""
+        infs = self._all_informers()
+        for inf in infs:
+            inf.signal_stop()
+        deadline = time.monotonic() + timeout_s
+        for inf in infs:
+            inf.join(max(0.0, deadline - time.monotonic()))
         self._started = False
 
     def wait_synced(self, timeout_s: float) -> bool:
@@ -244,6 +249,22 @@ class KubeAdapter:
             log.info("node_phase_set", node=node, phase=str(phase), reason=patches.clean_reason(reason))
         return ok
 
+    def set_request(self, node: str, request: str | None) -> bool:
+        """An operator's lend/reclaim request (None removes it)."""
+        if request is not None and request not in wk.REQUESTS:
+            raise ValueError(f"request: expected one of {', '.join(wk.REQUESTS)}, got {request!r}")
+        ok = self._patch_node(node, lambda n: patches.request_patch(n, request))
+        if ok:
+            log.info("node_request_set", node=node, request=request)
+        return ok
+
+    def set_pin(self, node: str, pin: Pin | None) -> bool:
+        """An operator's pin (None removes it): the policy never moves a pinned node."""
+        ok = self._patch_node(node, lambda n: patches.pin_patch(n, Pin(pin) if pin is not None else None))
+        if ok:
+            log.info("node_pin_set", node=node, pin=str(pin) if pin else None)
+        return ok
+
     def fence(self, node: str) -> bool:
         ok = self._patch_node(node, patches.fence_patch)
         if ok:
@@ -255,6 +276,10 @@ class KubeAdapter:
         if ok:
             log.info("node_unfenced", node=node)
         return ok
+
+    def read_node(self, name: str) -> NodeInfo:
+        """The node as the API server has it now (one GET), not as the cache last saw it."""
+        return self._get_node(name)
 
     def _get_node(self, name: str) -> NodeInfo:
         obj = read_json(

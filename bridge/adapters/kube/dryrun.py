@@ -7,7 +7,7 @@ the real writes, so a dry run logs exactly the changes a real run would make.
 from __future__ import annotations
 
 from bridge import logs
-from bridge.model import Phase
+from bridge.model import Phase, Pin
 
 from . import patches
 from .objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
@@ -51,6 +51,15 @@ class DryRunKube:
         n = self._inner.node(node)
         changed = n is None or patches.phase_patch(n, Phase(phase), reason, since, self._identity) is not None
         return self._would("set_phase", changed, node=node, phase=str(phase), reason=patches.clean_reason(reason))
+
+    def set_request(self, node: str, request: str | None) -> bool:
+        n = self._inner.node(node)
+        return self._would("set_request", n is None or patches.request_patch(n, request) is not None, node=node, request=request)
+
+    def set_pin(self, node: str, pin: Pin | None) -> bool:
+        n = self._inner.node(node)
+        changed = n is None or patches.pin_patch(n, Pin(pin) if pin is not None else None) is not None
+        return self._would("set_pin", changed, node=node, pin=str(pin) if pin else None)
 
     def fence(self, node: str) -> bool:
         n = self._inner.node(node)

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from bridge import wellknown as wk
-from bridge.model import Phase
+from bridge.model import Phase, Pin
 
 from .objects import NodeInfo, PodInfo
 
@@ -43,6 +43,21 @@ def phase_patch(node: NodeInfo, phase: Phase, reason: str, since: float, owner: 
     ):
         return None
     return {"metadata": {"resourceVersion": node.resource_version, "labels": labels, "annotations": annotations}}
+
+
+def request_patch(node: NodeInfo, request: str | None) -> dict[str, Any] | None:
+    """Set (or, with None, remove) an operator's lend/reclaim request on the node."""
+    if node.annotations.get(wk.ANNOTATION_REQUEST) == request:
+        return None
+    return {"metadata": {"resourceVersion": node.resource_version, "annotations": {wk.ANNOTATION_REQUEST: request}}}
+
+
+def pin_patch(node: NodeInfo, pin: Pin | None) -> dict[str, Any] | None:
+    """Set (or, with None, remove) an operator's pin label."""
+    value = pin.value if pin is not None else None
+    if node.labels.get(wk.LABEL_PIN) == value:
+        return None
+    return {"metadata": {"resourceVersion": node.resource_version, "labels": {wk.LABEL_PIN: value}}}
 
 
 def _taint_dict(key: str, value: str, effect: str) -> dict[str, str]:

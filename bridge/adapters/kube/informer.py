@@ -141,6 +141,11 @@ class Informer(Generic[T]):
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        self.signal_stop()
+        self.join(timeout_s)
+
+    def signal_stop(self) -> None:
+        """Ask the thread to end and unblock its watch read; does not wait."""
         self._stop.set()
         resp = self._resp
         if resp is not None:
@@ -148,6 +153,8 @@ class Informer(Generic[T]):
                 resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
             except Exception:  # noqa: BLE001 - closing a socket another thread reads may fail; it ends that read
                 pass
+
+    def join(self, timeout_s: float = 5.0) -> None:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None

@@ -132,7 +132,7 @@ class _Series:
         i = bisect.bisect_left(h, lo, key=_t)
         j = bisect.bisect_right(h, hi, key=_t)
         tg = self.target
-        out = [(s.t, replicas_needed(s, tg)) for s in h[i:j]]
+        out = [(s.t, _demand(s, tg)) for s in h[i:j]]
         s = self.newest
         if s is not None and lo <= s.t <= hi:
             out.append((s.t, replicas_needed(s, tg)))
@@ -141,6 +141,24 @@ class _Series:
 
 def _t(s: LoadSignals) -> float:
     return s.t
+
+
+# Memo of replicas_needed by sample identity: a recorder hands out the same (frozen) sample
+# objects tick after tick, so most of a window's demand is already known. The entry keeps the
+# sample alive, so its id cannot be reused while cached; results are identical either way.
+_MEMO: dict[int, tuple[LoadSignals, TargetConfig, float | None]] = {}
+_MEMO_MAX = 1 << 15
+
+
+def _demand(s: LoadSignals, tg: TargetConfig) -> float | None:
+    e = _MEMO.get(id(s))
+    if e is not None and e[0] is s and e[1] is tg:
+        return e[2]
+    v = replicas_needed(s, tg)
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.clear()
+    _MEMO[id(s)] = (s, tg, v)
+    return v
 
 
 def _vals(w: list[tuple[float, float | None]]) -> list[float]:

@@ -76,14 +76,18 @@ def plot(results: Sequence[Result], workload: Workload, path: str | Path, *, nod
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(14, 7), sharex=True, constrained_layout=True)
     days = np.arange(workload.minutes) * workload.minute_s / 86400.0
-    ax1.plot(days, workload.load, color="black", lw=0.4, label="offered load (replicas, per minute)")
+    ax1.plot(days, workload.load, color="0.4", lw=0.4, zorder=1, label="offered load (replicas, per minute)")
+    colors = {"bridge": "tab:blue", "oracle": "tab:green", "fixed-window": "tab:orange", "reactive": "tab:red"}
     for r in results:
         x = r.tick_t / 86400.0
-        ax1.step(x, r.tick_ready * replicas_per_node, where="post", lw=0.7, label=f"{r.metrics.policy}: Ready capacity")
-        ax2.step(x, r.tick_lent, where="post", lw=0.7, label=f"{r.metrics.policy} ({r.metrics.lent_gpu_hours:.0f} GPU-h)")
+        name = r.metrics.policy
+        c = colors.get(name.split(" ")[0])
+        z = 3 if name.startswith("bridge") else 2
+        ax1.step(x, r.tick_ready * replicas_per_node, where="post", lw=0.7, color=c, zorder=z, label=f"{name}: Ready capacity")
+        ax2.step(x, r.tick_lent, where="post", lw=0.7, color=c, zorder=z, label=f"{name} ({r.metrics.lent_gpu_hours:.0f} GPU-h)")
         v = r.violation_minutes
         if v.size:
-            ax1.plot(days[v], workload.load[v], ".", ms=3, label=f"{r.metrics.policy}: SLO-violation minutes ({v.size})")
+            ax1.plot(days[v], workload.load[v], ".", ms=3, color=c, zorder=4, label=f"{name}: SLO-violation minutes ({v.size})")
     ax1.axhline(nodes * replicas_per_node, color="grey", ls=":", lw=0.8, label="all nodes")
     ax1.set_ylabel("replicas")
     ax1.legend(loc="upper right", fontsize=7, ncol=2)

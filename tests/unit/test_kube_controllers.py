@@ -11,7 +11,9 @@ import pytest
 
 from bridge.sandbox.kube import resources as R
 from bridge.sandbox.kube.api import delete_object
-from bridge.sandbox.kube.controllers import Controllers, fit_problem, tolerates, victim_order
+from bridge.sandbox.kube.controllers import Controllers
+from bridge.sandbox.kube.ranking import victim_order
+from bridge.sandbox.kube.scheduling import fit_problem, tolerates
 from bridge.sandbox.kube.defaults import on_create
 from bridge.sandbox.kube.eviction import evict
 from bridge.sandbox.kube.serving_model import ServingModel, node_object, seed_serving, wait_serving_ready

@@ -23,6 +23,8 @@ from bridge import logs
 from bridge.sandbox.kube import defaults, resources as res_mod, selectors
 from bridge.sandbox.kube.api import bind_pod, delete_object, set_condition
 from bridge.sandbox.kube.quantity import parse as parse_quantity
+from bridge.sandbox.kube.ranking import is_ready, victim_order
+from bridge.sandbox.kube.scheduling import fit_problem, pod_requests, tolerates
 from bridge.sandbox.kube.store import ApiError, Store, WatchEvent, deepcopy_json, now_rfc3339
 
 log = logs.get(__name__)
@@ -35,9 +37,7 @@ REPLICASETS = res_mod.get("apps", "replicasets")
 PDBS = res_mod.get("policy", "poddisruptionbudgets")
 
 START_DELAY_ANNOTATION = "sandbox.gpu-bridge.io/start-delay-s"  # per-pod override of the cold start
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 POD_TEMPLATE_HASH = "pod-template-hash"
-UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
 
 def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -47,149 +47,9 @@ def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def is_ready(pod: Mapping[str, Any]) -> bool:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Ready":
-            return c.get("status") == "True"
-    return False
-
-
 def is_active(pod: Mapping[str, Any]) -> bool:
     return not pod["metadata"].get("deletionTimestamp") and \
         (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-
-
-def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
-    """Effective requests: sum over containers, max with each init container (as the scheduler)."""
-    spec = pod.get("spec") or {}
-    total: dict[str, float] = {}
-    for c in spec.get("containers") or []:
-        res = c.get("resources") or {}
-        reqs = dict(res.get("limits") or {})  # limits default requests for extended resources
-        reqs.update(res.get("requests") or {})
-        for k, v in reqs.items():
-            total[k] = total.get(k, 0.0) + parse_quantity(v)
-    for c in spec.get("initContainers") or []:
-        res = c.get("resources") or {}
-        reqs = dict(res.get("limits") or {})
-        reqs.update(res.get("requests") or {})
-        for k, v in reqs.items():
-            total[k] = max(total.get(k, 0.0), parse_quantity(v))
-    return total
-
-
-def tolerates(tolerations: list[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        op = t.get("operator", "Equal")
-        if not t.get("key"):
-            if op == "Exists":
-                return True
-            continue
-        if t.get("key") != taint.get("key"):
-            continue
-        if op == "Exists" or t.get("value", "") == taint.get("value", ""):
-            return True
-    return False
-
-
-def _node_affinity_ok(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
-    aff = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {})
-    req = aff.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if not req:
-        return True
-    labels = node["metadata"].get("labels") or {}
-    fields = {"metadata.name": node["metadata"]["name"]}
-    for term in req.get("nodeSelectorTerms") or []:
-        exprs = term.get("matchExpressions") or []
-        fexprs = term.get("matchFields") or []
-        if not exprs and not fexprs:
-            continue
-        try:
-            if all(selectors.node_selector_requirement(e).matches(labels) for e in exprs) and \
-                    all(selectors.node_selector_requirement(e).matches(fields) for e in fexprs):
-                return True
-        except selectors.SelectorError:
-            continue
-    return False
-
-
-def fit_problem(pod: Mapping[str, Any], node: Mapping[str, Any], used: Mapping[str, float],
-                pods_on_node: int) -> str:
-    """Why a pod cannot go on a node ("" if it can), worded like the scheduler's reasons."""
-    spec = pod.get("spec") or {}
-    nspec = node.get("spec") or {}
-    tolerations = spec.get("tolerations") or []
-    if node["metadata"].get("deletionTimestamp"):
-        return "node(s) were being deleted"
-    for c in (node.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Ready" and c.get("status") != "True" and \
-                not tolerates(tolerations, {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}):
-            return "node(s) had untolerated taint {node.kubernetes.io/not-ready: }"
-    if nspec.get("unschedulable") and not tolerates(tolerations, {"key": UNSCHEDULABLE_TAINT,
-                                                                  "effect": "NoSchedule"}):
-        return "node(s) were unschedulable"
-    for taint in nspec.get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
-            return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"
-    labels = node["metadata"].get("labels") or {}
-    for k, v in (spec.get("nodeSelector") or {}).items():
-        if labels.get(k) != v:
-            return "node(s) didn't match Pod's node affinity/selector"
-    if not _node_affinity_ok(pod, node):
-        return "node(s) didn't match Pod's node affinity/selector"
-    alloc = (node.get("status") or {}).get("allocatable") or {}
-    if "pods" in alloc and pods_on_node + 1 > parse_quantity(alloc["pods"]):
-        return "Too many pods"
-    for k, v in pod_requests(pod).items():
-        if v <= 0:
-            continue
-        have = parse_quantity(alloc[k]) if k in alloc else 0.0
-        if used.get(k, 0.0) + v > have + 1e-9:
-            return f"Insufficient {k}"
-    return ""
-
-
-def victim_order(pods: list[Mapping[str, Any]], all_pods: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Pods of a ReplicaSet, the first to delete first (the real controller's ranking:
-    unassigned < assigned; Pending < Unknown < Running; not ready < ready; lower
-    pod-deletion-cost; more replicas on the same node; ready more recently; more
-    restarts; newer)."""
-    per_node: dict[str, int] = {}
-    for p in all_pods:
-        n = (p.get("spec") or {}).get("nodeName")
-        if n:
-            per_node[n] = per_node.get(n, 0) + 1
-    phase_rank = {"Pending": 0, "Unknown": 1, "Running": 2}
-
-    def ready_since(p: Mapping[str, Any]) -> str:
-        for c in (p.get("status") or {}).get("conditions") or []:
-            if c.get("type") == "Ready" and c.get("status") == "True":
-                return c.get("lastTransitionTime") or ""
-        return ""
-
-    def cost(p: Mapping[str, Any]) -> int:
-        try:
-            return int(((p["metadata"].get("annotations") or {}).get(DELETION_COST)) or 0)
-        except ValueError:
-            return 0
-
-    def key(p: Mapping[str, Any]) -> tuple[Any, ...]:
-        node = (p.get("spec") or {}).get("nodeName") or ""
-        st = p.get("status") or {}
-        restarts = sum(int(c.get("restartCount", 0)) for c in st.get("containerStatuses") or [])
-        rs_since = ready_since(p)
-        return (1 if node else 0, phase_rank.get(st.get("phase", "Pending"), 0), 1 if is_ready(p) else 0,
-                cost(p), -per_node.get(node, 0) if node else 0,
-                _neg_str(rs_since) if rs_since else "", -restarts, _neg_str(p["metadata"].get("creationTimestamp", "")))
-
-    return sorted(pods, key=key)
-
-
-def _neg_str(s: str) -> str:
-    """Sort key reversing an ISO timestamp (newer first)."""
-    return "".join(chr(0x10FFFF - ord(ch)) for ch in s)
 
 
 def _int_or_percent(v: Any, total: int, round_up: bool) -> int:

@@ -162,6 +162,10 @@ class Actuator:
             faults.after_write(str(step))
         return changed
 
+    def report(self, node: str, reason: str, message: str) -> None:
+        """A Warning Event on the node, for what an operator must look at."""
+        self._event(node, reason, message, "Warning")
+
     def refuse(self, node: str, request: str, why: str) -> None:
         """Show an operator why their request was not carried out."""
         self._event(node, "GpuBridgeRequestRefused", f"{request} refused: {why}", "Warning")

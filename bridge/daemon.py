@@ -143,6 +143,7 @@ class Daemon:
         self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, on_step=self._on_step)
         self._recorders: dict[str, HistoryRecorder] = {}
         self._last_sample_t: dict[str, float] = {}
+        self._reported_stuck: set[str] = set()
         self._last_plan_at: float | None = None
         self._reclaims: dict[str, ReclaimTimes] = {}
         self.completed_reclaims: list[ReclaimTimes] = []
@@ -238,6 +239,7 @@ class Daemon:
         obs = self.observe(now)
         self.last_observation = obs
         result = TickResult(observed=True)
+        self._report_stuck(obs)
         if self.metrics is not None:
             self.metrics.record_view(obs.view)
         due = self._last_plan_at is None or now - self._last_plan_at >= self.config.policy.tick_s - 1e-6
@@ -292,6 +294,23 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.record_tick(duration_s=self.clock() - now, ok=True, now=now)
         return result
+
+    def _report_stuck(self, obs: Observation) -> None:
+        """A returning node that never gets a Ready replica: say so once (log, Event, metric)."""
+        for node, problem in obs.problems.items():
+            facts = obs.facts.get(node)
+            if facts is None or facts.phase is not Phase.RETURNING or not problem.startswith("returning for"):
+                continue
+            if node in self._reported_stuck:
+                continue
+            self._reported_stuck.add(node)
+            pool = obs.pool_of[node]
+            log.error("node_not_ready", node=node, pool=pool, phase=str(facts.phase), reason=problem)
+            if not self.dry_run:
+                self.actuator.report(node, "GpuBridgeNotReady", problem)
+            if self.metrics is not None:
+                self.metrics.record_reclaim_failure(pool=pool, reason="not_ready")
+        self._reported_stuck &= {n for n, f in obs.facts.items() if f.phase is Phase.RETURNING}
 
     def _facts_after(self, obs: Observation) -> Mapping[str, NodeFacts]:
         return obs.facts

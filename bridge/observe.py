@@ -78,6 +78,13 @@ def hold_job_node(job: SlurmJob) -> str:
     return job.name[len(wk.SLURM_HOLD_JOB_PREFIX) :]
 
 
+def ready_timeout_s(pool: PoolConfig) -> float:
+    """How long a returning node may go without a Ready replica before it is reported and
+    no longer counted as capacity (so the policy reclaims another): twice the cold start
+    plus two minutes."""
+    return 2 * pool.cold_start_s + 120.0
+
+
 def pool_for_node(node: KubeNode, config: Config) -> PoolConfig | None:
     for pool in config.pools:
         if node.pool == pool.name:
@@ -150,6 +157,12 @@ def join(
         elif sn.drained and not sn.reason_ours:
             problem = problem or "drained in Slurm by someone else (never undone by gpu-bridge)"
         node_pods = pods_on.get(kn.name, [])
+        if kn.phase is Phase.RETURNING and kn.phase_since is not None:
+            limit = ready_timeout_s(pool)
+            if now - kn.phase_since > limit and not any(p.ready and not p.terminating for p in node_pods):
+                problem = problem or (
+                    f"returning for {now - kn.phase_since:.0f} s without a Ready serving replica (timeout {limit:.0f} s)"
+                )
         pod_facts = tuple(
             PodFacts(p.name, ready=p.ready, terminating=p.terminating, deletion_cost=p.deletion_cost)
             for p in sorted(node_pods, key=lambda p: p.name)

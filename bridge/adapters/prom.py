@@ -220,6 +220,9 @@ def signals_from_step(
                 if ts is None:
                     sig.problem = sig.problem or f"{what} has no sample timestamp"
                     continue
+                if not math.isfinite(ts):  # garbage is never read as "fresh"
+                    sig.problem = sig.problem or f"{what} has an invalid sample timestamp ({ts})"
+                    continue
                 age = t - ts
                 if age > staleness_s:
                     sig.problem = sig.problem or f"{what} is stale: last sample {age:.0f} s old (limit {staleness_s:g} s)"
@@ -346,7 +349,7 @@ class PromAdapter:
             if not result and at is None:
                 at = datetime.now(UTC).timestamp()
             reading = parse_instant(result, pool=pool, staleness_s=self.staleness_s, at=at)
-        except (KeyError, TypeError, ValueError, IndexError) as e:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise AdapterError("prometheus", f"pool {pool.name}: unexpected query result: {str(e)[:ERROR_CAP]}") from None
         if reading.problems:
             log.info("signals_incomplete", pool=pool.name, problems=dict(reading.problems))
@@ -376,7 +379,7 @@ class PromAdapter:
         )
         try:
             return parse_range(result, pool=pool, start=start, end=end, step_s=step_s)
-        except (KeyError, TypeError, ValueError, IndexError) as e:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
 
     def _run(self, kind: Literal["query", "query_range"], pool: PromPool, fn: Any) -> Any:

@@ -10,7 +10,8 @@ ahead only if they end before it or use nodes the reservation does not need.
 Preemption (a reclaim of any node of a job) preempts the whole job: it is signalled at once,
 its nodes stay occupied for the Slurm grace period, then it is requeued and can restart
 anywhere from its last checkpoint. Work since that checkpoint (or since the run's start) is
-*lost*; work up to it is *useful*. A job publishes its last checkpoint to the policy as
+*lost*; work up to it is *useful*. A job that checkpoints on the signal (``signal_save_s``
+within the grace, as ``slurm_conf/examples/train-checkpointing.sbatch`` does) loses nothing. A job publishes its last checkpoint to the policy as
 ``SlurmJob.checkpoint_time`` (the ``gpu-bridge:checkpoint=<t>`` comment) when ``publishes``.
 
 Time here is simulation seconds; the engine adds the unix epoch when it builds views.
@@ -37,6 +38,9 @@ class JobClass:
     max_hours: float
     checkpoint_s: float | None  # None: never checkpoints (a preemption loses the whole run)
     publishes: bool = True  # tells Slurm (the policy) its checkpoint time
+    # seconds it needs to checkpoint when Slurm signals it at the start of GraceTime (the
+    # slurm_conf/examples template); if that fits in the grace, a preemption loses nothing
+    signal_save_s: float | None = None
 
 
 DEFAULT_MIX: tuple[JobClass, ...] = (
@@ -67,7 +71,7 @@ def parse_job_mix(data: object, source: str = "job mix") -> JobMix:
     if not isinstance(raw, list) or not raw:
         problems.append(f"{source}: classes: must be a non-empty list, got {raw!r}")
         raise ConfigError(problems)
-    known = {"name", "weight", "nodes", "min_hours", "max_hours", "checkpoint_s", "publishes"}
+    known = {"name", "weight", "nodes", "min_hours", "max_hours", "checkpoint_s", "publishes", "signal_save_s"}
     classes: list[JobClass] = []
     for i, c in enumerate(raw):
         where = f"{source}: classes[{i}]"
@@ -78,8 +82,11 @@ def parse_job_mix(data: object, source: str = "job mix") -> JobMix:
             problems.append(f"{where}.{k}: unknown key; expected one of {', '.join(sorted(known))}")
         name = str(c.get("name", f"class-{i}"))
         w, n, lo, hi = c.get("weight", 1.0), c.get("nodes"), c.get("min_hours"), c.get("max_hours")
-        ck, pub = c.get("checkpoint_s"), c.get("publishes", True)
+        ck, pub, sig = c.get("checkpoint_s"), c.get("publishes", True), c.get("signal_save_s")
         ok = True
+        if sig is not None and (not isinstance(sig, (int, float)) or isinstance(sig, bool) or not sig >= 0):
+            problems.append(f"{where}.signal_save_s: must be >= 0 or null, got {sig!r}")
+            ok = False
         if not isinstance(w, (int, float)) or not w > 0:
             problems.append(f"{where}.weight: must be > 0, got {w!r}")
             ok = False
@@ -101,7 +108,10 @@ def parse_job_mix(data: object, source: str = "job mix") -> JobMix:
             ok = False
         if ok:
             classes.append(
-                JobClass(name, float(w), int(n), float(lo), float(hi), None if ck is None else float(ck), pub)  # type: ignore[arg-type]
+                JobClass(
+                    name, float(w), int(n), float(lo), float(hi), None if ck is None else float(ck), pub,  # type: ignore[arg-type]
+                    None if sig is None else float(sig),
+                )
             )
     if problems:
         raise ConfigError(problems)
@@ -273,6 +283,8 @@ class Research:
         assert j.run_start is not None
         ck = j.last_checkpoint(now)
         kept_to = ck if ck is not None else j.run_start
+        if j.cls.signal_save_s is not None and j.cls.signal_save_s <= grace_s:
+            kept_to = now  # it checkpoints on the pre-preemption signal, within the grace
         self.acct.useful_gpu_s += (kept_to - j.run_start) * j.gpus
         self.acct.lost_gpu_s += (now - kept_to) * j.gpus
         self.acct.preemptions += 1

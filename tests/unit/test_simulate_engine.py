@@ -119,6 +119,15 @@ def test_lost_work_counts_only_since_the_last_checkpoint() -> None:
     assert job.start_time == pytest.approx(setup.start_unix + DRAIN)
 
 
+def test_a_job_that_checkpoints_on_the_signal_loses_nothing_if_the_grace_suffices() -> None:
+    for save_s, lost in ((60.0, 0.0), (600.0, (4080.0 - DRAIN - 3600.0) * 4 / 3600)):
+        setup = Setup(cfg(), flat_workload(1.0, 120), nodes=2, mix=one_class(signal_save_s=save_s))
+        n = setup.node_names()[0]
+        r = simulate(setup, Scripted({0.0: [(ActionKind.LEND, n)], 4080.0: [(ActionKind.RECLAIM, n)]}, setup.start_unix))
+        assert r.metrics.lost_gpu_hours == pytest.approx(lost)
+        assert r.metrics.preemptions == 1
+
+
 def test_a_job_without_checkpoints_loses_its_whole_run_and_restarts_after_requeue() -> None:
     setup = Setup(cfg(), flat_workload(1.0, 240), nodes=3, mix=one_class(checkpoint_s=None, min_hours=1.0, max_hours=1.0))
     a, b = setup.node_names()[:2]

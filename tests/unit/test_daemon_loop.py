@@ -1,0 +1,172 @@
+"""The daemon's loop (observe -> plan -> act) over honest in-memory fakes of Kubernetes,
+Slurm and Prometheus, with a fake clock: lend, reclaim with requeue, restarts at any tick,
+operators' requests, a node that never gets Ready, Slurm down. Fast; the same scenarios run
+against the real sandbox in tests/integration/test_e2e_lend_reclaim.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from bridge import wellknown as wk
+from bridge.adapters.fake_slurm import FakeSlurm
+from bridge.adapters.fakes import FakeKube, FakeProm
+from bridge.adapters.kube.protocol import PoolTarget
+from bridge.adapters.prom import PromPool
+from bridge.config import Config, parse_config
+from bridge.daemon import Daemon
+from bridge.model import LoadSignals, Phase
+
+NODES = tuple(f"gpu-node-{i:02d}" for i in range(1, 5))
+POOL = PoolTarget("default", "serving", "vllm")
+T0 = 1_800_000_000.0
+LOW, HIGH = 10.0, 400.0  # requests running+waiting: ~0.2 and ~7 replicas at 60 per replica
+
+
+def config(**policy: object) -> Config:
+    return parse_config(
+        {
+            "pools": [{"name": "default", "namespace": "serving", "deployment": "vllm", "model_name": "m",
+                       "min_serving": 1, "cold_start_s": 3, "drain_s": 2, "headroom_replicas": 0.2,
+                       "target": {"concurrency_per_replica": 60, "kv_cache_usage": None}}],
+            "slurm": {"grace_s": 5, "min_runtime_s": 0},
+            "policy": {"tick_s": 1, "scale_down_window_s": 5, "min_lend_s": 3, "max_lends_per_tick": 1,
+                       "signal_max_age_s": 10, "blind_after_s": 30,
+                       "forecast": {"margin_s": 1, "burst_window_s": 5, "trend_window_s": 10,
+                                    "compare_window_s": 10}, **policy},
+            "prometheus": {"scrape_interval_s": 1, "step_s": 1},
+        }
+    )
+
+
+class World:
+    def __init__(self, *, start_delay_s: float = 3.0) -> None:
+        self.t = T0
+        self.kube = FakeKube(now=self.t)
+        for n in NODES:
+            self.kube.add_node(n, "default")
+        self.kube.add_pool(POOL, replicas=len(NODES), min_available=1, start_delay_s=start_delay_s, grace_s=2)
+        self.slurm = FakeSlurm(NODES, grace_s=5, now=self.t)
+        self.prom = FakeProm()
+        self.load = LOW
+        self.config = config()
+        self.daemon = self.new_daemon()
+        self.violations: list[str] = []
+        self.min_ready = len(NODES)
+
+    def new_daemon(self) -> Daemon:
+        """A fresh process: nothing carried over but what is on the nodes."""
+        return Daemon(self.config, kube=self.kube, slurm=self.slurm, prom=self.prom,
+                      prom_pools={"default": PromPool("default", "m")}, clock=lambda: self.t)
+
+    def ready_pods(self) -> int:
+        return sum(1 for p in self.kube.pods("default") if p.ready and not p.terminating)
+
+    def tick(self, n: int = 1, *, restart_every: int = 0) -> None:
+        for i in range(n):
+            self.t += 1.0
+            self.kube.step(self.t)
+            self.slurm.step(self.t)
+            ready = self.ready_pods()
+            self.prom.set("default", LoadSignals(self.t, running=self.load, waiting=0.0, kv_cache_usage_sum=None,
+                                                 tokens_per_s=None, replicas_reporting=ready))
+            if restart_every and i % restart_every == restart_every - 1:
+                self.daemon = self.new_daemon()
+            self.daemon.tick()
+            self.check()
+
+    def check(self) -> None:
+        ready = self.ready_pods()
+        self.min_ready = min(self.min_ready, ready)
+        if ready < 1:
+            self.violations.append(f"t={self.t - T0:.0f}: {ready} Ready serving pods")
+        pod_nodes = {p.node for p in self.kube.pods("default") if p.node}
+        for node in NODES:
+            jobs = self.slurm.research_on(node)
+            if jobs and node in pod_nodes:
+                self.violations.append(f"t={self.t - T0:.0f}: {node} runs {jobs} and a serving pod")
+
+    def phases(self) -> dict[str, Phase | None]:
+        return {n.name: n.phase for n in self.kube.nodes()}
+
+    def run_until(self, cond: Callable[[], bool], limit: int, what: str, **kw: int) -> int:
+        for i in range(limit):
+            if cond():
+                return i
+            self.tick(**kw)
+        raise AssertionError(f"not {what} after {limit} ticks: {self.phases()}")
+
+    def count(self, phase: Phase) -> int:
+        return sum(1 for p in self.phases().values() if p is phase)
+
+
+@pytest.mark.parametrize("restart_every", [0, 1, 2, 3, 7], ids=lambda k: f"restart-every-{k}" if k else "no-restart")
+def test_lend_reclaim_cycle_keeps_invariants_across_restarts(restart_every: int) -> None:
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving", restart_every=restart_every)
+    jobs = [w.slurm.sbatch(f"research-{i}", duration_s=40) for i in range(3)]
+    w.tick(2, restart_every=restart_every)
+    assert all(w.slurm.job(j).state == "running" for j in jobs)
+    w.load = HIGH
+    ticks = w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 60, "all serving again",
+                        restart_every=restart_every)
+    # GraceTime (5 s) + pod start (3 s) + scheduling: the daemon adds a tick or two, not more
+    assert ticks <= 14
+    assert all(w.slurm.job(j).restarts == 1 and w.slurm.job(j).state == "pending" for j in jobs)
+    w.load = LOW
+    w.run_until(lambda: all(w.slurm.job(j).state == "completed" for j in jobs), 200, "requeued jobs finished",
+                restart_every=restart_every)
+    assert w.violations == []
+    assert w.min_ready >= 1
+    assert w.slurm.cancelled_research == []
+
+
+def test_operator_lend_and_refused_lend_at_min_serving() -> None:
+    w = World()
+    w.load = HIGH  # the policy itself wants every node serving
+    w.tick(3)
+    assert w.count(Phase.SERVING) == 4
+    w.kube.set_request("gpu-node-02", "lend")
+    w.run_until(lambda: w.phases()["gpu-node-02"] is Phase.LENT, 20, "lent on request")
+    assert wk.ANNOTATION_REQUEST not in w.kube.node("gpu-node-02").annotations
+    # the policy, seeing the load, takes it back: manual moves get no special protection
+    w.run_until(lambda: w.count(Phase.SERVING) == 4, 40, "back to serving")
+    # at min_serving an operator's lend is refused, with a Warning Event saying why
+    w.load = LOW
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
+    last = next(n for n, p in w.phases().items() if p is Phase.SERVING)
+    w.kube.set_request(last, "lend")
+    w.tick(2)
+    assert w.phases()[last] is Phase.SERVING
+    refused = [e for e in w.kube.events if e.node == last and e.reason == "GpuBridgeRequestRefused"]
+    assert refused and "min_serving 1" in refused[-1].message and refused[-1].event_type == "Warning"
+
+
+def test_node_that_never_gets_ready_is_reported_and_another_reclaimed() -> None:
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
+    w.kube._pools["default"].start_delay_s = 10_000.0  # every new vLLM pod hangs in its cold start
+    w.load = 70.0  # ~1.2 replicas: one more node is needed
+    w.run_until(lambda: w.count(Phase.RETURNING) >= 1, 30, "a node returning")
+    stuck = next(n for n, p in w.phases().items() if p is Phase.RETURNING)
+    w.tick(int(2 * 3 + 120 + 5))
+    events = [e for e in w.kube.events if e.node == stuck and e.reason == "GpuBridgeNotReady"]
+    assert events and events[0].event_type == "Warning"
+    assert w.count(Phase.RETURNING) + w.count(Phase.RECLAIMING) >= 2, "another node is tried"
+    assert w.violations == []
+
+
+def test_slurm_down_holds_everything_and_writes_nothing() -> None:
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
+    before = dict(w.kube.calls)
+    w.slurm.fail = True
+    w.load = HIGH
+    w.tick(5)
+    writes = {k: v - before.get(k, 0) for k, v in w.kube.calls.items() if k[0] in ("patch", "update", "create")}
+    assert not any(writes.values()), writes
+    assert w.count(Phase.LENT) == 3
+    w.slurm.fail = False
+    w.run_until(lambda: w.count(Phase.SERVING) == 4, 60, "all serving once Slurm answers again")
+    assert w.violations == []

@@ -128,6 +128,7 @@ class Daemon:
         clock: Callable[[], float] = time.time,
         dry_run: bool = False,
         transit_poll_s: float = 0.25,
+        max_cache_age_s: float = 75.0,
     ) -> None:
         self.config = config
         self.kube = kube
@@ -139,6 +140,7 @@ class Daemon:
         self.clock = clock
         self.dry_run = dry_run
         self.transit_poll_s = transit_poll_s
+        self.max_cache_age_s = max_cache_age_s  # watch timeout (60 s) + request timeout + slack
         self.targets = {p.name: PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools}
         self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, on_step=self._on_step)
         self._recorders: dict[str, HistoryRecorder] = {}
@@ -233,9 +235,12 @@ class Daemon:
             if not leading:
                 return TickResult(observed=False)
         status = self.kube.cache_status()
-        if not status.synced:
-            log.warning("kube_cache_not_synced")
-            return TickResult(observed=False, error="kubernetes watch cache not synced")
+        age = status.last_event_age_s
+        if not status.synced or (age is not None and age > self.max_cache_age_s):
+            # A watch cut silently keeps "synced" until its read timeout: fail closed on age too.
+            log.warning("kube_cache_not_fresh", synced=status.synced, last_event_age_s=age)
+            self._count_error("kubernetes")
+            return TickResult(observed=False, error="kubernetes watch cache not synced or stale")
         obs = self.observe(now)
         self.last_observation = obs
         result = TickResult(observed=True)
@@ -363,7 +368,9 @@ class Daemon:
                     log.warning("step_failed", node=name, step=str(step), phase=str(facts.phase), error=str(exc))
             for pool_cfg in self.config.pools:
                 pool_facts = [f for n, f in obs.facts.items() if obs.pool_of[n] == pool_cfg.name]
-                if not pool_facts or any(n in obs.problems and obs.facts[n].phase is None for n in obs.pool_of):
+                if not pool_facts or any(
+                    n in obs.problems and (n not in obs.facts or obs.facts[n].phase is None) for n in obs.pool_of
+                ):  # a node without facts (unknown to Slurm): its share of the scale is unknown too
                     continue
                 want = desired_replicas(pool_facts)
                 if obs.view.pools[pool_cfg.name].desired_replicas != want:

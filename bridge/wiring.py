@@ -16,6 +16,7 @@ from typing import Any
 from bridge import logs
 from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
 from bridge.adapters.kube.dryrun import DryRunKube
+from bridge.adapters.kube.fenced import FencedKube, NotLeaderError
 from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromAdapter, PromPool
 from bridge.adapters.slurm.cli import CliSlurm
@@ -76,6 +77,47 @@ class DryRunSlurm:
     def cancel_hold(self, node: str) -> bool:
         return self._would("cancel_hold", node=node)
 
+    def requeue(self, job_id: str) -> bool:
+        return self._would("requeue", job=job_id)
+
+
+class FencedSlurm:
+    """Slurm reads pass through; every write first checks that we still hold the Lease."""
+
+    def __init__(self, inner: Any, leader: LeaderElector) -> None:
+        self._inner = inner
+        self._leader = leader
+
+    def _check(self, write: str) -> None:
+        if not self._leader.is_leader:
+            raise NotLeaderError(f"slurm {write}")
+
+    def nodes(self) -> Any:
+        return self._inner.nodes()
+
+    def jobs(self) -> Any:
+        return self._inner.jobs()
+
+    def drain(self, node: str, reason: str) -> bool:
+        self._check("drain")
+        return bool(self._inner.drain(node, reason))
+
+    def resume(self, node: str) -> bool:
+        self._check("resume")
+        return bool(self._inner.resume(node))
+
+    def submit_hold(self, node: str) -> str:
+        self._check("submit_hold")
+        return str(self._inner.submit_hold(node))
+
+    def cancel_hold(self, node: str) -> Any:
+        self._check("cancel_hold")
+        return self._inner.cancel_hold(node)
+
+    def requeue(self, job_id: str) -> bool:
+        self._check("requeue")
+        return bool(self._inner.requeue(job_id))
+
 
 @dataclass
 class Adapters:
@@ -106,7 +148,7 @@ def build_adapters(
     api = api_client_from_config(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None)
     real_kube = KubeAdapter(
         api,
-        pools=[PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools],
+        pools=[PoolTarget(p.name, p.namespace, p.deployment, node_selector=dict(p.node_selector) or None) for p in config.pools],
         identity=identity,
         request_timeout_s=k.timeout_s,
     )
@@ -120,6 +162,7 @@ def build_adapters(
         timeout_s=config.prometheus.timeout_s,
         staleness_s=config.policy.signal_max_age_s,
         rate_window_s=config.prometheus.rate_window_s,
+        scrape_interval_s=config.prometheus.scrape_interval_s,
     )
     elector = None
     if leader:
@@ -129,6 +172,10 @@ def build_adapters(
         )
     kube: Any = DryRunKube(real_kube, identity=identity) if dry_run else real_kube
     slurm_side: Any = DryRunSlurm(slurm) if dry_run else slurm
+    if elector is not None and not dry_run:
+        # Every write checks the Lease right before it is made, not once per tick.
+        kube = FencedKube(kube, elector)
+        slurm_side = FencedSlurm(slurm_side, elector)
     closers.append(api.close)
     return Adapters(
         kube=kube,

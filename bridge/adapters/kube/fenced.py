@@ -59,6 +59,10 @@ class FencedKube:
         return self._inner.read_scale(namespace, deployment)
 
     # writes
+    def set_request(self, node: str, request: str | None) -> bool:
+        self._check("set_request")
+        return self._inner.set_request(node, request)  # type: ignore[attr-defined,no-any-return]
+
     def set_phase(self, node: str, phase: Phase, reason: str, since: float) -> bool:
         self._check("set_phase")
         return self._inner.set_phase(node, phase, reason, since)

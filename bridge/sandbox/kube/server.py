@@ -40,6 +40,12 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (OSError, ValueError):  # a client that went away (reset, TLS alert, closed socket)
+            self.close_connection = True
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         return None
 
@@ -98,7 +104,8 @@ class _Handler(BaseHTTPRequestHandler):
                     if c:
                         self._chunk(c)
                     elif self._client_gone():
-                        break
+                        self.close_connection = True
+                        return
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError, OSError):
@@ -107,13 +114,12 @@ class _Handler(BaseHTTPRequestHandler):
             chunks.close()
 
     def _client_gone(self) -> bool:
-        """True once the client closed its end (a readable socket with nothing to read)."""
+        """True once the client closed its end. A watch client sends nothing while the
+        stream runs, so a readable socket means EOF (or a TLS close_notify before it)."""
         try:
             r, _, _ = select.select([self.connection], [], [], 0)
-            if not r:
-                return False
-            return self.connection.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
+            return bool(r)
+        except (OSError, ValueError):
             return True
 
     def _chunk(self, data: bytes) -> None:

@@ -11,10 +11,10 @@ import sys
 import threading
 from typing import Any
 
-from bridge.sandbox.kube.serving_model import DEFAULT_MODEL, ServingModel, seed_serving, wait_serving_ready
+from bridge.sandbox.kube.serving_model import DEFAULT_MODEL, ServingModel, cli_args, seed_serving, wait_serving_ready
 from bridge.sandbox.kube.server import KubeServer
 
-__all__ = ["KubeServer", "ServingModel", "seed_serving", "wait_serving_ready", "register_cli"]
+__all__ = ["KubeServer", "ServingModel", "cli_args", "seed_serving", "wait_serving_ready", "register_cli"]
 
 
 def register_cli(subparsers: Any) -> None:
@@ -42,10 +42,15 @@ def register_cli(subparsers: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from bridge import logs
 
-    logs.configure()
-    if args.nodes < 0 or args.spare_nodes < 0:
-        print("gpu-bridge sandbox kube: --nodes/--spare-nodes: must be >= 0", file=sys.stderr)
+    for flag, value in (("--nodes", args.nodes), ("--spare-nodes", args.spare_nodes), ("--grace-s", args.grace_s),
+                        ("--pod-start-delay-s", args.pod_start_delay_s)):
+        if value < 0:
+            print(f"gpu-bridge sandbox kube: {flag}: must be >= 0, got {value}", file=sys.stderr)
+            return 2
+    if args.replicas is not None and args.replicas < 0:
+        print(f"gpu-bridge sandbox kube: --replicas: must be >= 0, got {args.replicas}", file=sys.stderr)
         return 2
+    logs.configure()
     server = KubeServer(args.host, args.port, token=args.token, pod_start_delay_s=args.pod_start_delay_s,
                         pod_stop_s=args.pod_stop_s)
     try:

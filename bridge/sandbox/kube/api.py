@@ -556,6 +556,9 @@ def delete_object(store: Store, r: Resource, namespace: str, name: str,
                 store.deadlines[(namespace, name)] = (meta.get("uid", ""), time.monotonic() + grace)
                 return obj, False
         elif r.kind == "Namespace":
+            if name in ("default", "kube-system", "kube-public"):
+                raise ApiError(403, "Forbidden", f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                               {"name": name, "kind": "namespaces"})
             removed = store.remove(r, "", name)
             for other in res_mod.RESOURCES:
                 if other.namespaced:

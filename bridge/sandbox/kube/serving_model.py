@@ -45,6 +45,18 @@ class ServingModel:
         return [f"{self.node_prefix}{i:02d}" for i in range(1, self.nodes + 1)]
 
 
+def cli_args(m: ServingModel, *, spare_nodes: int = 0) -> list[str]:
+    """The ``gpu-bridge sandbox kube`` arguments that seed ``m`` (for the sandbox orchestrator,
+    which starts the server as a subprocess: ``Sandbox(kube=True, kube_args=cli_args(m))``)."""
+    argv = ["--seed-serving", "--nodes", str(m.nodes), "--pool", m.pool, "--model", m.model,
+            "--grace-s", str(m.termination_grace_s)]
+    if spare_nodes:
+        argv += ["--spare-nodes", str(spare_nodes)]
+    if m.replicas is not None:
+        argv += ["--replicas", str(m.replicas)]
+    return argv
+
+
 def node_object(name: str, pool: str, gpus: int, index: int = 1) -> dict[str, Any]:
     ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     res = {"cpu": "64", "memory": "512Gi", "pods": "110", wellknown.GPU_RESOURCE: str(gpus),

@@ -30,6 +30,15 @@ def _fail(what: str, msg: str) -> AdapterError:
     return AdapterError("slurm", f"{what}: {msg}")
 
 
+def _guarded(what: str, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``; a record of a shape the checks above did not foresee (a list where a
+    string was expected, ...) becomes an AdapterError naming it, never a crash of the tick."""
+    try:
+        return fn(*args)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ArithmeticError) as e:
+        raise _fail(what, f"malformed record ({type(e).__name__}: {str(e)[:120]})") from None
+
+
 def load_json(text: str, what: str) -> Mapping[str, Any]:
     """Parse a command's JSON output; truncated/garbled/empty output and Slurm-reported
     errors raise AdapterError."""
@@ -175,12 +184,12 @@ def parse_nodes(text: str) -> tuple[SlurmNode, ...]:
     """All nodes of ``sinfo --json`` output, sorted by name (either version's shape)."""
     doc = load_json(text, "sinfo --json")
     if "sinfo" in doc:
-        nodes = _nodes_24(doc["sinfo"])
+        nodes = _guarded("sinfo --json", _nodes_24, doc["sinfo"])
     elif "nodes" in doc:
         raw = doc["nodes"]
         if not isinstance(raw, list):
             raise _fail("sinfo --json", "'nodes' is not a list")
-        nodes = [_node_22(r, i) for i, r in enumerate(raw)]
+        nodes = [_guarded(f"sinfo --json: nodes[{i}]", _node_22, r, i) for i, r in enumerate(raw)]
     else:
         raise _fail("sinfo --json", f"unknown shape: no 'nodes' or 'sinfo' key (keys: {sorted(doc)[:10]})")
     return tuple(sorted(nodes, key=lambda n: n.name))
@@ -249,7 +258,7 @@ def parse_jobs(text: str, *, active_only: bool = True) -> tuple[SlurmJobInfo, ..
         raise _fail("squeue --json", f"unknown shape: no 'jobs' key (keys: {sorted(doc)[:10]})")
     if not isinstance(raw, list):
         raise _fail("squeue --json", "'jobs' is not a list")
-    jobs = [_job(r, i) for i, r in enumerate(raw)]
+    jobs = [_guarded(f"squeue --json: jobs[{i}]", _job, r, i) for i, r in enumerate(raw)]
     if active_only:
         jobs = [j for j in jobs if j.state in ACTIVE_JOB_STATES]
     return tuple(sorted(jobs, key=lambda j: (len(j.job_id), j.job_id)))

@@ -1,0 +1,247 @@
+"""Slurm JSON of an unknown shape, truncated or fuzzed: the parsers raise a clear
+AdapterError (never another exception, never "no nodes"/"no jobs"), and the daemon, reading
+it through the real CLI adapter, holds every node: no write to Kubernetes or Slurm, no lend,
+no reclaim. The same world with valid output does act (the control)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bridge import wellknown as wk
+from bridge.adapters.fakes import FakeKube, FakeProm
+from bridge.adapters.kube.protocol import PoolTarget
+from bridge.adapters.prom import PromPool
+from bridge.adapters.slurm.cli import CliSlurm, CommandResult
+from bridge.adapters.slurm.parse import parse_jobs, parse_nodes
+from bridge.config import default_config
+from bridge.daemon import Daemon
+from bridge.errors import AdapterError
+from bridge.model import ActionKind, HoldReason, LoadSignals, Phase
+from bridge.observe import Readings, join
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
+DOCS = {name: (FIX / name).read_text() for name in
+        ("sinfo-22.05.json", "sinfo-24.11.json", "squeue-22.05.json", "squeue-24.11.json")}
+NOW = 1_767_225_600.0
+
+
+def parse(name: str, text: str) -> Any:
+    return parse_nodes(text) if name.startswith("sinfo") else parse_jobs(text)
+
+
+# --- the parsers -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_truncated_at_every_point_is_an_adapter_error(name: str) -> None:
+    text = DOCS[name]
+    assert parse(name, text)  # the whole document parses
+    step = max(1, len(text) // 400)
+    for cut in range(0, len(text) - 1, step):
+        piece = text[:cut]
+        try:
+            parse(name, piece)
+        except AdapterError as exc:
+            assert str(exc).startswith("slurm: "), exc
+            continue
+        # a prefix that is itself a complete JSON document (whitespace cut) must equal the whole
+        assert piece.strip() == text.strip(), f"{name} cut at {cut} parsed as a valid document"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"nodes": null}', '{"sinfo": {}}', '{"sinfo": [1]}', '{"jobs": {}}', '{"jobs": [1]}', '{"jobs": null}',
+        '{"meta": {"plugin": {"data_parser": "v0.0.99"}}, "things": []}', "null", "42", '"text"', "[]",
+        '{"nodes": [{"name": "n1", "state": ["IDLE"], "state_flags": "DRAIN"}]}',
+        '{"sinfo": [{"nodes": {"nodes": "n1"}, "node": {"state": "IDLE"}}]}',
+        '{"sinfo": [{"nodes": {"nodes": ["n[1-"]}, "node": {"state": ["IDLE"]}}]}',
+        '{"jobs": [{"job_id": "abc", "job_state": "RUNNING", "name": "x", "partition": "p"}]}',
+        '{"jobs": [{"job_id": 1, "job_state": [], "name": "x", "partition": "p"}]}',
+        '{"jobs": [{"job_id": 1, "job_state": "RUNNING", "name": 7, "partition": "p"}]}',
+        '{"jobs": [{"job_id": 1, "job_state": "RUNNING", "name": "x", "partition": "p", "nodes": ["n1"]}]}',
+        '\x00\x01binary', "<html>502 Bad Gateway</html>",
+    ],
+)
+def test_unknown_shapes_are_adapter_errors(text: str) -> None:
+    for parser in (parse_nodes, parse_jobs):
+        with pytest.raises(AdapterError) as info:
+            parser(text)
+        assert str(info.value).startswith("slurm: ") and len(str(info.value)) < 600
+
+
+garbage = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(), st.text(max_size=20),
+    st.lists(st.one_of(st.integers(), st.text(max_size=8), st.none()), max_size=3),
+    st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8), st.none()), max_size=3),
+)
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix] if prefix else []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:3]):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+PARSED = {name: json.loads(text) for name, text in DOCS.items()}
+PATHS = {name: _paths(doc) for name, doc in PARSED.items()}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_fuzzed_documents_parse_or_raise_adapter_error(data: st.DataObject) -> None:
+    """Any key of a recorded document replaced by garbage, or removed: the parse either
+    succeeds or raises AdapterError; a TypeError/KeyError/... would crash the daemon's tick."""
+    name = data.draw(st.sampled_from(sorted(DOCS)))
+    doc = copy.deepcopy(PARSED[name])
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        path = data.draw(st.sampled_from(PATHS[name]))
+        cur = doc
+        try:
+            for p in path[:-1]:
+                cur = cur[p]
+            if data.draw(st.booleans()) and isinstance(cur, dict):
+                cur.pop(path[-1], None)
+            else:
+                cur[path[-1]] = data.draw(garbage)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier mutation changed the shape under this path
+    try:
+        parse(name, json.dumps(doc))
+    except AdapterError:
+        pass
+
+
+# --- the daemon, reading Slurm through the real CLI adapter -------------------------------------
+
+NODES = [f"gpu-node-0{i}" for i in range(1, 5)]
+
+
+def sinfo(nodes: Sequence[str] = NODES, undrained: Sequence[str] = ()) -> str:
+    recs = []
+    for n in nodes:
+        drained = n not in undrained
+        recs.append({
+            "name": n, "state": "allocated" if drained else "idle", "state_flags": ["DRAIN"] if drained else [],
+            "reason": "gpu-bridge: serving (pool default)" if drained else "", "gres": "gpu:4",
+            "partitions": ["preempt", "gpu-bridge"],
+        })
+    return json.dumps({"meta": {}, "errors": [], "nodes": recs})
+
+
+def squeue(nodes: Sequence[str] = NODES) -> str:
+    jobs = [{"job_id": 100 + i, "name": wk.SLURM_HOLD_JOB_PREFIX + n, "user_name": "root", "partition": "gpu-bridge",
+             "job_state": "RUNNING", "nodes": n, "start_time": int(NOW - 3600)} for i, n in enumerate(nodes)]
+    return json.dumps({"meta": {}, "errors": [], "jobs": jobs})
+
+
+class Runner:
+    """A CommandRunner answering sinfo/squeue with set texts, recording every argv."""
+
+    def __init__(self, sinfo_text: str, squeue_text: str) -> None:
+        self.out = {"sinfo": sinfo_text, "squeue": squeue_text}
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+        self.calls.append(list(argv))
+        if argv[0] in self.out and list(argv[1:]) == ["--json"]:
+            return CommandResult(0, self.out[argv[0]], "")
+        if argv[0] == "sbatch":
+            return CommandResult(0, "900\n", "")
+        return CommandResult(0, "", "")
+
+    def writes(self) -> list[list[str]]:
+        return [c for c in self.calls if c[1:] != ["--json"]]
+
+
+def world(sinfo_text: str, squeue_text: str, *, load_replicas: float) -> tuple[Daemon, FakeKube, Runner]:
+    config = default_config(min_serving=1)
+    kube = FakeKube(now=NOW)
+    for n in NODES:
+        labels = {wk.LABEL_PHASE: "serving"} if n != "gpu-node-04" else {}
+        ann = {wk.ANNOTATION_PHASE_SINCE: f"{NOW - 86400:.3f}"} if n != "gpu-node-04" else {}
+        kube.add_node(n, "default", labels=labels, annotations=ann)
+    kube.add_pool(PoolTarget("default", "default", "vllm"), replicas=len(NODES))
+    kube.calls.clear()
+    prom = FakeProm()
+    prom.set("default", LoadSignals(t=NOW, running=load_replicas * 24, waiting=0.0, kv_cache_usage_sum=0.1 * len(NODES),
+                                    tokens_per_s=None, replicas_reporting=len(NODES)))
+    runner = Runner(sinfo_text, squeue_text)
+    slurm = CliSlurm(runner=runner)
+    d = Daemon(config, kube=kube, slurm=slurm, prom=prom, prom_pools={"default": PromPool("default", "default")},
+               clock=lambda: NOW)
+    return d, kube, runner
+
+
+def kube_writes(kube: FakeKube) -> dict[tuple[str, str], int]:
+    return {k: v for k, v in kube.calls.items() if k[0] != "get" and v}
+
+
+def test_control_valid_output_does_act() -> None:
+    d, kube, runner = world(sinfo(undrained=["gpu-node-04"]), squeue(NODES[:3]), load_replicas=3.5)
+    result = d.tick()
+    assert result.observed
+    assert kube_writes(kube), "adopting gpu-node-04 writes its phase"
+    assert any(c[:2] == ["scontrol", "update"] and "NodeName=gpu-node-04" in c for c in runner.writes())
+
+
+BROKEN_SLURM = [
+    ("sinfo truncated", sinfo(undrained=["gpu-node-04"])[:150], squeue(NODES[:3])),
+    ("squeue truncated", sinfo(undrained=["gpu-node-04"]), squeue(NODES[:3])[:-30]),
+    ("sinfo unknown shape", json.dumps({"meta": {}, "errors": [], "machines": []}), squeue(NODES[:3])),
+    ("squeue unknown shape", sinfo(undrained=["gpu-node-04"]), json.dumps({"meta": {}, "queue": []})),
+    ("sinfo empty", "", squeue(NODES[:3])),
+    ("squeue html", sinfo(undrained=["gpu-node-04"]), "<html>500</html>"),
+    ("sinfo errors", json.dumps({"errors": [{"error": "Unable to contact slurm controller"}], "nodes": []}), squeue()),
+]
+
+
+@pytest.mark.parametrize(("case", "sinfo_text", "squeue_text"), BROKEN_SLURM, ids=[c[0] for c in BROKEN_SLURM])
+@pytest.mark.parametrize("load_replicas", [0.2, 40.0], ids=["low-load", "spike"])
+def test_daemon_holds_every_node_on_bad_slurm_output(case: str, sinfo_text: str, squeue_text: str, load_replicas: float) -> None:
+    d, kube, runner = world(sinfo_text, squeue_text, load_replicas=load_replicas)
+    for _ in range(3):
+        d.tick()
+    assert kube_writes(kube) == {}, f"{case}: wrote to Kubernetes"
+    assert kube.events == []
+    assert runner.writes() == [], f"{case}: wrote to Slurm"
+    plan = d.last_plan
+    assert plan is not None and not [a for a in plan.actions if a.kind in (ActionKind.LEND, ActionKind.RECLAIM)]
+    assert set(plan.hold_reasons) == set(NODES) and set(plan.hold_reasons.values()) == {HoldReason.PROBLEM}
+    obs = d.last_observation
+    assert obs is not None and obs.facts == {}
+    assert all("Slurm state unknown" in obs.problems[n] for n in NODES)
+
+
+def test_join_holds_every_node_when_slurm_failed() -> None:
+    config = default_config()
+    kube = FakeKube(now=NOW)
+    for n in NODES:
+        kube.add_node(n, "default", labels={wk.LABEL_PHASE: "lent"}, annotations={wk.ANNOTATION_PHASE_SINCE: "1"})
+    obs = join(now=NOW, config=config, kube_nodes=kube.nodes(), pods={"default": ()}, desired_replicas={"default": 0},
+               slurm_nodes=None, slurm_jobs=None, readings={"default": Readings(None)})
+    assert obs.facts == {} and set(obs.problems) == set(NODES)
+    assert all(n.problem and n.phase is Phase.LENT for n in obs.view.nodes)
+
+
+def test_a_node_missing_from_sinfo_is_held_and_the_rest_still_run() -> None:
+    """sinfo lists three of the four pool nodes (a partial answer): the missing one is held
+    ("node unknown to Slurm") and the tick does not crash."""
+    d, kube, runner = world(sinfo(NODES[:3]), squeue(NODES[:3]), load_replicas=3.5)
+    result = d.tick()
+    assert result.observed
+    obs = d.last_observation
+    assert obs is not None and obs.problems.get("gpu-node-04") == "node unknown to Slurm"
+    assert not any("gpu-node-04" in " ".join(c) for c in runner.writes())

@@ -146,6 +146,7 @@ class Result:
 
     metrics: Metrics
     wall_s: float
+    cpu_s: float  # process CPU time of the run (the wall time includes other load on the machine)
     tick_t: np.ndarray  # simulation seconds of each tick
     tick_ready: np.ndarray  # Ready serving nodes after the tick's actions
     tick_lent: np.ndarray  # nodes lent to Slurm (phase lent)
@@ -362,6 +363,7 @@ class Engine:
 
     def run(self) -> Result:
         wall0 = time.perf_counter()
+        cpu0 = time.process_time()
         s = self.s
         end = s.workload.duration_s
         tick = s.tick_s
@@ -415,6 +417,7 @@ class Engine:
         return Result(
             metrics=m,
             wall_s=time.perf_counter() - wall0,
+            cpu_s=time.process_time() - cpu0,
             tick_t=tt,
             tick_ready=tr,
             tick_lent=tl,

@@ -193,3 +193,35 @@ def test_deployment_scale_down_and_up(cluster: tuple[Store, Controllers]) -> Non
     wait_for(lambda: wait_serving_ready(store, m3, 0.05), 5)
     d = store.get(DEPLOY, "serving", "vllm")
     assert d["status"]["observedGeneration"] == d["metadata"]["generation"] == 3
+
+
+def test_pods_of_a_deleted_node_are_collected(cluster: tuple[Store, Controllers]) -> None:
+    store, _ = cluster
+    _node(store, "n")
+    store.create(PODS, _pod("p"), keep_status=True)
+    wait_for(lambda: _phase(store, "p")[0] == "n")
+    store.remove(NODES, "", "n")
+    wait_for(lambda: store.get_entry(PODS, "default", "p") is None)
+
+
+@pytest.mark.parametrize("spec,expected,desired,allowed", [
+    ({"maxUnavailable": 1}, 4, 3, 1),
+    ({"maxUnavailable": "50%"}, 4, 2, 2),
+    ({"minAvailable": 4}, 4, 4, 0),
+    ({"minAvailable": "50%"}, 4, 2, 2),
+])
+def test_pdb_status_arithmetic(cluster: tuple[Store, Controllers], spec: dict[str, Any], expected: int,
+                               desired: int, allowed: int) -> None:
+    store, _ = cluster
+    m = ServingModel(nodes=4)
+    seed_serving(store, m)
+    assert wait_serving_ready(store, m, 5)
+    store.mutate(PDBS, "serving", "vllm", lambda o: o.update(spec={**spec, "selector": {"matchLabels": {"app": "vllm"}}}))
+
+    def status() -> Any:
+        pdb = store.get(PDBS, "serving", "vllm")
+        st = pdb.get("status") or {}
+        return st if st.get("observedGeneration") == pdb["metadata"]["generation"] else None
+    st = wait_for(status)
+    assert (st["expectedPods"], st["desiredHealthy"], st["currentHealthy"], st["disruptionsAllowed"]) == (
+        expected, desired, 4, allowed)

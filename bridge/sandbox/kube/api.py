@@ -15,7 +15,7 @@ from bridge.sandbox.kube import defaults, patch as patch_mod, resources as res_m
 from bridge.sandbox.kube.eviction import evict
 from bridge.sandbox.kube.resources import Resource
 from bridge.sandbox.kube.store import ApiError, Entry, Store, WatchEvent, Watcher, conflict, deepcopy_json, \
-    now_rfc3339
+    not_found, now_rfc3339
 
 JSON = "application/json"
 
@@ -127,7 +127,10 @@ class Api:
 
     # --- reads -------------------------------------------------------------------------------
     def get(self, t: Target, req: Request) -> Response:
-        obj = self.store.get(t.resource, t.namespace or "", t.name)
+        e = self.store.get_entry(t.resource, t.namespace or "", t.name)
+        if e is None:
+            raise not_found(t.resource, t.name)
+        obj = e.obj
         if t.subresource == "scale":
             return Response.of(200, scale_of(t.resource, obj))
         if t.subresource not in ("", "status"):
@@ -136,8 +139,6 @@ class Api:
         if table:
             return Response.of(200, tables.table(t.resource, [obj], str(self.store.rv), table,
                                                  req.param("includeObject", "PartialObjectMetadata")))
-        e = self.store.get_entry(t.resource, t.namespace or "", t.name)
-        assert e is not None
         return Response(200, e.raw())
 
     def _selectors(self, t: Target, req: Request) -> tuple[Any, Any]:

@@ -207,7 +207,9 @@ class Controllers:
                     self._gc(REPLICASETS, ns, meta.get("uid", ""))
             elif ev.key == NODES.key:
                 schedule = True
-                if ev.type != "DELETED":
+                if ev.type == "DELETED":
+                    self._orphaned_pods(name)
+                else:
                     self._node_kubelet(obj)
                     if any(t.get("effect") == "NoExecute" for t in (obj.get("spec") or {}).get("taints") or []):
                         nodes_noexec.add(name)
@@ -368,6 +370,14 @@ class Controllers:
                     delete_object(self.store, r, ns, o["metadata"]["name"], {})
                 except ApiError:
                     pass
+
+    def _orphaned_pods(self, node_name: str) -> None:
+        """Pods bound to a node that no longer exists are deleted at once (the pod GC)."""
+        for key in list(self.store.pods_by_node.get(node_name, ())):
+            e = self.store.get_entry(PODS, *key)
+            if e is not None:
+                self.event(e.obj, "NodeLost", f"node {node_name} was deleted", "Warning", "pod-garbage-collector")
+                self.store.remove(PODS, key[0], key[1])
 
     def _taint_eviction(self, node_name: str) -> None:
         node = self.store.get_entry(NODES, "", node_name)

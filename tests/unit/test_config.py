@@ -297,3 +297,18 @@ def test_check_config_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         f'{f}: policy.tick: unknown key; did you mean "tick_s"?',
         f"{f}: 2 problems",
     ]
+
+
+def test_check_config_json_and_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    f = tmp_path / "bridge.yaml"
+    f.write_text("pools:\n  - name: llama\n    model_name: meta-llama/Llama-3.1-70B\n")
+    assert cli.main(["check-config", "--json", str(f)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["pools"][0]["model_name"] == "meta-llama/Llama-3.1-70B"
+    assert data["policy"]["victims"] == "least_lost_work"
+    assert cli.main(["check-config", "--keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "policy.scale_down_window_s\t300\tdemand must stay low this long before a lend (HPA stabilization window)" in lines
+    assert cli.main(["check-config"]) == 2

@@ -137,6 +137,12 @@ class RunningPrometheus:
 
 @pytest.fixture(scope="module")
 def prom_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # The clock starts with the fixture, not at import: in a full run this module's tests may
+    # start minutes after collection, and a "2 min old" sample must not fall out of
+    # Prometheus' 5 min lookback by then.
+    global T0, STALE_AT
+    T0 = time.time()
+    STALE_AT = T0 - 120.0
     tmp: Path = tmp_path_factory.mktemp("prom")
     registry = CollectorRegistry()
     registry.register(VllmLike())

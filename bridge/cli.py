@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bridge.simulate.cli",
     "bridge.config_cli",
     "bridge.daemon_cli",
+    "bridge.demo.cli",
 )
 
 

@@ -4,78 +4,17 @@ HOME so kubectl's discovery cache is private) and the official client.
 By default they run against an in-process ``KubeServer(port=0)``. Set
 ``GPU_BRIDGE_CONTRACT_KUBECONFIG=1`` and ``KUBECONFIG`` to run them against a real cluster
 instead: every test then works in its own namespace and on Node objects it creates itself
-(named ``gpu-bridge-contract-*``), and the few tests that need the sandbox (compaction,
+(names prefixed ``c<6 hex>-``), and the few tests that need the sandbox (compaction,
 token auth, fake kubelet timing) skip."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-
-KUBECTL = "/usr/bin/kubectl"
-
-
-@dataclass
-class Kube:
-    """One cluster under test, as its kubeconfig plus handy runners."""
-
-    kubeconfig: Path
-    home: Path
-    server: Any = None  # the in-process KubeServer, None against a real cluster
-    prefix: str = field(default_factory=lambda: "c" + uuid.uuid4().hex[:6])
-    _clients: list[Any] = field(default_factory=list)
-
-    @property
-    def sandbox(self) -> bool:
-        return self.server is not None
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
-        env.update({"HOME": str(self.home), "KUBECONFIG": str(self.kubeconfig)})
-        return env
-
-    def kubectl(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([KUBECTL, *args], env=self.env(), capture_output=True, text=True, timeout=timeout)
-        if check and r.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
-        return r
-
-    def kubectl_bg(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([KUBECTL, *args], env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-
-    def client(self) -> Any:
-        from kubernetes import client, config
-
-        api = config.new_client_from_config(config_file=str(self.kubeconfig))
-        self._clients.append(api)
-        return client, api
-
-    def close(self) -> None:
-        for c in self._clients:
-            c.close()
-
-    def name(self, base: str) -> str:
-        return f"{self.prefix}-{base}"
-
-
-def wait_for(cond: Callable[[], Any], timeout_s: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+from kube_contract import Kube, Serving, make_node, serving_objects, wait_for
 
 
 @pytest.fixture
@@ -99,62 +38,6 @@ def kube(tmp_path: Path) -> Iterator[Kube]:
             yield k
         finally:
             k.close()
-
-
-GPU = "nvidia.com/gpu"
-
-
-def make_node(core: Any, client: Any, name: str, labels: dict[str, str] | None = None, gpus: int = 4) -> Any:
-    """A Node via the API with allocatable GPUs and Ready (status written through /status)."""
-    body = {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}}
-    core.create_node(body)
-    res = {"cpu": "64", "memory": "512Gi", "pods": "110", GPU: str(gpus)}
-    ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res, "conditions": [
-        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready",
-         "lastHeartbeatTime": ts, "lastTransitionTime": ts}]}})
-    return core.read_node(name)
-
-
-def serving_objects(ns: str, pool: str, replicas: int, grace: int = 5, max_unavailable: int = 1) -> tuple[dict, dict]:
-    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "vllm", "namespace": ns},
-           "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "vllm"}},
-                    "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-                    "template": {"metadata": {"labels": {"app": "vllm"}},
-                                 "spec": {"terminationGracePeriodSeconds": grace,
-                                          "nodeSelector": {"gpu-bridge.io/pool": pool},
-                                          "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6.3",
-                                                          "resources": {"requests": {GPU: "4"},
-                                                                        "limits": {GPU: "4"}}}]}}}}
-    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "vllm", "namespace": ns},
-           "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": "vllm"}}}}
-    return dep, pdb
-
-
-@dataclass
-class Serving:
-    ns: str
-    pool: str
-    nodes: list[str]
-    core: Any
-    apps: Any
-    policy: Any
-    client: Any
-
-    def pods(self) -> list[Any]:
-        return self.core.list_namespaced_pod(self.ns, label_selector="app=vllm").items
-
-    def node_of(self) -> dict[str, str]:
-        return {p.metadata.name: p.spec.node_name for p in self.pods()}
-
-    def ready_pods(self) -> list[Any]:
-        out = []
-        for p in self.pods():
-            conds = {c.type: c.status for c in (p.status.conditions or [])}
-            if conds.get("Ready") == "True" and p.metadata.deletion_timestamp is None:
-                out.append(p)
-        return out
 
 
 @pytest.fixture

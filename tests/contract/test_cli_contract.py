@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import KUBECTL
+from kube_contract import KUBECTL
 
 
 @pytest.mark.integration

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import Kube, Serving, make_node, wait_for
+from kube_contract import Kube, Serving, make_node, wait_for
 
 
 def _core(kube: Kube) -> tuple[Any, Any]:

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import Kube, Serving, make_node, wait_for
+from kube_contract import Kube, Serving, make_node, wait_for
 
 
 def _node(kube: Kube, name: str) -> dict:

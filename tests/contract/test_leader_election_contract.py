@@ -10,7 +10,7 @@ import sys
 import threading
 
 import pytest
-from conftest import Kube, wait_for
+from kube_contract import Kube, wait_for
 
 CANDIDATE = r"""
 import sys, time

@@ -25,7 +25,7 @@ Per pool (pools in name order), in units of whole nodes:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bridge.config import Config, PoolConfig
 from bridge.model import (
@@ -178,8 +178,6 @@ def _hold(held: dict[str, str], codes: dict[str, str], n: NodeState, code: HoldR
 
 
 def _replace(d: PoolDecision, **kw: object) -> PoolDecision:
-    from dataclasses import replace
-
     return replace(d, **kw)  # type: ignore[arg-type]
 
 

@@ -225,3 +225,54 @@ def test_pdb_status_arithmetic(cluster: tuple[Store, Controllers], spec: dict[st
     st = wait_for(status)
     assert (st["expectedPods"], st["desiredHealthy"], st["currentHealthy"], st["disruptionsAllowed"]) == (
         expected, desired, 4, allowed)
+
+
+def test_concurrent_evictions_cannot_both_spend_a_budget_of_one(cluster: tuple[Store, Controllers]) -> None:
+    import threading
+
+    store, _ = cluster
+    m = ServingModel(nodes=3)
+    seed_serving(store, m)
+    assert wait_serving_ready(store, m, 5)
+    wait_for(lambda: (store.get(PDBS, "serving", "vllm").get("status") or {}).get("disruptionsAllowed") == 1)
+    names = sorted(p["metadata"]["name"] for p in store.objs(PODS, "serving"))
+    results: list[int] = []
+    barrier = threading.Barrier(3)
+
+    def go(name: str) -> None:
+        barrier.wait()
+        try:
+            evict(store, "serving", name, {})
+            results.append(201)
+        except ApiError as exc:
+            results.append(exc.code)
+    ts = [threading.Thread(target=go, args=(n,)) for n in names]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert sorted(results) == [201, 429, 429]
+
+
+def test_a_second_delete_may_only_shorten_the_grace(cluster: tuple[Store, Controllers]) -> None:
+    store, _ = cluster
+    _node(store, "n")
+    store.create(PODS, _pod("p", terminationGracePeriodSeconds=60), keep_status=True)
+    wait_for(lambda: _phase(store, "p")[1] == "Running")
+    obj, _ = delete_object(store, PODS, "default", "p", {"gracePeriodSeconds": 30})
+    assert obj["metadata"]["deletionGracePeriodSeconds"] == 30
+    obj, _ = delete_object(store, PODS, "default", "p", {"gracePeriodSeconds": 50})
+    assert obj["metadata"]["deletionGracePeriodSeconds"] == 30  # not extended
+    rv = obj["metadata"]["resourceVersion"]
+    assert store.get(PODS, "default", "p")["metadata"]["resourceVersion"] == rv
+    delete_object(store, PODS, "default", "p", {"gracePeriodSeconds": 0})  # force: gone now
+    assert store.get_entry(PODS, "default", "p") is None
+
+
+def test_pod_stop_s_caps_the_grace_period(cluster: tuple[Store, Controllers]) -> None:
+    store, _ = cluster  # pod_stop_s=0.1 in the fixture
+    _node(store, "n")
+    store.create(PODS, _pod("p", terminationGracePeriodSeconds=60), keep_status=True)
+    wait_for(lambda: _phase(store, "p")[2])
+    delete_object(store, PODS, "default", "p", {})
+    wait_for(lambda: store.get_entry(PODS, "default", "p") is None, 3)

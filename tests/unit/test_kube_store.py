@@ -191,3 +191,11 @@ def test_discovery_documents() -> None:
     assert (sc["group"], sc["version"], sc["kind"]) == ("autoscaling", "v1", "Scale")
     groups = {g["name"] for g in R.api_group_list()["groups"]}
     assert {"apps", "policy", "coordination.k8s.io", "events.k8s.io"} <= groups
+
+
+def test_noop_write_emits_no_event(api: Api) -> None:
+    call(api, "POST", "/api/v1/nodes", {"metadata": {"name": "n1", "labels": {"a": "1"}}})
+    rv, n_events = api.store.rv, len(api.store.log)
+    code, _ = call(api, "PATCH", "/api/v1/nodes/n1", {"metadata": {"labels": {"a": "1"}}},
+                   "application/strategic-merge-patch+json")
+    assert code == 200 and api.store.rv == rv and len(api.store.log) == n_events

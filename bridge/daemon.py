@@ -186,10 +186,13 @@ class Daemon:
         kube_nodes = self.kube.nodes()
         pods = {p.name: self.kube.pods(p.name) for p in self.config.pools}
         desired: dict[str, int] = {}
+        pool_problems: dict[str, str] = {}
         for p in self.config.pools:
             dep = self.kube.deployment(p.name)
             if dep is not None:
                 desired[p.name] = dep.replicas
+                if getattr(dep, "problem", None):
+                    pool_problems[p.name] = f"deployment {p.namespace}/{p.deployment}: {dep.problem}"
         try:
             slurm_nodes: Sequence[SlurmNodeLike] | None = self.slurm.nodes()
             slurm_jobs: Sequence[SlurmJob] | None = self.slurm.jobs()
@@ -220,6 +223,7 @@ class Daemon:
             slurm_nodes=slurm_nodes,
             slurm_jobs=slurm_jobs,
             readings=readings,
+            pool_problems=pool_problems,
         )
 
     def tick(self) -> TickResult:

@@ -102,9 +102,11 @@ def join(
     slurm_nodes: Sequence[SlurmNodeLike] | None,
     slurm_jobs: Sequence[SlurmJob] | None,
     readings: Mapping[str, Readings],
+    pool_problems: Mapping[str, str] | None = None,
 ) -> Observation:
     """Build the policy view and the lifecycle facts. ``slurm_nodes``/``slurm_jobs`` None:
-    the Slurm lookup failed, so every node is held (its Slurm side is unknown)."""
+    the Slurm lookup failed, so every node is held (its Slurm side is unknown).
+    ``pool_problems``: pool -> why its Deployment cannot be trusted (its nodes are held)."""
     slurm_by_name = {n.name: n for n in slurm_nodes} if slurm_nodes is not None else None
     jobs = list(slurm_jobs) if slurm_jobs is not None else []
     holds: dict[str, HoldFacts] = {}
@@ -157,6 +159,11 @@ def join(
         elif sn.drained and not sn.reason_ours:
             problem = problem or "drained in Slurm by someone else (never undone by gpu-bridge)"
         node_pods = pods_on.get(kn.name, [])
+        bad_pod = next((p for p in node_pods if getattr(p, "problem", None)), None)
+        if bad_pod is not None:  # a serving pod we cannot read properly: never guess around it
+            problem = problem or f"serving pod {bad_pod.name}: {getattr(bad_pod, 'problem')}"
+        if pool_problems and pool.name in pool_problems:
+            problem = problem or pool_problems[pool.name]
         if kn.phase is Phase.RETURNING and kn.phase_since is not None:
             limit = ready_timeout_s(pool)
             if now - kn.phase_since > limit and not any(p.ready and not p.terminating for p in node_pods):

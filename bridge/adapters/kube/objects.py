@@ -90,6 +90,7 @@ class DeploymentInfo:
     available_replicas: int = 0
     updated_replicas: int = 0
     match_labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # spec.selector.matchLabels
+    problem: str | None = None  # a field the API always sets is missing or invalid: hold the pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,20 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     if not isinstance(meta, Mapping):
         raise ValueError("object without metadata")
     return meta
+
+
+def _required(meta: Mapping[str, Any], problems: list[str], keys: tuple[str, ...] = ("name", "uid", "resourceVersion")) -> None:
+    """Fields every object from the API has: without a name it cannot be addressed, without
+    a resourceVersion a write would not be guarded by optimistic concurrency."""
+    for key in keys:
+        value = meta.get(key)
+        if not isinstance(value, str) or not value:
+            problems.append(f"metadata.{key}: missing (every API object has it)")
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """A sub-object, or empty when absent or not an object (garbage is never a crash)."""
+    return value if isinstance(value, Mapping) else _EMPTY
 
 
 def _str_map(value: Any) -> Mapping[str, str]:
@@ -177,11 +192,12 @@ def _condition_true(status: Mapping[str, Any], kind: str) -> bool:
 def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     """A Node's JSON -> NodeInfo; our labels/annotations validated (see ``problem``)."""
     meta = _meta(obj)
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
+    spec = _mapping(obj.get("spec"))
+    status = _mapping(obj.get("status"))
     labels = _str_map(meta.get("labels"))
     annotations = _str_map(meta.get("annotations"))
     problems: list[str] = []
+    _required(meta, problems)
 
     phase = _enum_value("label", wk.LABEL_PHASE, labels.get(wk.LABEL_PHASE), Phase, problems)
     pin = _enum_value("label", wk.LABEL_PIN, labels.get(wk.LABEL_PIN), Pin, problems)
@@ -204,7 +220,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     )
 
     gpus: int | None = None
-    raw_gpus = (status.get("allocatable") or {}).get(wk.GPU_RESOURCE)
+    raw_gpus = _mapping(status.get("allocatable")).get(wk.GPU_RESOURCE)
     if raw_gpus is not None:
         try:
             gpus = parse_quantity_int(raw_gpus)
@@ -238,10 +254,11 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 def parse_pod(obj: Mapping[str, Any], pool: str) -> PodInfo:
     meta = _meta(obj)
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
+    spec = _mapping(obj.get("spec"))
+    status = _mapping(obj.get("status"))
     annotations = _str_map(meta.get("annotations"))
     problems: list[str] = []
+    _required(meta, problems, ("name", "namespace", "uid", "resourceVersion"))
     cost: int | None = None
     raw_cost = annotations.get(wk.POD_DELETION_COST)
     if raw_cost is not None:
@@ -277,9 +294,15 @@ def _int(value: Any, default: int = 0) -> int:
 
 def parse_deployment(obj: Mapping[str, Any]) -> DeploymentInfo:
     meta = _meta(obj)
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    selector = spec.get("selector") or {}
+    spec = _mapping(obj.get("spec"))
+    status = _mapping(obj.get("status"))
+    selector = _mapping(spec.get("selector"))
+    problems: list[str] = []
+    _required(meta, problems, ("name", "namespace", "resourceVersion"))
+    raw_replicas = spec.get("replicas")
+    if isinstance(raw_replicas, bool) or not isinstance(raw_replicas, int) or raw_replicas < 0:
+        # the API defaults an absent spec.replicas to 1 on write: absent on read is garbage
+        problems.append(f"spec.replicas: expected an integer >= 0, got {_quote(str(raw_replicas))}")
     return DeploymentInfo(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "")),
@@ -292,13 +315,14 @@ def parse_deployment(obj: Mapping[str, Any]) -> DeploymentInfo:
         available_replicas=_int(status.get("availableReplicas")),
         updated_replicas=_int(status.get("updatedReplicas")),
         match_labels=_str_map(selector.get("matchLabels")),
+        problem="; ".join(problems) or None,
     )
 
 
 def parse_scale(obj: Mapping[str, Any]) -> ScaleInfo:
     meta = _meta(obj)
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
+    spec = _mapping(obj.get("spec"))
+    status = _mapping(obj.get("status"))
     return ScaleInfo(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),

@@ -84,10 +84,16 @@ RESOURCES: tuple[Resource, ...] = (
              allow_create_on_update=True, allow_unconditional_update=False),
     Resource("events.k8s.io", "v1", "events", "Event", True, ("ev",), (), has_status=False,
              allow_create_on_update=True),
+    # RBAC objects are stored and served (so manifests apply); nothing is enforced.
+    Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", True, (), (), has_status=False),
+    Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, (), (), has_status=False),
+    Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False, (), (), has_status=False),
+    Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False, (), (),
+             has_status=False),
 )
 
 # Groups served, in discovery order (the preferred version is the only one).
-GROUPS: tuple[str, ...] = ("apps", "policy", "coordination.k8s.io", "events.k8s.io")
+GROUPS: tuple[str, ...] = ("apps", "policy", "coordination.k8s.io", "events.k8s.io", "rbac.authorization.k8s.io")
 
 _BY_PATH: dict[tuple[str, str, str], Resource] = {(r.group, r.version, r.name): r for r in RESOURCES}
 _BY_KIND: dict[tuple[str, str], Resource] = {}

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bridge import wellknown as wk
+from bridge.adapters.slurm.hostlist import validate_node_name
+from bridge.errors import AdapterError
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts
 from bridge.model import ClusterView, LoadSignals, NodeState, Phase, PoolState, SlurmJob
@@ -151,6 +153,10 @@ def join(
         if request is not None:
             requests[kn.name] = request
         problem = kn.problem
+        try:  # a name that cannot go into Slurm's argv: a transition could never finish
+            validate_node_name(kn.name)
+        except AdapterError as exc:
+            problem = problem or f"{exc}; never lent or reclaimed"
         sn = slurm_by_name.get(kn.name) if slurm_by_name is not None else None
         if slurm_by_name is None:
             problem = problem or "Slurm state unknown (lookup failed)"

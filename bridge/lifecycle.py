@@ -121,10 +121,17 @@ def next_step(
             return Step.ADOPT_LENT if facts.fenced else Step.FENCE
         return Step.ADOPT
     if phase is Phase.SERVING:
-        if not facts.slurm_drained_by_us and not facts.slurm_drained_by_other:
-            return Step.ENSURE_DRAINED
-        if facts.hold is None and not facts.slurm_down:
+        drained = facts.slurm_drained_by_us or facts.slurm_drained_by_other
+        if facts.research_jobs:
+            # Research on a serving node (adopted that way, or slipped in): stop new ones,
+            # then requeue these at once: a drained node never starts our hold job.
+            return Step.REQUEUE_JOBS if drained else Step.ENSURE_DRAINED
+        if facts.hold is None and not drained and not facts.slurm_down:
+            # Hold first, while the node is idle: it starts at once, and squeue shows who
+            # holds the node. Then the drain, which survives slurmd/slurmctld restarts.
             return Step.ENSURE_HOLD
+        if not drained:
+            return Step.ENSURE_DRAINED
         return None
     if phase is Phase.LENDING:
         if not facts.fenced:

@@ -51,8 +51,11 @@ CASES = [
     ("serving-at-rest", facts(), False, None),
     ("serving-undrained", facts(slurm_drained_by_us=False), False, Step.ENSURE_DRAINED),
     ("serving-admin-drain-is-enough", facts(slurm_drained_by_us=False, slurm_drained_by_other=True), False, None),
-    ("serving-no-hold", facts(hold=None), False, Step.ENSURE_HOLD),
-    ("serving-no-hold-node-down", facts(hold=None, slurm_down=True), False, None),
+    ("serving-hold-first-while-idle", facts(hold=None, slurm_drained_by_us=False), False, Step.ENSURE_HOLD),
+    ("serving-drained-without-hold-rests", facts(hold=None), False, None),
+    ("serving-no-hold-node-down", facts(hold=None, slurm_down=True, slurm_drained_by_us=False), False, Step.ENSURE_DRAINED),
+    ("serving-research-slipped-in-drain", facts(slurm_drained_by_us=False, research_jobs=("7",)), False, Step.ENSURE_DRAINED),
+    ("serving-research-requeued", facts(research_jobs=("7",)), False, Step.REQUEUE_JOBS),
     ("lending-fence-first", facts(phase=Phase.LENDING), False, Step.FENCE),
     ("lending-mark-pod", facts(phase=Phase.LENDING, fenced=True), False, Step.MARK_POD),
     (
@@ -243,6 +246,9 @@ class World:
                 self.research = ("r1",)  # research lands at once
         elif step is Step.SUBMIT_HOLD:
             self.hold = HoldFacts("h", running=not self.research)
+        elif step is Step.REQUEUE_JOBS:
+            self.research_requeued += len(self.research)
+            self.research = ()
         elif step is Step.WAIT_HOLD and self.hold:
             if self.research:
                 self.research_requeued += len(self.research)

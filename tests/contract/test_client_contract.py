@@ -187,7 +187,14 @@ def test_events_core_and_events_k8s_io_with_field_selectors(kube: Kube) -> None:
                                            "reportingInstance": "a", "type": "Normal", "note": "lent",
                                            "regarding": {"kind": "Node", "name": "gpu-node-07"}})
     got = events_v1.list_namespaced_event(ns, field_selector="regarding.name=gpu-node-07")
-    assert [e.metadata.name for e in got.items] == ["n1"]
+    assert sorted(e.metadata.name for e in got.items) == ["e1", "n1"]  # one store, two APIs
+    e1 = events_v1.read_namespaced_event("e1", ns)
+    assert (e1.note, e1.reporting_controller, e1.regarding.name) == ("lent", "gpu-bridge", "gpu-node-07")
+    n1 = core.read_namespaced_event("n1", ns)
+    assert (n1.message, n1.reporting_component, n1.involved_object.name) == ("lent", "gpu-bridge.io/daemon",
+                                                                            "gpu-node-07")
+    got = core.list_namespaced_event(ns, field_selector="involvedObject.name=gpu-node-07")
+    assert sorted(e.metadata.name for e in got.items) == ["e1", "n1"]
     core.delete_namespace(ns)
 
 

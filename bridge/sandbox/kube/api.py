@@ -11,7 +11,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.sandbox.kube import defaults, patch as patch_mod, resources as res_mod, selectors, tables
+from bridge.sandbox.kube import defaults, events as events_mod, patch as patch_mod, resources as res_mod, selectors, \
+    tables
 from bridge.sandbox.kube.eviction import evict
 from bridge.sandbox.kube.resources import Resource
 from bridge.sandbox.kube.store import ApiError, Entry, Store, WatchEvent, Watcher, conflict, deepcopy_json, \
@@ -125,8 +126,30 @@ class Api:
         self.store = store
         self.settings = settings
 
+    # events.k8s.io/v1 Events are core/v1 Events seen another way: stored once, converted.
+    @staticmethod
+    def _converted(r: Resource) -> bool:
+        return r.group == "events.k8s.io"
+
+    def _storage(self, t: Target) -> Target:
+        if self._converted(t.resource):
+            return Target(res_mod.core("events"), t.namespace, t.name, t.subresource)
+        return t
+
+    def _view(self, r: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        return events_mod.to_events_v1(obj) if self._converted(r) else obj
+
+    def _raw(self, r: Resource, e: Entry) -> bytes:
+        if self._converted(r):
+            return json.dumps(events_mod.to_events_v1(e.obj), separators=(",", ":")).encode()
+        return e.raw()
+
+    def _out(self, r: Resource, code: int, obj: dict[str, Any]) -> Response:
+        return Response.of(code, self._view(r, obj))
+
     # --- reads -------------------------------------------------------------------------------
     def get(self, t: Target, req: Request) -> Response:
+        api_r, t = t.resource, self._storage(t)
         e = self.store.get_entry(t.resource, t.namespace or "", t.name)
         if e is None:
             raise not_found(t.resource, t.name)
@@ -137,20 +160,22 @@ class Api:
             raise ApiError(405, "MethodNotAllowed", f"GET is not supported on {t.resource.name}/{t.subresource}")
         table = tables.wants_table(req.headers.get("accept", ""))
         if table:
-            return Response.of(200, tables.table(t.resource, [obj], str(self.store.rv), table,
+            return Response.of(200, tables.table(api_r, [self._view(api_r, obj)], str(self.store.rv), table,
                                                  req.param("includeObject", "PartialObjectMetadata")))
-        return Response(200, e.raw())
+        return Response(200, self._raw(api_r, e))
 
     def _selectors(self, t: Target, req: Request) -> tuple[Any, Any]:
         try:
             lreqs = selectors.parse_label_selector(req.param("labelSelector"))
-            freqs = selectors.parse_field_selector(req.param("fieldSelector"), t.resource.key, t.resource.kind)
+            freqs = selectors.parse_field_selector(req.param("fieldSelector"), f"{t.resource.group}/{t.resource.name}",
+                                                   t.resource.kind)
         except selectors.SelectorError as exc:
             raise ApiError(400, "BadRequest", str(exc)) from None
         return lreqs, freqs
 
     def list(self, t: Target, req: Request) -> Response:
         lreqs, freqs = self._selectors(t, req)
+        api_r, t = t.resource, self._storage(t)
         limit = int(req.param("limit", "0") or 0)
         cont = req.param("continue")
         start_key: tuple[str, str] | None = None
@@ -177,7 +202,8 @@ class Api:
         for e in entries:
             m = e.obj["metadata"]
             key = (m.get("namespace", ""), m["name"])
-            if not (selectors.labels_match(lreqs, m.get("labels")) and selectors.fields_match(freqs, e.obj)):
+            if not (selectors.labels_match(lreqs, m.get("labels")) and
+                    selectors.fields_match(freqs, self._view(api_r, e.obj))):
                 continue
             if limit and len(out) >= limit:
                 remaining += 1
@@ -191,20 +217,23 @@ class Api:
             meta["remainingItemCount"] = remaining
         table = tables.wants_table(req.headers.get("accept", ""))
         if table:
-            tb = tables.table(t.resource, [e.obj for e in out], str(list_rv), table,
+            tb = tables.table(api_r, [self._view(api_r, e.obj) for e in out], str(list_rv), table,
                               req.param("includeObject", "PartialObjectMetadata"))
             tb["metadata"].update({k: v for k, v in meta.items() if k != "resourceVersion"})
             return Response.of(200, tb)
-        head = json.dumps({"kind": t.resource.kind + "List", "apiVersion": t.resource.api_version,
+        head = json.dumps({"kind": api_r.kind + "List", "apiVersion": api_r.api_version,
                            "metadata": meta}, separators=(",", ":")).encode()
-        body = head[:-1] + b',"items":[' + b",".join(e.raw() for e in out) + b"]}"
+        body = head[:-1] + b',"items":[' + b",".join(self._raw(api_r, e) for e in out) + b"]}"
         return Response(200, body)
 
     # --- watch -------------------------------------------------------------------------------
     def watch(self, t: Target, req: Request) -> Iterator[bytes]:
         """Lines of a watch stream (each a JSON event), ending at timeoutSeconds."""
         lreqs, freqs = self._selectors(t, req)
+        api_r = t.resource
+        t = self._storage(t)
         r = t.resource
+        view = self._view
         rv_param = req.param("resourceVersion")
         timeout = float(req.param("timeoutSeconds") or go_duration_s(req.param("timeout"))
                         or self.settings.default_watch_timeout_s)
@@ -215,16 +244,20 @@ class Api:
         ns = t.namespace if r.namespaced else None
         w = Watcher(r.key, ns)
 
-        def match(obj: Mapping[str, Any]) -> bool:
+        def match(obj: dict[str, Any]) -> bool:
             m = obj["metadata"]
-            return selectors.labels_match(lreqs, m.get("labels")) and selectors.fields_match(freqs, obj)
+            return selectors.labels_match(lreqs, m.get("labels")) and selectors.fields_match(freqs, view(api_r, obj))
 
         def line(typ: str, entry: Entry | None = None, obj: Any = None) -> bytes:
             if table and typ in ("ADDED", "MODIFIED", "DELETED"):
-                o = entry.obj if entry is not None else obj
-                tb = tables.table(r, [o], o["metadata"]["resourceVersion"], table, include)
+                o = view(api_r, entry.obj if entry is not None else obj)
+                tb = tables.table(api_r, [o], o["metadata"]["resourceVersion"], table, include)
                 return json.dumps({"type": typ, "object": tb}, separators=(",", ":")).encode() + b"\n"
-            raw = entry.raw() if entry is not None else json.dumps(obj, separators=(",", ":")).encode()
+            if entry is not None:
+                raw = self._raw(api_r, entry)
+            else:
+                o = view(api_r, obj) if typ in ("ADDED", "MODIFIED", "DELETED") else obj
+                raw = json.dumps(o, separators=(",", ":")).encode()
             return b'{"type":"' + typ.encode() + b'","object":' + raw + b"}\n"
 
         initial: list[bytes] = []
@@ -235,7 +268,7 @@ class Api:
                         initial.append(line("ADDED", e))
                 start_rv = self.store.rv
                 if send_initial and bookmarks:
-                    initial.append(line("BOOKMARK", obj=self._bookmark(r, start_rv, initial_end=True)))
+                    initial.append(line("BOOKMARK", obj=self._bookmark(api_r, start_rv, initial_end=True)))
             else:
                 try:
                     start_rv = int(rv_param)
@@ -271,7 +304,7 @@ class Api:
                         pending = bool(w.events)
                         bm_rv = self.store.rv
                     if not pending:
-                        yield line("BOOKMARK", obj=self._bookmark(r, bm_rv))
+                        yield line("BOOKMARK", obj=self._bookmark(api_r, bm_rv))
                     next_bookmark = time.monotonic() + self.settings.bookmark_interval_s
                 if not evs:
                     yield b""  # lets the HTTP layer notice a closed client
@@ -305,8 +338,11 @@ class Api:
 
     # --- writes ------------------------------------------------------------------------------
     def create(self, t: Target, req: Request) -> Response:
+        api_r, t = t.resource, self._storage(t)
         r = t.resource
         raw = req.json_body()
+        if self._converted(api_r) and isinstance(raw, dict):
+            raw = events_mod.to_core(raw)
         if t.subresource in ("eviction", "binding"):
             if not isinstance(raw, dict):
                 raise ApiError(400, "BadRequest", "the request body must be a JSON object")
@@ -327,13 +363,16 @@ class Api:
             body["status"] = {}
         defaults.on_create(r, body)
         if req.param("dryRun"):
-            return Response.of(201, body)
+            return self._out(api_r, 201, body)
         obj = self.store.create(r, body, keep_status=True)
-        return Response.of(201, obj)
+        return self._out(api_r, 201, obj)
 
     def update(self, t: Target, req: Request) -> Response:
+        api_r, t = t.resource, self._storage(t)
         r = t.resource
         body = req.json_body()
+        if self._converted(api_r) and isinstance(body, dict):
+            body = events_mod.to_core(body)
         if t.subresource == "scale":
             return self._write_scale(t, lambda cur: body if isinstance(body, dict) else {}, body)
         body = defaults.check_type(r, body)
@@ -348,9 +387,10 @@ class Api:
             defaults.on_create(r, body)
         obj, created = self.store.update(r, body, subresource=t.subresource or None, namespace=t.namespace or "",
                                          name=t.name)
-        return Response.of(201 if created else 200, obj)
+        return self._out(api_r, 201 if created else 200, obj)
 
     def patch(self, t: Target, req: Request) -> Response:
+        api_r, t = t.resource, self._storage(t)
         r = t.resource
         body = req.json_body()
         ct = req.headers.get("content-type", "")
@@ -360,9 +400,11 @@ class Api:
             return self._write_scale(t, apply_scale, None)
         with self.store.lock:
             cur = self.store.get(r, t.namespace or "", t.name)
-            new = self._apply_patch(ct, cur, body)
+            new = self._apply_patch(ct, self._view(api_r, cur), body)
             if not isinstance(new, dict):
                 raise ApiError(422, "Invalid", "the patch result is not an object")
+            if self._converted(api_r):
+                new = events_mod.to_core(new)
             nm = new.get("metadata") or {}
             if (nm.get("name") or t.name) != t.name:
                 raise ApiError(400, "BadRequest", "metadata.name: the patch may not change the name")
@@ -371,10 +413,10 @@ class Api:
             if "resourceVersion" not in nm:
                 new.setdefault("metadata", {})["resourceVersion"] = cur["metadata"]["resourceVersion"]
             if req.param("dryRun"):
-                return Response.of(200, new)
+                return self._out(api_r, 200, new)
             obj, _ = self.store.update(r, new, subresource=t.subresource or None, namespace=t.namespace or "",
                                        name=t.name, require_rv=False)
-        return Response.of(200, obj)
+        return self._out(api_r, 200, obj)
 
     @staticmethod
     def _apply_patch(ct: str, cur: Mapping[str, Any], body: Any) -> Any:
@@ -385,33 +427,35 @@ class Api:
             raise ApiError(exc.code, reason, str(exc)) from None
 
     def delete(self, t: Target, req: Request) -> Response:
+        api_r, t = t.resource, self._storage(t)
         body = req.json_body() or {}
         opts = dict(body) if isinstance(body, dict) else {}
         if req.param("gracePeriodSeconds"):
             opts["gracePeriodSeconds"] = int(req.param("gracePeriodSeconds"))
         if req.param("dryRun"):
-            return Response.of(200, self.store.get(t.resource, t.namespace or "", t.name))
+            return self._out(api_r, 200, self.store.get(t.resource, t.namespace or "", t.name))
         obj, done = delete_object(self.store, t.resource, t.namespace or "", t.name, opts)
         if t.resource.kind == "Pod" or not done:
-            return Response.of(200, obj)
+            return self._out(api_r, 200, obj)
         return Response.of(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                                 "details": {"name": t.name, "group": t.resource.group, "kind": t.resource.name,
+                                 "details": {"name": t.name, "group": api_r.group, "kind": api_r.name,
                                              "uid": obj["metadata"].get("uid")}})
 
     def delete_collection(self, t: Target, req: Request) -> Response:
         lreqs, freqs = self._selectors(t, req)
+        api_r, t = t.resource, self._storage(t)
         body = req.json_body() or {}
         opts = dict(body) if isinstance(body, dict) else {}
         deleted = []
         for obj in self.store.objs(t.resource, t.namespace if t.resource.namespaced else None):
             m = obj["metadata"]
-            if selectors.labels_match(lreqs, m.get("labels")) and selectors.fields_match(freqs, obj):
+            if selectors.labels_match(lreqs, m.get("labels")) and selectors.fields_match(freqs, self._view(api_r, obj)):
                 try:
                     o, _ = delete_object(self.store, t.resource, m.get("namespace", ""), m["name"], opts)
-                    deleted.append(o)
+                    deleted.append(self._view(api_r, o))
                 except ApiError:
                     pass
-        return Response.of(200, {"kind": t.resource.kind + "List", "apiVersion": t.resource.api_version,
+        return Response.of(200, {"kind": api_r.kind + "List", "apiVersion": api_r.api_version,
                                  "metadata": {"resourceVersion": str(self.store.rv)}, "items": deleted})
 
     # --- subresources ----------------------------------------------------------------------

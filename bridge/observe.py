@@ -207,7 +207,7 @@ def join(
                 pin=kn.pin,  # type: ignore[arg-type]
                 serving_pods=sum(1 for p in node_pods if not p.terminating),
                 serving_ready=any(p.ready and not p.terminating for p in node_pods),
-                slurm_state=_slurm_state(sn, kn.name in allocated),
+                slurm_state=_slurm_state(sn, kn.name in allocated, held=kn.name in holds and holds[kn.name].running),
                 jobs=on_node,
                 problem=problem,
             )
@@ -234,11 +234,13 @@ def join(
     return Observation(view=view, facts=facts, pool_of=pool_of, problems=problems, requests=requests)
 
 
-def _slurm_state(sn: SlurmNodeLike | None, allocated: bool) -> str:
+def _slurm_state(sn: SlurmNodeLike | None, allocated: bool, *, held: bool = False) -> str:
     if sn is None:
         return "unknown"
     if sn.down:
         return "down"
+    if held:
+        return "held"  # our placeholder job runs on it (drained by us too, once serving)
     if sn.drained:
         return "draining" if allocated else "drained"
     return "allocated" if allocated else "idle"

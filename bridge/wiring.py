@@ -39,6 +39,13 @@ def check_private_file(path: str | Path, *, what: str) -> None:
         st = p.stat()
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read {what}: {exc.strerror or exc}"]) from None
+    if st.st_uid not in (0, os.geteuid()):
+        raise ConfigError(
+            [
+                f"{p}: {what} is owned by uid {st.st_uid}, neither root nor the daemon's user "
+                f"(uid {os.geteuid()}), who can write it; refusing to use it. Fix with: chown {os.geteuid()} {p}"
+            ]
+        )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ConfigError(
             [
@@ -46,6 +53,20 @@ def check_private_file(path: str | Path, *, what: str) -> None:
                 f"refusing to use it. Fix with: chmod go-w {p}"
             ]
         )
+
+
+def kubeconfig_paths(config: Config) -> list[Path]:
+    """The kubeconfig file(s) the client will read: the configured one, else (outside a
+    cluster) $KUBECONFIG's list as the client saw it at import, else ~/.kube/config."""
+    k = config.kubernetes
+    if k.kubeconfig:
+        return [Path(k.kubeconfig)]
+    if k.in_cluster or "KUBERNETES_SERVICE_HOST" in os.environ:
+        return []
+    from kubernetes.config import kube_config
+
+    found = [Path(os.path.expanduser(p)) for p in str(kube_config.KUBE_CONFIG_DEFAULT_LOCATION).split(os.pathsep) if p]
+    return [p for p in found if p.exists()]
 
 
 class DryRunSlurm:
@@ -143,8 +164,8 @@ def build_adapters(
     """Real adapters for ``config``; the Kubernetes watches are started (and must sync)."""
     identity = identity or default_identity()
     k = config.kubernetes
-    if k.kubeconfig:
-        check_private_file(k.kubeconfig, what="kubeconfig")
+    for path in kubeconfig_paths(config):
+        check_private_file(path, what="kubeconfig")
     api = api_client_from_config(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None)
     real_kube = KubeAdapter(
         api,
@@ -156,7 +177,11 @@ def build_adapters(
     if start_watches:
         real_kube.start()
         closers.append(real_kube.stop)
-    slurm = CliSlurm(timeout_s=config.slurm.command_timeout_s, hold_partition=config.slurm.hold_partition)
+    slurm = CliSlurm(
+        env={"SLURM_CONF": config.slurm.slurm_conf} if config.slurm.slurm_conf else None,
+        timeout_s=config.slurm.command_timeout_s,
+        hold_partition=config.slurm.hold_partition,
+    )
     prom = PromAdapter(
         config.prometheus.url,
         timeout_s=config.prometheus.timeout_s,

@@ -21,6 +21,7 @@ def sandbox_config(
     kubeconfig: str | Path,
     grace_s: float,
     cold_start_s: float,
+    slurm_conf: str | Path | None = None,
     metrics_port: int = 0,
     tick_s: float = 2.0,
     scale_down_window_s: float = 20.0,
@@ -47,7 +48,12 @@ def sandbox_config(
                 "target": {"concurrency_per_replica": concurrency_per_replica, "kv_cache_usage": 0.8},
             }
         ],
-        "slurm": {"grace_s": grace_s, "min_runtime_s": min_runtime_s, "command_timeout_s": 10.0},
+        "slurm": {
+            "grace_s": grace_s,
+            "min_runtime_s": min_runtime_s,
+            "command_timeout_s": 10.0,
+            "slurm_conf": str(slurm_conf) if slurm_conf else None,
+        },
         "policy": {
             "tick_s": tick_s,
             "scale_down_window_s": scale_down_window_s,

@@ -14,7 +14,10 @@ from bridge.sandbox.cluster.sandbox import DEFAULT_DIR, Sandbox
 
 
 def register_cli(subparsers: Any) -> None:
-    up = subparsers.add_parser("up", help="start the sandbox (Slurm, munged, Prometheus, vLLM simulator)")
+    up = subparsers.add_parser(
+        "up", help="start the sandbox: Slurm + munged, the Kubernetes API server with a serving vLLM Deployment, "
+        "the vLLM simulator following it, Prometheus"
+    )
     up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"private directory (default {DEFAULT_DIR})")
     up.add_argument("--nodes", type=int, default=4, help="Slurm nodes gpu-node-01.. (default 4)")
     up.add_argument("--grace-s", type=int, default=10, help="GraceTime of the preempt partition (default 10)")
@@ -26,7 +29,12 @@ def register_cli(subparsers: Any) -> None:
     up.add_argument("--vllm-arg", action="append", default=None, metavar="ARG",
                     help="argument passed to `gpu-bridge sandbox vllm` (repeatable; default: --replicas 1)")
     up.add_argument("--no-prometheus", action="store_true", help="Slurm (and munged) only: ready in about 1 s")
-    up.add_argument("--kube", action="store_true", help="also start the Kubernetes API server (gpu-bridge sandbox kube)")
+    up.add_argument("--kube", action="store_true",
+                    help="with --slurm-only/--no-vllm/--no-prometheus: start the Kubernetes API server anyway")
+    up.add_argument("--slurm-only", action="store_true",
+                    help="no serving side: no Kubernetes API server; the vLLM simulator stands alone")
+    up.add_argument("--pod-start-delay-s", type=float, default=3.0,
+                    help="seconds from a vLLM pod's start to Ready: the modelled cold start (default 3)")
     up.add_argument("--timeout-s", type=float, default=60.0)
     up.set_defaults(func=cmd_up)
     down = subparsers.add_parser("down", help="stop everything the sandbox started")
@@ -42,18 +50,30 @@ def cmd_up(args: argparse.Namespace) -> int:
     logs.configure(level="warning")
     try:
         extra = args.extra_slurm_conf.read_text() if args.extra_slurm_conf else ""
-        sb = Sandbox(
-            args.dir, nodes=args.nodes, grace_s=args.grace_s, scrape_targets=args.scrape,
-            job_submit_lua=args.job_submit_lua, extra_slurm_conf=extra,
-            vllm=False if args.no_vllm else None,
-            vllm_args=tuple(args.vllm_arg) if args.vllm_arg is not None else ("--replicas", "1"),
-            kube=args.kube, timeout_s=args.timeout_s, prometheus=not args.no_prometheus,
-        )
+        if args.slurm_only or args.no_vllm or args.no_prometheus:
+            sb = Sandbox(
+                args.dir, nodes=args.nodes, grace_s=args.grace_s, scrape_targets=args.scrape,
+                job_submit_lua=args.job_submit_lua, extra_slurm_conf=extra,
+                vllm=False if args.no_vllm else None,
+                vllm_args=tuple(args.vllm_arg) if args.vllm_arg is not None else ("--replicas", "1"),
+                kube=args.kube, timeout_s=args.timeout_s, prometheus=not args.no_prometheus,
+            )
+        else:  # the whole site: Slurm nodes that are also Kubernetes GPU nodes serving vLLM
+            from bridge.sandbox.serving import serving_sandbox
+
+            sb = serving_sandbox(
+                args.dir, nodes=args.nodes, grace_s=args.grace_s, scrape_targets=args.scrape,
+                job_submit_lua=args.job_submit_lua, extra_slurm_conf=extra,
+                pod_start_delay_s=args.pod_start_delay_s, vllm_extra=tuple(args.vllm_arg or ()),
+                timeout_s=args.timeout_s,
+            )
         if sb.running():
             print(f"gpu-bridge sandbox up: a sandbox is already running in {sb.dir} "
                   f"(`gpu-bridge sandbox down --dir {sb.dir}` first)", file=sys.stderr)
             return 1
-        print(f"starting sandbox in {sb.dir}: munged, slurmctld, {args.nodes} x slurmd, prometheus ...", flush=True)
+        parts = [c.name for c in sb._components()] if hasattr(sb, "_components") else []
+        print(f"starting sandbox in {sb.dir}: {', '.join(parts) or 'munged, slurmctld, slurmd, prometheus'} "
+              f"({args.nodes} nodes) ...", flush=True)
         sb.up()
     except (SandboxError, ValueError, OSError) as e:
         print(f"gpu-bridge sandbox up: failed: {e}", file=sys.stderr)

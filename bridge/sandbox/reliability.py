@@ -33,7 +33,7 @@ from bridge.sandbox.serving import serving_sandbox
 GRACE_S = 5
 POD_START_S = 2.0
 LOW = {"rate": 2.0, "cv": 1.0}  # ~0.1 replicas of demand: lend all but min_serving
-HIGH = {"rate": 75.0, "cv": 1.0}  # every node needed
+HIGH = {"rate": 30.0, "cv": 1.0}  # ~2.5 replicas of demand: every node of 3 needed, no runaway queue
 JOB_S = 12
 
 # Injection points in the order they happen. Bootstrap: the first start on unmanaged nodes.
@@ -76,6 +76,7 @@ class Harness:
         self.job_dir = self.dir / "jobs"
         self.config_path = self.dir / "gpu-bridge.yaml"
         self._seq = 0
+        self.last_load = "high"
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -138,6 +139,7 @@ class Harness:
     def load(self, body: dict[str, float]) -> None:
         assert self.sb.vllm_url
         put_load(self.sb.vllm_url, body)
+        self.last_load = "high" if body == HIGH else "low"
 
     # --- states ----------------------------------------------------------------------------
 
@@ -306,3 +308,73 @@ def writes_by_pid(log_paths: Iterable[Path]) -> dict[str, int]:
 
 
 __all__ = ["Harness", "Row", "crash_matrix", "format_matrix", "format_row", "read_events"]
+
+
+@dataclass
+class TwoInstanceResult:
+    leader_first: str  # log file name of the first holder
+    standby: str
+    writes_before_kill: dict[str, int]  # log -> writes while the first holder lived
+    killed_mid: str  # which node in which phase when the holder was SIGKILLed
+    takeover_s: float | None  # SIGKILL -> the standby's lease_acquired / lease_expired_taking_over
+    lease_duration_s: float
+    finished: bool  # the half-done transition completed under the new holder
+    finish_s: float | None
+    standby_writes_before_takeover: int
+    violations: list[str]
+    jobs_lost: int
+
+
+def two_instances(h: Harness, *, lease_duration_s: float = 6.0) -> TwoInstanceResult:
+    """Two daemons with the same config; SIGKILL the Lease holder while a node is lending."""
+    assert h.watcher is not None
+    mark = h.watcher.mark()
+    h.load(HIGH)
+    a = h.daemon("instance-a")
+    poll(lambda: read_events(a.log_path, "lease_acquired"), 30, 0.2)
+    b = h.daemon("instance-b")
+    poll(lambda: b.metrics_url(0.1), 30, 0.2)
+    time.sleep(2.0)
+    h.load(LOW)
+    node = poll(lambda: next((n for n, p in h.w.phases().items() if p == "lending"), None), 90, 0.05)
+    killed_at_wall = time.time()
+    killed_at = time.monotonic()
+    a.kill()
+    killed_mid = f"{node} lending" if node else "no node lending (killed while steady)"
+
+    def took_over() -> float | None:
+        for ev in ("lease_acquired", "lease_expired_taking_over"):
+            docs = [d for d in read_events(b.log_path, ev) if event_time(d) >= killed_at_wall]
+            if docs:
+                return event_time(docs[0])
+        return None
+
+    t_over = poll(took_over, lease_duration_s * 3 + 10, 0.1)
+    takeover_s = t_over - killed_at_wall if t_over else None
+    ok = poll(h.lent_down_to_min, 90, 0.2)
+    finish_s = time.monotonic() - killed_at if ok else None
+    b.stop()
+    b_writes = write_events(b.log_path)
+    before = [w for w in b_writes if event_time(w) < (t_over or float("inf"))]
+    return TwoInstanceResult(
+        leader_first=a.log_path.name, standby=b.log_path.name,
+        writes_before_kill={a.log_path.name: len(write_events(a.log_path)),
+                            b.log_path.name: len([w for w in b_writes if event_time(w) < killed_at_wall])},
+        killed_mid=killed_mid, takeover_s=takeover_s, lease_duration_s=lease_duration_s, finished=bool(ok),
+        finish_s=finish_s, standby_writes_before_takeover=len(before), violations=h.watcher.violations[mark:],
+        jobs_lost=len(h.lost_jobs()),
+    )
+
+
+def format_two_instances(r: TwoInstanceResult) -> str:
+    return "\n".join([
+        f"instance A ({r.leader_first}) took the Lease; instance B ({r.standby}) stood by",
+        "writes while A lived: " + ", ".join(f"{k}: {v}" for k, v in r.writes_before_kill.items()),
+        f"B's writes before it held the Lease: {r.standby_writes_before_takeover}",
+        f"A SIGKILLed with {r.killed_mid}",
+        f"B took over after {r.takeover_s:.1f} s (lease duration {r.lease_duration_s:.0f} s)" if r.takeover_s is not None
+        else "B did NOT take over",
+        f"half-done transition finished by B: {'yes' if r.finished else 'NO'}"
+        + (f", {r.finish_s:.1f} s after the kill" if r.finish_s is not None else ""),
+        f"invariant violations: {len(r.violations)}; jobs lost: {r.jobs_lost}",
+    ])

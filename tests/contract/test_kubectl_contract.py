@@ -228,3 +228,22 @@ def test_get_watch_prints_changes(kube: Kube) -> None:
         if proc.stdout:
             proc.stdout.close()
         core.delete_node(name)
+
+
+@pytest.mark.integration
+def test_drain_ignores_daemonset_pods_only_when_asked(kube: Kube, serving: Serving) -> None:
+    ds = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent", "namespace": serving.ns},
+          "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {
+              "metadata": {"labels": {"app": "agent"}},
+              "spec": {"nodeSelector": {"gpu-bridge.io/pool": serving.pool},
+                       "containers": [{"name": "agent", "image": "busybox:1.36"}]}}}}
+    serving.apps.create_namespaced_daemon_set(serving.ns, ds)
+    wait_for(lambda: (serving.apps.read_namespaced_daemon_set("agent", serving.ns).status.number_ready or 0) == 4,
+             20, "the DaemonSet on every pool node")
+    node = sorted(set(serving.node_of().values()))[0]
+    r = kube.kubectl("drain", node, "--timeout=30s", check=False)
+    assert r.returncode != 0 and "DaemonSet-managed Pods" in r.stderr
+    r = kube.kubectl("drain", node, "--ignore-daemonsets", "--timeout=60s", timeout=90)
+    assert "ignoring DaemonSet-managed Pods" in r.stderr + r.stdout and f"node/{node} drained" in r.stdout
+    agents = serving.core.list_namespaced_pod(serving.ns, label_selector="app=agent").items
+    assert node in {p.spec.node_name for p in agents}  # the agent stays on the cordoned node

@@ -276,3 +276,40 @@ def test_pod_stop_s_caps_the_grace_period(cluster: tuple[Store, Controllers]) ->
     wait_for(lambda: _phase(store, "p")[2])
     delete_object(store, PODS, "default", "p", {})
     wait_for(lambda: store.get_entry(PODS, "default", "p") is None, 3)
+
+
+def _template(labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "i"}], **spec}}
+
+
+def test_statefulset_creates_ordered_pods_and_scales_down_from_the_top(cluster: tuple[Store, Controllers]) -> None:
+    store, _ = cluster
+    _node(store, "n")
+    sts_r = R.get("apps", "statefulsets")
+    body = {"metadata": {"name": "db", "namespace": "default"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "db"}}, "template": _template({"app": "db"})}}
+    on_create(sts_r, body)
+    store.create(sts_r, body)
+    wait_for(lambda: (store.get(sts_r, "default", "db").get("status") or {}).get("readyReplicas") == 3, 5)
+    assert sorted(p["metadata"]["name"] for p in store.objs(PODS, "default")) == ["db-0", "db-1", "db-2"]
+    store.mutate(sts_r, "default", "db", lambda o: o["spec"].update(replicas=1))
+    wait_for(lambda: sorted(p["metadata"]["name"] for p in store.objs(PODS, "default")) == ["db-0"], 5)
+
+
+def test_daemonset_runs_one_pod_per_fitting_node_even_cordoned(cluster: tuple[Store, Controllers]) -> None:
+    store, _ = cluster
+    _node(store, "a", unschedulable=True)
+    _node(store, "b", taints=[{"key": "dedicated", "value": "x", "effect": "NoSchedule"}])
+    _node(store, "c")
+    ds_r = R.get("apps", "daemonsets")
+    body = {"metadata": {"name": "agent", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": _template({"app": "agent"})}}
+    on_create(ds_r, body)
+    store.create(ds_r, body)
+
+    def placed() -> list[str]:
+        return sorted((p.get("spec") or {}).get("nodeName", "") for p in store.objs(PODS, "default"))
+    wait_for(lambda: placed() == ["a", "c"], 5)  # cordon tolerated, foreign taint not
+    wait_for(lambda: (store.get(ds_r, "default", "agent").get("status") or {}).get("numberReady") == 2, 5)
+    _node(store, "d")
+    wait_for(lambda: placed() == ["a", "c", "d"], 5)

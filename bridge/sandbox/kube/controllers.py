@@ -25,6 +25,7 @@ from bridge.sandbox.kube.api import bind_pod, delete_object, set_condition
 from bridge.sandbox.kube.quantity import parse as parse_quantity
 from bridge.sandbox.kube.ranking import is_ready, victim_order
 from bridge.sandbox.kube.scheduling import fit_problem, pod_requests, tolerates
+from bridge.sandbox.kube.workloads import DAEMONSETS, STATEFULSETS, sync_daemonset, sync_statefulset
 from bridge.sandbox.kube.store import ApiError, Store, WatchEvent, deepcopy_json, now_rfc3339
 
 log = logs.get(__name__)
@@ -104,7 +105,7 @@ class Controllers:
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         with self.store.lock:  # reconcile what was loaded before start
-            for key in (DEPLOYMENTS, REPLICASETS, PODS, NODES, PDBS):
+            for key in (DEPLOYMENTS, REPLICASETS, STATEFULSETS, DAEMONSETS, PODS, NODES, PDBS):
                 for e in self.store.entries(key):
                     self._pending.append(WatchEvent(self.store.rv, "ADDED", key.key,
                                                     e.obj["metadata"].get("namespace", ""), e, None))
@@ -171,6 +172,9 @@ class Controllers:
         deployments: set[tuple[str, str]] = set()
         replicasets: set[tuple[str, str]] = set()
         pdb_namespaces: set[str] = set()
+        statefulsets: set[tuple[str, str]] = set()
+        daemonsets: set[tuple[str, str]] = set()
+        all_daemonsets = False
         schedule = False
         nodes_noexec: set[str] = set()
         for ev in batch:
@@ -182,6 +186,10 @@ class Controllers:
                 pdb_namespaces.add(ns)
                 if ref and ref.get("kind") == "ReplicaSet":
                     replicasets.add((ns, ref["name"]))
+                elif ref and ref.get("kind") == "StatefulSet":
+                    statefulsets.add((ns, ref["name"]))
+                elif ref and ref.get("kind") == "DaemonSet":
+                    daemonsets.add((ns, ref["name"]))
                 if ev.type == "DELETED":
                     schedule = True
                     self._started_uids.discard(meta.get("uid", ""))
@@ -205,8 +213,19 @@ class Controllers:
                 deployments.add((ns, name))
                 if ev.type == "DELETED":
                     self._gc(REPLICASETS, ns, meta.get("uid", ""))
+            elif ev.key == STATEFULSETS.key:
+                statefulsets.add((ns, name))
+                if ev.type == "DELETED":
+                    self._gc(PODS, ns, meta.get("uid", ""))
+            elif ev.key == DAEMONSETS.key:
+                daemonsets.add((ns, name))
+                if ev.type == "DELETED":
+                    self._gc(PODS, ns, meta.get("uid", ""))
             elif ev.key == NODES.key:
                 schedule = True
+                all_daemonsets = all_daemonsets or ev.type != "MODIFIED" or ev.prev is None or (
+                    (ev.prev.obj.get("spec") or {}) != (obj.get("spec") or {}) or
+                    (ev.prev.obj["metadata"].get("labels") != meta.get("labels")))
                 if ev.type == "DELETED":
                     self._orphaned_pods(name)
                 else:
@@ -219,6 +238,12 @@ class Controllers:
             self._sync_deployment(ns, name)
         for ns, name in sorted(replicasets):
             self._sync_replicaset(ns, name)
+        for ns, name in sorted(statefulsets):
+            sync_statefulset(self.store, ns, name, self._record)
+        if all_daemonsets:
+            daemonsets |= {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in self.store.objs(DAEMONSETS)}
+        for ns, name in sorted(daemonsets):
+            sync_daemonset(self.store, ns, name, self._record)
         for node in sorted(nodes_noexec):
             self._taint_eviction(node)
         if schedule:
@@ -243,6 +268,9 @@ class Controllers:
             self.store.remove(PODS, ns, name, uid=uid)
 
     # --- events ----------------------------------------------------------------------------
+    def _record(self, obj: Mapping[str, Any], reason: str, message: str) -> None:
+        self.event(obj, reason, message, component=f"{str(obj.get('kind', '')).lower()}-controller")
+
     def event(self, obj: Mapping[str, Any], reason: str, message: str, typ: str = "Normal",
               component: str = "") -> None:
         """Record a core/v1 Event about ``obj`` (as the real controllers do)."""

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from bridge.sandbox.kube import selectors
-from bridge.sandbox.kube.resources import Resource
+from bridge.sandbox.kube.resources import ZERO_STATUS, Resource
 from bridge.sandbox.kube.store import ApiError, invalid
 
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -80,6 +80,8 @@ def _check_selector(r: Resource, obj: dict[str, Any]) -> None:
 def on_create(r: Resource, obj: dict[str, Any]) -> None:
     """Defaults and validation before the store assigns uid/rv."""
     meta = obj.setdefault("metadata", {})
+    if r.kind in ZERO_STATUS and not obj.get("status"):
+        obj["status"] = dict(ZERO_STATUS[r.kind])
     _check_name(r, meta.get("name", ""))
     if r.kind == "Pod":
         spec = obj.setdefault("spec", {})

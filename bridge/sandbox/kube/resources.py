@@ -92,6 +92,17 @@ RESOURCES: tuple[Resource, ...] = (
              has_status=False),
 )
 
+# A fresh object's status as the real server serialises it: Go ints without omitempty are 0
+# (and the official client rejects a status that lacks them).
+ZERO_STATUS: dict[str, dict[str, Any]] = {
+    "ReplicaSet": {"replicas": 0},
+    "StatefulSet": {"replicas": 0, "availableReplicas": 0},
+    "DaemonSet": {"currentNumberScheduled": 0, "numberMisscheduled": 0, "desiredNumberScheduled": 0,
+                  "numberReady": 0},
+    "PodDisruptionBudget": {"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0},
+    "Service": {"loadBalancer": {}},
+}
+
 # Groups served, in discovery order (the preferred version is the only one).
 GROUPS: tuple[str, ...] = ("apps", "policy", "coordination.k8s.io", "events.k8s.io", "rbac.authorization.k8s.io")
 

@@ -303,7 +303,7 @@ class Store:
             else:
                 meta.pop("generation", None)
             if r.has_status and r.reset_status_on_create and not keep_status:
-                obj["status"] = {}
+                obj["status"] = dict(res_mod.ZERO_STATUS.get(r.kind, {}))
             if r.kind == "Namespace":
                 obj.setdefault("spec", {"finalizers": ["kubernetes"]})
                 obj["status"] = {"phase": "Active"}

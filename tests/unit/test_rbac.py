@@ -29,7 +29,6 @@ EXPECTED: dict[tuple[str, str], dict[tuple[str, str], set[str]]] = {
     },
     ("Role", "gpu-bridge-events"): {
         ("", "events"): {"create", "patch"},
-        ("events.k8s.io", "events"): {"create", "patch"},
     },
     ("Role", "gpu-bridge-leader-election"): {
         ("coordination.k8s.io", "leases"): {"get", "create", "update"},

@@ -199,3 +199,11 @@ def test_noop_write_emits_no_event(api: Api) -> None:
     code, _ = call(api, "PATCH", "/api/v1/nodes/n1", {"metadata": {"labels": {"a": "1"}}},
                    "application/strategic-merge-patch+json")
     assert code == 200 and api.store.rv == rv and len(api.store.log) == n_events
+
+
+def test_send_initial_events_ends_with_an_annotated_bookmark(api: Api) -> None:
+    call(api, "POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "a"}})
+    evs = _watch(api, "/api/v1/namespaces/default/configmaps", sendInitialEvents="true",
+                 resourceVersionMatch="NotOlderThan", allowWatchBookmarks="true", timeoutSeconds="0.1")
+    assert [e["type"] for e in evs[:2]] == ["ADDED", "BOOKMARK"]
+    assert evs[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}

@@ -9,12 +9,15 @@ The mix (durations in demo seconds, scaled with ``--minutes``; a 5-minute demo d
 | ``sweep`` | 30 % | 1 | 15-30 s | no checkpoint: requeued, starts over |
 
 Jobs arrive while fewer than ``max_pending`` of ours wait, one every ``gap_s`` at most
-(researchers do not flood the queue: a realistic backlog of a few jobs). Every job is
+(researchers do not flood the queue: a realistic backlog of a few jobs). Each job asks for a
+``--time`` of about four times its work, so Slurm's backfill can start short jobs while a
+two-node job waits for a second lent node. Every job is
 ``sbatch -p preempt --requeue --gres=gpu:4``; argv lists only, never a shell string.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import subprocess
@@ -95,7 +98,7 @@ class JobSubmitter:
     def argv(self, spec: JobSpec) -> list[str]:
         common = ["sbatch", "--parsable", "-p", wellknown.SLURM_PREEMPT_PARTITION, "--requeue", "--gres=gpu:4",
                   "-N", str(spec.nodes), "-J", spec.name, "-o", str(self.out_dir / f"{spec.name}-%j.out"),
-                  "--open-mode=append"]
+                  "--open-mode=append", f"--time={math.ceil(spec.duration_s * 4 / 60) + 1}"]
         if spec.checkpoints:
             steps = max(4, int(spec.duration_s / STEP_S))
             every = max(2, steps // 8)

@@ -37,7 +37,7 @@ def summarize(samples: Sequence[Sample], events: Sequence[Event], tracker: JobTr
         for k in lat:
             v = e.data.get(k)
             if isinstance(v, (int, float)):
-                lat[k].append(float(v))
+                lat[k].append(max(0.0, float(v)))
     jobs = list(tracker.jobs.values())
     requeued = [j for j in jobs if j.requeued]
     return {
@@ -122,7 +122,7 @@ def plot(path: Path, samples: Sequence[Sample], events: Sequence[Event], *, shap
     load = [s.rate / shape.replica_rps for s in samples]
     ready = [s.ready for s in samples]
     lent = [s.lent for s in samples]
-    running = [s.running for s in samples]
+    busy = [s.busy_nodes for s in samples]
     fig, (top, bot) = plt.subplots(2, 1, figsize=(12, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     top.step(x, ready, where="post", color="tab:green", lw=2, label="Ready serving replicas (capacity)")
     top.plot(x, load, color="tab:blue", lw=1.2, label=f"offered load, replicas at target ({shape.replica_rps:.1f} req/s each)")
@@ -144,7 +144,10 @@ def plot(path: Path, samples: Sequence[Sample], events: Sequence[Event], *, shap
     top.grid(alpha=0.3)
 
     bot.fill_between(x, lent, step="post", color="tab:purple", alpha=0.25, label="nodes lent to Slurm")
-    bot.step(x, running, where="post", color="black", lw=1.2, label="research jobs running")
+    bot.step(x, busy, where="post", color="black", lw=1.2, label="nodes running research jobs")
+    for e in events:
+        if e.kind == "reclaim":
+            bot.axvline(hours(e.trace_s), color="tab:orange", lw=0.8, alpha=0.7)
     marks = {"job-started": ("^", "tab:green", "job started"), "job-requeued": ("x", "tab:red", "job requeued"),
              "job-resumed": ("v", "tab:blue", "job resumed"), "job-finished": ("o", "tab:grey", "job finished")}
     for kind, (m, c, label) in marks.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -176,6 +177,7 @@ def _replay(sb: Any, d: Path, shape: DayShape, opts: DemoOptions, show: Display
     wall0 = time.time()
     demand: float | None = None
     trace_s = shape.trace_start_s
+    adopted = False
     while True:
         t = time.monotonic() - start
         try:
@@ -205,12 +207,18 @@ def _replay(sb: Any, d: Path, shape: DayShape, opts: DemoOptions, show: Display
                 events.append(ev)
                 show.event(ev)
         running, pending, requeued = tracker.counts()
-        s = Sample(t, trace_s, float(model["rate"]), float(model["arrived"]), ready, phases, running, pending, requeued)
+        s = Sample(t, trace_s, float(model["rate"]), float(model["arrived"]), ready, phases, running, pending, requeued,
+                   tracker.busy_nodes())
         samples.append(s)
         show.progress(progress_text(s, nodes=opts.nodes, demand=demand, replica_rps=shape.replica_rps), t)
         if trace_s >= end_trace or t > wall_limit:
             break
-        spec = submitter.maybe_submit(t, pending)
+        if not adopted:
+            adopted = _adopted(obs, phases)
+            if adopted:
+                show.info(f"  (+{t:.0f}s: the daemon has taken over every node: phase label set, serving nodes drained "
+                          f"in Slurm; researchers start submitting)")
+        spec = submitter.maybe_submit(t, pending) if adopted else None
         if spec is not None:
             job_id = next(reversed(submitter.submitted))
             tracker.add(job_id, spec.name, t)
@@ -221,6 +229,18 @@ def _replay(sb: Any, d: Path, shape: DayShape, opts: DemoOptions, show: Display
             show.event(ev)
         time.sleep(max(0.0, 1.0 - (time.monotonic() - start - t)))
     return samples, events, tracker, submitter
+
+
+def _adopted(obs: Observer, phases: dict[str, str]) -> bool:
+    """Every node has a phase and no serving node is open to Slurm: jobs submitted before
+    that could land on a node vLLM serves on (the daemon drains serving nodes at adoption)."""
+    if not phases or any(p == "-" for p in phases.values()):
+        return False
+    try:
+        states = obs.slurm_states()
+    except (RuntimeError, OSError, subprocess.SubprocessError):
+        return False
+    return all(not states.get(n, "idle").startswith(("idle", "mix", "alloc")) for n, p in phases.items() if p == "serving")
 
 
 def _print_keep(show: Display, d: Path) -> None:

@@ -43,6 +43,7 @@ class Sample:
     running: int  # our research jobs running
     pending: int  # ours pending (incl. requeued)
     requeued_pending: int  # ours pending after at least one requeue
+    busy_nodes: int = 0  # nodes running one of our jobs
 
     @property
     def lent(self) -> int:
@@ -82,6 +83,19 @@ class Observer:
             if ready and p.spec.node_name and p.metadata.deletion_timestamp is None:
                 n += 1
         return n
+
+    def slurm_states(self) -> dict[str, str]:
+        """node -> Slurm state (idle, drained, mixed, allocated, ...)."""
+        res = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=self.slurm_env, capture_output=True, text=True,
+                             timeout=self.timeout_s * 3, check=False)
+        if res.returncode != 0:
+            raise RuntimeError(f"sinfo failed (rc {res.returncode}): {res.stderr.strip()[-300:]}")
+        out = {}
+        for line in res.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                out[parts[0]] = parts[1].rstrip("*~#!%$@^-").lower()
+        return out
 
     def jobs(self) -> tuple[SlurmJobInfo, ...]:
         res = subprocess.run(["squeue", "--json", "--states=all"], env=self.slurm_env, capture_output=True,
@@ -165,6 +179,9 @@ class JobTracker:
                 events.append(JobEvent(t, rec.job_id, rec.name, kind, rec.nodes))
             rec.state = state
         return events
+
+    def busy_nodes(self) -> int:
+        return len({n for r in self.jobs.values() if r.state in RUNNING_STATES for n in r.nodes})
 
     def counts(self) -> tuple[int, int, int]:
         """(running, pending, pending after a requeue) of our jobs."""

@@ -159,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError([f"--peak-replicas: must be > 0, got {peak:g}"])
         if not (args.replica_rps > 0 and math.isfinite(args.replica_rps)):
             raise ConfigError([f"--replica-rps: must be > 0, got {args.replica_rps:g}"])
+        if args.fixed_floor is not None and not 0 <= args.fixed_floor <= args.nodes:
+            raise ConfigError([f"--fixed-floor: must be 0..{args.nodes} (--nodes), got {args.fixed_floor}"])
         if args.days is not None and not args.days > 0:
             raise ConfigError([f"--days: must be > 0, got {args.days:g}"])
         if args.max_cv is not None and not (args.max_cv > 0 and math.isfinite(args.max_cv)):

@@ -25,8 +25,25 @@ _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 
+_SECRETS: set[str] = set()
+_SECRETS_LOCK = threading.Lock()
+
+
+def register_secret(value: str | None) -> None:
+    """A credential in use (the bearer token): blanked out of every error text, wherever it
+    appears (an error body may echo it without the "Bearer" word)."""
+    if value and len(value) >= 8:
+        with _SECRETS_LOCK:
+            _SECRETS.add(value)
+
+
 def sanitize(text: str, cap: int = BODY_CAP) -> str:
-    """Cap, strip control characters, and redact anything that looks like a bearer token."""
+    """Cap, strip control characters, and redact our credentials and anything that looks
+    like a bearer token."""
+    with _SECRETS_LOCK:
+        secrets = tuple(_SECRETS)
+    for secret in secrets:
+        text = text.replace(secret, "<redacted>")
     text = _BEARER.sub(r"\1<redacted>", text)
     text = _CONTROL.sub(" ", text)
     return text if len(text) <= cap else text[:cap] + "...(capped)"

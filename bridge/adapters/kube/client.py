@@ -24,7 +24,7 @@ from bridge.errors import AdapterError
 from bridge.model import Phase, Pin
 
 from . import patches
-from .calls import ApiCalls, KubeApiError, KubeConflictError, read_json
+from .calls import ApiCalls, KubeApiError, KubeConflictError, read_json, register_secret
 from .informer import Informer
 from .objects import (
     DeploymentInfo,
@@ -63,6 +63,9 @@ def api_client_from_config(
             k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     except (k8s_config.ConfigException, OSError, ValueError) as e:
         raise AdapterError("kubernetes", f"cannot load {'in-cluster' if in_cluster else 'kubeconfig'} configuration: {e}") from None
+    for value in (cfg.api_key or {}).values():  # "Bearer <token>": never echoed into errors or logs
+        register_secret(str(value).split()[-1] if value else None)
+    register_secret(cfg.password or None)
     cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 32)  # one per watch + writes
     return k8s.ApiClient(cfg)
 

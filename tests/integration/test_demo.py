@@ -33,6 +33,7 @@ def _procs_naming(d: str) -> list[str]:
 
 def test_demo_short_run_lends_reclaims_requeues_and_cleans_up() -> None:
     d = Path(tempfile.mkdtemp(prefix="gbdemo-", dir="/tmp"))
+    d.chmod(0o755)  # munged (user munge) must reach the sandbox dir below it
     summary_path = d / "summary.json"
     png = d / "day.png"
     try:

@@ -348,12 +348,17 @@ class Daemon:
         records: list[StepRecord] = []
         for _ in range(MAX_CHAINED_STEPS):
             progressed = False
+            # once per pool, not per node: the same snapshot for every node (was O(nodes^2))
+            wants = {
+                p.name: desired_replicas([f for n, f in obs.facts.items() if obs.pool_of[n] == p.name])
+                for p in self.config.pools
+            }
             for name, facts in sorted(obs.facts.items()):
                 if name in obs.problems and facts.phase is None:
                     continue  # invalid labels of ours: hold, never guess a phase
                 pool = self.targets[obs.pool_of[name]]
                 dep_desired = obs.view.pools[pool.name].desired_replicas
-                want = desired_replicas([f for n, f in obs.facts.items() if obs.pool_of[n] == pool.name])
+                want = wants[pool.name]
                 step = next_step(
                     facts,
                     now=obs.view.now,

@@ -1,0 +1,409 @@
+#!/usr/bin/env python3
+"""The daemon at scale: 2,000 nodes and 10,000 pods in the sandbox Kubernetes API server,
+Slurm output of the same size, the real ``Daemon.tick()``. Prints numbers, asserts nothing.
+
+    .venv/bin/python scripts/bench_scale.py [--nodes 2000] [--pods 10000] [--lent 200] [--ticks 40]
+
+- Kubernetes: ``KubeServer(port=0)`` in this process, seeded through its store: ``--nodes``
+  pool nodes (``--lent`` of them lent: fenced, no pod), the vLLM Deployment with one Ready pod
+  per serving node (made by the server's own ReplicaSet/scheduler/kubelet controllers), and
+  other pods (node agents, batch pods in another namespace) up to ``--pods`` in all. The daemon
+  reads it through the real ``KubeAdapter`` (list + watch cache).
+- Slurm: a CommandRunner for ``bridge/adapters/slurm/cli.py`` that keeps a small Slurm model
+  (drains, hold jobs that preempt and requeue, research jobs) and answers ``sinfo --json`` /
+  ``squeue --json`` in the 22.05 shape with full-size records (copied from the recorded
+  fixtures), so the parsing cost is real. Rendering the JSON is cached and its own CPU time
+  is measured and subtracted.
+- Prometheus: a reader returning the load the scenario sets, stamped with the daemon's clock.
+
+Steady state: the load needs exactly the serving nodes (no lend, no reclaim); every tick runs
+the policy. CPU per tick: ``time.thread_time()`` of the ticking thread (the daemon's work;
+the in-process API server runs in other threads) and ``time.process_time()`` of the whole
+process (server and watch threads included). Then a mass reclaim: the load rises so every
+lent node is reclaimed at once; per tick the API calls and Slurm commands against the number
+of node changes. Then cProfile's top entries of steady-state ticks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bridge import logs  # noqa: E402
+from bridge import wellknown as wk  # noqa: E402
+from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config  # noqa: E402
+from bridge.adapters.prom import PromPool, SignalsReading  # noqa: E402
+from bridge.adapters.slurm.cli import CliSlurm, CommandResult  # noqa: E402
+from bridge.config import default_config  # noqa: E402
+from bridge.daemon import Daemon  # noqa: E402
+from bridge.model import LoadSignals  # noqa: E402
+from bridge.sandbox.kube import KubeServer, ServingModel  # noqa: E402
+from bridge.sandbox.kube import resources as R  # noqa: E402
+from bridge.sandbox.kube.defaults import on_create  # noqa: E402
+from bridge.sandbox.kube.serving_model import deployment_object, node_object  # noqa: E402
+
+POOL = "bench"
+NS = "serving"
+FIX = ROOT / "tests" / "fixtures" / "slurm"
+TARGET_PER_REPLICA = 24.0  # default concurrency_per_replica
+
+
+# --- Slurm ---------------------------------------------------------------------------------------
+
+class SlurmModel:
+    """Just enough Slurm for the lifecycle, answering the CLI adapter's commands (22.05 JSON)."""
+
+    def __init__(self, now: float) -> None:
+        sinfo = json.loads((FIX / "sinfo-22.05.json").read_text())
+        squeue = json.loads((FIX / "squeue-22.05.json").read_text())
+        self.node_tpl = sinfo["nodes"][0]
+        self.job_tpl = next(j for j in squeue["jobs"] if j["job_state"] == "RUNNING")
+        self.meta = sinfo["meta"]
+        self.now = now
+        self.nodes: dict[str, dict[str, Any]] = {}  # name -> {drained, reason}
+        self.jobs: dict[int, dict[str, Any]] = {}  # id -> {name, user, partition, state, node, start}
+        self.next_id = 1000
+        self._cache: dict[str, str] = {}
+        self.render_cpu_s = 0.0
+        self.commands: Counter[str] = Counter()
+
+    # state -------------------------------------------------------------------------------------
+    def add_node(self, name: str, *, drained: bool) -> None:
+        self.nodes[name] = {"drained": drained, "reason": "gpu-bridge: serving (pool bench)" if drained else ""}
+
+    def add_job(self, name: str, user: str, partition: str, node: str | None, start: float | None) -> int:
+        self.next_id += 1
+        self.jobs[self.next_id] = {"name": name, "user": user, "partition": partition,
+                                   "state": "RUNNING" if node else "PENDING", "node": node or "", "start": start,
+                                   "restarts": 0}
+        self._cache.clear()
+        return self.next_id
+
+    # rendering (cached; its CPU is not the daemon's) --------------------------------------------
+    def _render(self, what: str) -> str:
+        if what in self._cache:
+            return self._cache[what]
+        t0 = time.thread_time()
+        if what == "sinfo":
+            busy = {j["node"] for j in self.jobs.values() if j["state"] == "RUNNING"}
+            recs = []
+            for name, n in self.nodes.items():
+                r = dict(self.node_tpl)
+                r.update(name=name, hostname=name, state="allocated" if name in busy else "idle",
+                         state_flags=["DRAIN"] if n["drained"] else [], reason=n["reason"],
+                         gres_used="gpu:4" if name in busy else "gpu:0", partitions=["preempt", "gpu-bridge"])
+                recs.append(r)
+            text = json.dumps({"meta": self.meta, "errors": [], "nodes": recs})
+        else:
+            recs = []
+            for jid, j in self.jobs.items():
+                r = copy.copy(self.job_tpl)
+                r.update(job_id=jid, name=j["name"], user_name=j["user"], partition=j["partition"],
+                         job_state=j["state"], nodes=j["node"], batch_host=j["node"],
+                         start_time=int(j["start"] or 0), restart_cnt=j["restarts"], comment="",
+                         node_count=1, tres_per_node="gres:gpu:4")
+                recs.append(r)
+            text = json.dumps({"meta": self.meta, "errors": [], "jobs": recs})
+        self._cache[what] = text
+        self.render_cpu_s += time.thread_time() - t0
+        return text
+
+    # the CommandRunner ------------------------------------------------------------------------
+    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+        argv = list(argv)
+        key = " ".join(argv[:2]) if argv[0] == "scontrol" else argv[0]
+        self.commands[key] += 1
+        if argv[1:] == ["--json"] and argv[0] in ("sinfo", "squeue"):
+            return CommandResult(0, self._render(argv[0]), "")
+        self._cache.clear()
+        if argv[:2] == ["scontrol", "update"]:
+            opts = dict(a.split("=", 1) for a in argv[2:])
+            n = self.nodes[opts["NodeName"]]
+            if opts["State"] == "DRAIN":
+                n.update(drained=True, reason=opts.get("Reason", ""))
+            else:
+                n.update(drained=False, reason="")
+            return CommandResult(0, "", "")
+        if argv[0] == "sbatch":
+            node = argv[argv.index("--nodelist") + 1]
+            name = argv[argv.index("--job-name") + 1]
+            for j in self.jobs.values():  # the hold job preempts research on the node (requeue)
+                if j["node"] == node and j["state"] == "RUNNING":
+                    j.update(state="PENDING", node="", start=None, restarts=j["restarts"] + 1)
+            jid = self.add_job(name, "root", argv[argv.index("--partition") + 1], node, self.now)
+            return CommandResult(0, f"{jid}\n", "")
+        if argv[0] == "scancel":
+            for a in argv[1:]:
+                if a.isdigit():
+                    self.jobs.pop(int(a), None)
+            return CommandResult(0, "", "")
+        if argv[:2] == ["scontrol", "requeue"]:
+            j = self.jobs[int(argv[2])]
+            j.update(state="PENDING", node="", start=None, restarts=j["restarts"] + 1)
+            return CommandResult(0, "", "")
+        return CommandResult(1, "", f"bench slurm: unsupported {argv[:2]}")
+
+
+# --- Prometheus ------------------------------------------------------------------------------------
+
+class Load:
+    """A PromReader returning ``replicas`` worth of load, stamped with the daemon's clock."""
+
+    def __init__(self, clock: Any, replicas: float, reporting: int) -> None:
+        self.clock, self.replicas, self.reporting = clock, replicas, reporting
+
+    def current(self, pool: PromPool, *, at: float | None = None) -> SignalsReading:
+        s = LoadSignals(t=self.clock(), running=self.replicas * TARGET_PER_REPLICA, waiting=0.0,
+                        kv_cache_usage_sum=0.05 * self.reporting, tokens_per_s=None, replicas_reporting=self.reporting)
+        return SignalsReading(pool=pool.name, signals=s)
+
+    def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
+        return ()
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# --- the world -------------------------------------------------------------------------------------
+
+def other_pod(i: int, node: str) -> dict[str, Any]:
+    ns, app = ("kube-system", "node-agent") if i % 4 == 0 else ("batch", "etl")
+    body = {"metadata": {"name": f"{app}-{i:05d}", "namespace": ns, "labels": {"app": app}},
+            "spec": {"nodeName": node, "containers": [{"name": app, "image": "busybox",
+                                                       "resources": {"requests": {"cpu": "100m"}}}]}}
+    on_create(R.core("pods"), body)
+    ts = "2026-01-01T00:00:00Z"
+    body["status"] = {"phase": "Running", "startTime": ts,
+                      "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ts}]}
+    return body
+
+
+def seed(server: KubeServer, names: list[str], lent: set[str], pods_total: int, now: float) -> float:
+    store = server.store
+    t0 = time.perf_counter()
+    nodes = []
+    for i, n in enumerate(names, 1):
+        obj = node_object(n, POOL, 4, i % 250)
+        phase = "lent" if n in lent else "serving"
+        obj["metadata"]["labels"][wk.LABEL_PHASE] = phase
+        obj["metadata"]["annotations"] = {wk.ANNOTATION_PHASE_SINCE: f"{now - 86400:.3f}",
+                                          wk.ANNOTATION_REASON: "bench", wk.ANNOTATION_OWNER: "bench"}
+        if n in lent:
+            obj["spec"] = {"unschedulable": True, "taints": [{"key": wk.TAINT_KEY, "effect": wk.TAINT_EFFECT}]}
+            obj["metadata"]["annotations"][wk.ANNOTATION_CORDONED] = "true"
+        nodes.append(obj)
+    store.bulk_load(R.core("nodes"), nodes)
+    for ns in (NS, "batch"):
+        store.create(R.core("namespaces"), {"metadata": {"name": ns}})
+    serving = len(names) - len(lent)
+    model = ServingModel(nodes=serving, pool=POOL, namespace=NS, replicas=serving, termination_grace_s=1)
+    d = deployment_object(model)
+    on_create(R.get("apps", "deployments"), d)
+    store.create(R.get("apps", "deployments"), d)
+    others = max(0, pods_total - serving)
+    store.bulk_load(R.core("pods"), (other_pod(i, names[i % len(names)]) for i in range(others)))
+    assert server.controllers is not None
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        server.controllers.wait_idle(5)
+        ready = sum(1 for p in store.objs(R.core("pods"), NS)
+                    if any(c.get("type") == "Ready" and c.get("status") == "True"
+                           for c in (p.get("status") or {}).get("conditions") or []))
+        if ready >= serving:
+            break
+        time.sleep(0.2)
+    return time.perf_counter() - t0
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=2000)
+    ap.add_argument("--pods", type=int, default=10000)
+    ap.add_argument("--lent", type=int, default=200, help="nodes lent at start; all reclaimed in the mass reclaim")
+    ap.add_argument("--ticks", type=int, default=40, help="steady-state ticks measured")
+    ap.add_argument("--profile-ticks", type=int, default=15)
+    ap.add_argument("--top", type=int, default=18, help="cProfile entries shown")
+    ap.add_argument("--pending-jobs", type=int, default=300, help="research jobs waiting in the preempt partition")
+    args = ap.parse_args()
+    logs.configure(json=True, level="error", stream=io.StringIO())  # the daemon's logs cost I/O, not measured here
+
+    now = 1_767_225_600.0
+    clock = Clock(now)
+    names = [f"gpu-node-{i:04d}" for i in range(1, args.nodes + 1)]
+    lent = set(names[-args.lent:]) if args.lent else set()
+    serving = [n for n in names if n not in lent]
+
+    slurm_model = SlurmModel(now)
+    for n in names:
+        slurm_model.add_node(n, drained=n not in lent)
+    for n in serving:
+        slurm_model.add_job(wk.SLURM_HOLD_JOB_PREFIX + n, "root", wk.SLURM_HOLD_PARTITION, n, now - 86400)
+    for n in sorted(lent):
+        slurm_model.add_job("train-llm", "alice", wk.SLURM_PREEMPT_PARTITION, n, now - 7200)
+    for i in range(args.pending_jobs):
+        slurm_model.add_job(f"sweep-{i}", "bob", wk.SLURM_PREEMPT_PARTITION, None, None)
+
+    with KubeServer(port=0, pod_start_delay_s=0.2, pod_stop_s=0.2, bookmark_interval_s=3600,
+                    event_log_size=400_000) as server:
+        seed_s = seed(server, names, lent, args.pods, now)
+        total_pods = len(server.store.objs(R.core("pods")))
+        sinfo_kb = len(slurm_model._render("sinfo")) / 1024
+        squeue_kb = len(slurm_model._render("squeue")) / 1024
+        print(f"world: {len(names)} pool nodes ({len(serving)} serving, {len(lent)} lent), {total_pods} pods "
+              f"({len(serving)} vLLM), {len(slurm_model.jobs)} Slurm jobs; seeded in {seed_s:.1f} s")
+        print(f"slurm output per read: sinfo --json {sinfo_kb:.0f} KiB, squeue --json {squeue_kb:.0f} KiB")
+
+        kubeconfig = server.write_kubeconfig(Path(f"/tmp/gpu-bridge-bench-scale-{server.port}.kubeconfig"))
+        api = api_client_from_config(kubeconfig=str(kubeconfig))
+        kube = KubeAdapter(api, pools=[PoolTarget(POOL, NS, "vllm")], identity="bench", watch_timeout_s=300)
+        t0 = time.perf_counter()
+        kube.start()
+        kube.wait_synced(60)
+        print(f"watch cache synced in {time.perf_counter() - t0:.2f} s; initial list/watch calls "
+              f"{sum(kube.calls.snapshot().values())}")
+        config = default_config(POOL, namespace=NS, min_serving=1)
+        import dataclasses as dc
+        config = dc.replace(config, policy=dc.replace(config.policy, max_reclaims_per_tick=max(8, args.lent)))
+        slurm = CliSlurm(runner=slurm_model)
+        # steady: the load needs exactly the serving nodes (ceil(d * 1.15 + 0.5) == serving)
+        steady_replicas = (len(serving) - 0.5) / 1.15 - 0.2
+        prom = Load(clock, steady_replicas, len(serving))
+        daemon = Daemon(config, kube=kube, slurm=slurm, prom=prom, prom_pools={POOL: PromPool(POOL, POOL)}, clock=clock)
+        try:
+            return run(args, daemon, kube, slurm_model, prom, clock, server, names, lent)
+        finally:
+            kube.stop()
+            api.close()
+            kubeconfig.unlink(missing_ok=True)
+
+
+def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, prom: Load, clock: Clock,
+        server: KubeServer, names: list[str], lent: set[str]) -> int:
+    tick_s = daemon.config.policy.tick_s
+
+    def one_tick() -> tuple[float, float, dict[str, int], Counter[str], Any]:
+        clock.t += tick_s
+        slurm_model.now = clock.t
+        k0, s0, r0 = kube.calls.snapshot(), Counter(slurm_model.commands), slurm_model.render_cpu_s
+        c0, p0 = time.thread_time(), time.process_time()
+        result = daemon.tick()
+        c1, p1 = time.thread_time(), time.process_time()
+        render = slurm_model.render_cpu_s - r0
+        k1 = kube.calls.snapshot()
+        kd = {f"{v} {r}": k1[(v, r)] - k0.get((v, r), 0) for (v, r) in k1 if k1[(v, r)] - k0.get((v, r), 0)}
+        sd = Counter(slurm_model.commands)
+        sd.subtract(s0)
+        return c1 - c0 - render, p1 - p0 - render, kd, +sd, result
+
+    for _ in range(3):  # warm up: first plan, history recorder
+        one_tick()
+    cpu, proc, kube_calls, slurm_cmds, actions = [], [], Counter(), Counter(), 0
+    for _ in range(args.ticks):
+        c, p, kd, sd, result = one_tick()
+        cpu.append(c)
+        proc.append(p)
+        kube_calls.update(kd)
+        slurm_cmds.update(sd)
+        actions += len(result.planned.actions) if result.planned else 0
+    print()
+    print(f"STEADY STATE ({args.ticks} ticks, policy run every tick, {actions} actions planned)")
+    print(f"  CPU per tick, daemon thread (thread_time):  median {statistics.median(cpu) * 1000:7.1f} ms   "
+          f"p95 {pct(cpu, 0.95) * 1000:7.1f} ms   max {max(cpu) * 1000:7.1f} ms   (target < 100 ms)")
+    print(f"  CPU per tick, whole process (process_time): median {statistics.median(proc) * 1000:7.1f} ms   "
+          f"p95 {pct(proc, 0.95) * 1000:7.1f} ms")
+    print(f"  Kubernetes API calls per tick: {sum(kube_calls.values()) / args.ticks:.2f} {dict(kube_calls) or ''}")
+    print(f"  Slurm commands per tick:       {sum(slurm_cmds.values()) / args.ticks:.2f} "
+          f"{ {k: round(v / args.ticks, 2) for k, v in slurm_cmds.items()} }")
+
+    # --- mass reclaim ---------------------------------------------------------------------------
+    print()
+    print(f"MASS RECLAIM: load rises to need all {len(names)} nodes; {len(lent)} lent nodes reclaimed")
+    prom.replicas = len(names) * 1.0
+    prom.reporting = len(names) - len(lent)
+    print(f"  {'tick':>4} {'cpu ms':>8} {'proc ms':>8} {'changes':>8} {'k8s calls':>9} {'slurm cmds':>10}  "
+          f"{'calls/change':>12}  phases of the reclaimed nodes")
+    tot_changes = tot_k = tot_s = 0
+    reclaim_cpu: list[float] = []
+    start = time.monotonic()
+    prev = {n.name: n.phase for n in kube.nodes() if n.name in lent}
+    for tick in range(1, 400):
+        c, p, kd, sd, _result = one_tick()
+        phases = {n.name: n.phase for n in kube.nodes() if n.name in lent}
+        changes = sum(1 for n in lent if phases.get(n) != prev.get(n))
+        prev = phases
+        k, s = sum(kd.values()), sum(sd.values())
+        tot_changes, tot_k, tot_s = tot_changes + changes, tot_k + k, tot_s + s
+        reclaim_cpu.append(c)
+        summary = dict(sorted(Counter(str(v) for v in phases.values()).items()))
+        ratio = f"{(k + s) / changes:12.1f}" if changes else f"{'-':>12}"
+        if changes or k or s or tick <= 2:
+            print(f"  {tick:>4} {c * 1000:8.1f} {p * 1000:8.1f} {changes:8d} {k:9d} {s:10d}  {ratio}  {summary}")
+            if k:
+                print(f"  {'':>4} k8s: {kd}")
+            if s:
+                print(f"  {'':>4} slurm: {dict(sd)}")
+        if all(v == "serving" for v in phases.values()):
+            break
+        time.sleep(0.05)  # let the server's kubelet make the new pods Ready (real time)
+    wall = time.monotonic() - start
+    done = sum(1 for v in prev.values() if v == "serving")
+    print(f"  {done}/{len(lent)} reclaimed nodes serving after {tick} ticks ({wall:.1f} s wall); "
+          f"{tot_changes} node phase changes, {tot_k} Kubernetes calls, {tot_s} Slurm commands: "
+          f"{(tot_k + tot_s) / max(1, tot_changes):.1f} calls per change")
+    print(f"  CPU per reclaim tick (daemon thread): median {statistics.median(reclaim_cpu) * 1000:.0f} ms, "
+          f"max {max(reclaim_cpu) * 1000:.0f} ms")
+
+    # --- steady state again, then where the time goes ------------------------------------------
+    for _ in range(3):
+        one_tick()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.profile_ticks):
+        one_tick()
+    prof.disable()
+    out = io.StringIO()
+    st = pstats.Stats(prof, stream=out)
+    st.sort_stats("tottime").print_stats(args.top)
+    print()
+    print(f"WHERE THE TIME GOES (cProfile, {args.profile_ticks} steady-state ticks after the reclaim, by own time)")
+    lines = out.getvalue().splitlines()
+    start_i = next(i for i, line in enumerate(lines) if "ncalls" in line)
+    for line in lines[start_i:start_i + args.top + 1]:
+        print("  " + line.rstrip())
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(r"bridge/(daemon|observe|policy|adapters|lifecycle|actuate)", args.top)
+    print()
+    print("  by cumulative time, bridge code only:")
+    lines = out.getvalue().splitlines()
+    start_i = next(i for i, line in enumerate(lines) if "ncalls" in line)
+    for line in lines[start_i:start_i + args.top + 1]:
+        print("  " + line.rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

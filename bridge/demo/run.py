@@ -58,7 +58,7 @@ def _on_term(_signum: int, _frame: Any) -> None:
 
 def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
     """The whole demo; returns the exit code. Tears the sandbox down unless ``keep``
-    (also on Ctrl-C or SIGTERM)."""
+    (and always on Ctrl-C, SIGTERM or SIGHUP)."""
     out = out or sys.stdout
     d = opts.dir.absolute()
     if len(str(d)) > MAX_DIR_LEN:
@@ -74,7 +74,10 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
         return 2
     show = Display(out)
     _intro(show, opts, shape)
-    previous = signal.signal(signal.SIGTERM, _on_term)
+    # SIGTERM and SIGHUP (the terminal closed) tear down like Ctrl-C.
+    previous = {sig: signal.signal(sig, _on_term) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C even when started from a shell that ignores SIGINT for background jobs.
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     sb = serving_sandbox(d, nodes=opts.nodes, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
                          shutdown_timeout_s=2, speed=shape.speed, trace_start_s=shape.trace_start_s,
                          peak_rps=shape.global_peak_rps, vllm_extra=("--max-cv", str(MAX_CV), "--seed", str(opts.seed)))
@@ -129,7 +132,8 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
                 show.info(f"sandbox torn down in {time.monotonic() - t1:.1f} s (nothing left running); "
                           f"logs stay in {d}/log and {d}/daemon.log")
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     show.info(f"demo took {time.monotonic() - t0:.0f} s")
     return rc
 

@@ -100,6 +100,7 @@ class Display:
 
     def progress(self, text: str, t: float) -> None:
         if self.tty:
+            self._clear()
             self._line = text
             self._redraw()
         elif t - self._last_progress >= self.every_s:

@@ -9,7 +9,7 @@ say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 need_pkgs=()
 for pair in munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client \
-            prometheus:prometheus promtool:prometheus systemd-analyze:systemd; do
+            prometheus:prometheus promtool:prometheus systemd-analyze:systemd openssl:openssl; do
     cmd=${pair%%:*}; pkg=${pair#*:}
     command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need_pkgs+=("$pkg")
 done

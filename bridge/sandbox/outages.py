@@ -72,8 +72,12 @@ def nonzero_metrics(d: DaemonProc) -> str:
 def warnings_between(d: DaemonProc, t0: float, t1: float) -> str:
     c: Counter[str] = Counter()
     for doc in read_events(d.log_path):
-        if doc.get("level") in ("warning", "error") and t0 <= event_time(doc) <= t1:
+        if not t0 <= event_time(doc) <= t1:
+            continue
+        if doc.get("level") in ("warning", "error"):
             c[str(doc.get("event"))] += 1
+        elif doc.get("event") == "pool_decision" and str(doc.get("reason")).startswith(("signals", "problem")):
+            c[f"pool_decision(reason={doc.get('reason')})"] += 1
     return ", ".join(f"{k} x{v}" for k, v in c.most_common(6)) or "(none)"
 
 
@@ -108,6 +112,10 @@ def run_outage(h: Harness, fault: str, when: str, inject: Callable[[], None], he
     """Bring the sandbox to the start state of ``when`` with a daemon running, inject, wait
     ``hold_s``, record, heal, wait for a settled state, record."""
     assert h.watcher is not None
+    if when == "mid-lend" and not h.all_serving():
+        settle(h, HIGH)  # a node to lend
+    elif when == "mid-reclaim" and not any(v == "lent" for v in h.owners().values()):
+        settle(h, LOW)  # a node to reclaim
     row = OutageRow(fault, when)
     mark = h.watcher.mark()
     d = h.daemon(f"outage-{fault}-{when}".replace(" ", "_").replace("/", "_"), config=config)
@@ -121,7 +129,9 @@ def run_outage(h: Harness, fault: str, when: str, inject: Callable[[], None], he
     else:
         node = "-"
     if node is None:
-        row.did = f"could not reach {when}"
+        last = [f"{e.get('event')}: {e.get('error') or e.get('detail') or ''}"[:200]
+                for e in read_events(d.log_path) if e.get("level") in ("warning", "error")][-3:]
+        row.did = f"could not reach {when} (phases {h.w.phases()}; daemon alive {d.alive()}; last warnings {last})"
         d.stop()
         return row
     t0 = time.time()

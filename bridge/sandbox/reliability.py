@@ -94,7 +94,7 @@ class Harness:
     def config_doc(self, kubeconfig: Path | None = None, **policy: Any) -> dict[str, Any]:
         doc = sandbox_config(prometheus_url=self.sb.prometheus_url, kubeconfig=kubeconfig or self.sb.kubeconfig,
                              grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=self.min_serving,
-                             scale_down_window_s=6, min_lend_s=4, lease_duration_s=6.0)
+                             scale_down_window_s=6, min_lend_s=10, lease_duration_s=6.0, forecast=False)
         doc["policy"].update(self.policy_overrides)
         doc["policy"].update(policy)
         return doc
@@ -198,7 +198,14 @@ class Harness:
         for _ in range(max(0, need)):
             self._seq += 1
             self.submit_job(f"j{self._seq}")
-        poll(lambda: set(lent) <= set(self.w.research_running_by_node()), 20, 0.5)
+        if poll(lambda: set(lent) <= set(self.w.research_running_by_node()), 15, 0.5):
+            return
+        # requeued jobs may wait for their BeginTime: give each idle lent node a fresh job
+        running = self.w.research_running_by_node()
+        for _ in [n for n in lent if n not in running]:
+            self._seq += 1
+            self.submit_job(f"j{self._seq}")
+        poll(lambda: set(lent) <= set(self.w.research_running_by_node()), 15, 0.5)
 
     def unmanage(self) -> None:
         """Make every pool node look never managed: no phase, not drained, no hold job (with

@@ -25,7 +25,7 @@ from bridge import logs
 from bridge.actuate import Actuator, KubeWrites, PoolTarget, SlurmWrites, StepRecord
 from bridge.config import Config, PoolConfig
 from bridge.errors import AdapterError
-from bridge.lifecycle import WAITS, NodeFacts, Step, desired_replicas, next_step
+from bridge.lifecycle import WAITS, Step, desired_replicas, next_step
 from bridge.manual import check_request
 from bridge.model import Action, ActionKind, LoadSignals, Phase, Plan, SlurmJob
 from bridge.observe import Observation, Readings, SlurmNodeLike, join
@@ -146,6 +146,7 @@ class Daemon:
         self._recorders: dict[str, HistoryRecorder] = {}
         self._last_sample_t: dict[str, float] = {}
         self._reported_stuck: set[str] = set()
+        self._tick_records: list[StepRecord] = []
         self._last_plan_at: float | None = None
         self._reclaims: dict[str, ReclaimTimes] = {}
         self.completed_reclaims: list[ReclaimTimes] = []
@@ -297,9 +298,7 @@ class Daemon:
             obs = self.observe(self.clock())
         if not self.dry_run:
             result.steps = self._advance(obs)
-        result.in_transit = sum(
-            1 for f in self._facts_after(obs).values() if f.phase not in (None, Phase.SERVING, Phase.LENT)
-        )
+        result.in_transit = sum(1 for f in obs.facts.values() if f.phase not in (None, Phase.SERVING, Phase.LENT))
         if self.metrics is not None:
             self.metrics.record_tick(duration_s=self.clock() - now, ok=True, now=now)
         return result
@@ -320,9 +319,6 @@ class Daemon:
             if self.metrics is not None:
                 self.metrics.record_reclaim_failure(pool=pool, reason="not_ready")
         self._reported_stuck &= {n for n, f in obs.facts.items() if f.phase is Phase.RETURNING}
-
-    def _facts_after(self, obs: Observation) -> Mapping[str, NodeFacts]:
-        return obs.facts
 
     def _handle_requests(self, obs: Observation, now: float) -> None:
         """Carry out operators' requests that pass the safety checks; refuse the others.
@@ -346,6 +342,7 @@ class Daemon:
     def _advance(self, obs: Observation) -> list[StepRecord]:
         """Advance every node that has a next step, chaining immediate steps."""
         records: list[StepRecord] = []
+        self._tick_records = records
         for _ in range(MAX_CHAINED_STEPS):
             progressed = False
             # once per pool, not per node: the same snapshot for every node (was O(nodes^2))
@@ -395,6 +392,7 @@ class Daemon:
         return records
 
     def _on_step(self, record: StepRecord) -> None:
+        self._tick_records.append(record)
         if record.step is Step.MARK_LENT and record.changed and self.metrics is not None and self.last_observation:
             self.metrics.record_lend(self.last_observation.pool_of.get(record.node, ""))
         times = self._reclaims.get(record.node)

@@ -129,3 +129,25 @@ def test_slurm_only_sandbox_with_job_submit_lua(sandbox_dir: Path, tmp_path: Pat
         ok = sb.run_slurm(["sbatch", "--parsable", "-J", "fine", "-o", "/dev/null", "--wrap", "true"])
         assert ok.stdout.strip()
     assert procs_naming(sandbox_dir) == []
+
+
+def test_dir_under_a_private_parent(tmp_path: Path) -> None:
+    """DIR inside a 0700 directory (mkdtemp, /root): munged, which runs as user munge, gets a
+    /tmp directory of its own, recorded in sandbox.json and removed by down."""
+    import shutil
+    import tempfile
+
+    parent = Path(tempfile.mkdtemp(prefix="gbpriv-", dir="/tmp"))  # mode 0700
+    try:
+        sb = Sandbox(parent / "sb", nodes=1, vllm=False, prometheus=False)
+        with sb:
+            assert sb.munge_dir.parent == Path("/tmp") and sb.munge_dir.name.startswith("gbmunge-")
+            assert any("cannot reach" in n for n in sb.notes)
+            doc = json.loads((parent / "sb" / "sandbox.json").read_text())
+            assert doc["paths"]["munge_dir"] == str(sb.munge_dir)
+            assert Sandbox.attach(parent / "sb").munge_dir == sb.munge_dir
+            assert set(sb.run_slurm(["sinfo", "-h", "-o", "%T"]).stdout.split()) == {"idle"}
+        assert not sb.munge_dir.exists()
+        assert procs_naming(parent) == []
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)

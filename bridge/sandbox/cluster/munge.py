@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,31 @@ def binary(name: str) -> str:
         if cand and os.access(cand, os.X_OK):
             return cand
     raise SandboxError(f"{name} not found: install the Debian package 'munge' (scripts/setup.sh)")
+
+
+def reachable_by_munge(path: Path) -> bool:
+    """Whether user munge can traverse every directory down to ``path`` (munged runs as munge;
+    a DIR under a 0700 mkdtemp directory or /root is not reachable)."""
+    try:
+        pw = pwd.getpwnam(MUNGE_USER)
+    except KeyError:
+        return False
+    groups = set(os.getgrouplist(MUNGE_USER, pw.pw_gid))
+    p = path.absolute()
+    for d in [p, *p.parents]:
+        try:
+            st = d.stat()
+        except OSError:
+            return False
+        if st.st_uid == pw.pw_uid:
+            ok = bool(st.st_mode & stat.S_IXUSR)
+        elif st.st_gid in groups:
+            ok = bool(st.st_mode & stat.S_IXGRP)
+        else:
+            ok = bool(st.st_mode & stat.S_IXOTH)
+        if not ok:
+            return False
+    return True
 
 
 def prepare(paths: MungePaths) -> None:

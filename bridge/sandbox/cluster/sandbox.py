@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -283,6 +284,8 @@ class Sandbox:
         self.startup_s: float | None = None
         self.started_at: float | None = None
         self._slurm: slurm.SlurmLayout | None = None
+        # DIR/munge, unless user munge cannot reach DIR (a 0700 parent): then a /tmp dir of its own
+        self.munge_dir = self.dir / "munge"
 
     # ---- paths -------------------------------------------------------------------------
     @property
@@ -299,7 +302,7 @@ class Sandbox:
 
     @property
     def munge_paths(self) -> munge.MungePaths:
-        return munge.MungePaths(self.dir / "munge")
+        return munge.MungePaths(self.munge_dir)
 
     @property
     def prometheus_dir(self) -> Path:
@@ -474,6 +477,11 @@ class Sandbox:
         self.started_at = time.time()
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o755)  # munged (user munge) must reach its socket dir
+        self.munge_dir = self.dir / "munge"
+        if not munge.reachable_by_munge(self.dir):
+            self.munge_dir = Path(tempfile.mkdtemp(prefix="gbmunge-", dir="/tmp"))
+            self.notes.append(f"user munge cannot reach {self.dir} (a parent directory is not searchable): "
+                              f"munged's socket and key are in {self.munge_dir}, removed by down")
         for sub in _OWNED_SUBDIRS:
             shutil.rmtree(self.dir / sub, ignore_errors=True)
         for f in (self.state_file, self.env_file):
@@ -524,6 +532,8 @@ class Sandbox:
             swept.update(left)
             procs.terminate({p: procs.start_ticks(p) for p in left}, timeout_s=1.0)
         self.records.clear()
+        if self.munge_dir.parent != self.dir and self.munge_dir.name.startswith("gbmunge-"):
+            shutil.rmtree(self.munge_dir, ignore_errors=True)
         if self.state_file.exists():
             self._save_state("stopped")
         self.env_file.unlink(missing_ok=True)
@@ -549,7 +559,8 @@ class Sandbox:
             lay = self.slurm
             paths.update(
                 slurm_conf=str(lay.slurm_conf), gres_conf=str(lay.gres_conf), state_save=str(lay.state_dir),
-                munge_socket=str(self.munge_paths.socket), prometheus_config=str(self.prometheus_config),
+                munge_socket=str(self.munge_paths.socket), munge_dir=str(self.munge_dir),
+                prometheus_config=str(self.prometheus_config),
                 prometheus_data=str(self.prometheus_dir / "data"),
             )
             if self.job_submit_lua is not None:
@@ -602,6 +613,9 @@ class Sandbox:
             sb.startup_s = doc.get("startup_s")
             sb.started_at = doc.get("started_at")
             sb.notes = list(doc.get("notes", []))
+            munge_dir = (doc.get("paths") or {}).get("munge_dir")
+            if munge_dir:
+                sb.munge_dir = Path(munge_dir)
         except (KeyError, TypeError, ValueError) as e:
             raise SandboxError(f"{d / STATE_FILE}: bad content: {e}") from None
         names = set(doc.get("components", []))

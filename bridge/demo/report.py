@@ -8,6 +8,7 @@ after scaling), so a minute is not counted for a burst inside a window.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,6 +108,17 @@ def table(s: dict[str, Any]) -> str:
     return "\n".join([line, *(f"{k:<{w}}  {v}" for k, v in rows), line])
 
 
+def dump(path: Path, samples: Sequence[Sample], events: Sequence[Event]) -> Path:
+    """Samples and events as JSON, to re-plot or inspect a run afterwards."""
+    doc = {
+        "samples": [{**{k: getattr(x, k) for k in Sample.__slots__}, "phases": dict(x.phases)} for x in samples],
+        "events": [{"t": e.t, "trace_s": e.trace_s, "node": e.node, "kind": e.kind, "text": e.text, "data": e.data}
+                   for e in events],
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
 def plot(path: Path, samples: Sequence[Sample], events: Sequence[Event], *, shape: DayShape, nodes: int,
          min_serving: int) -> Path:
     """Load vs Ready capacity (top), lent nodes and research jobs (bottom), over trace time."""
@@ -161,7 +173,7 @@ def plot(path: Path, samples: Sequence[Sample], events: Sequence[Event], *, shap
     bot.set_xticks(ticks)
     bot.set_xticklabels([clock(shape.trace_start_s + h * 3600).split(" ", 2)[2] for h in ticks])
     bot.set_xlabel(f"trace time (24 h replayed in {samples[-1].t - samples[0].t:.0f} s)" if samples else "trace time")
-    bot.legend(loc="upper left", fontsize=8, ncol=3)
+    bot.legend(loc="upper left", bbox_to_anchor=(0.0, 0.76), fontsize=8, ncol=3)
     bot.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

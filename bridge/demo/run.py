@@ -10,6 +10,7 @@ that samples everything once a second, prints what changed, and submits research
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -105,6 +106,7 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
         summary["sandbox_startup_s"] = round(sb.startup_s or 0.0, 1)
         summary["submit_errors"] = submitter.errors[:5]
         show.info(report.table(summary))
+        report.dump(d / "demo-run.json", samples, events)
         png = opts.plot or d / "demo.png"
         if samples:
             report.plot(png, samples, events, shape=shape, nodes=opts.nodes, min_serving=MIN_SERVING)
@@ -247,12 +249,21 @@ def _adopted(obs: Observer, phases: dict[str, str]) -> bool:
     return all(not states.get(n, "idle").startswith(("idle", "mix", "alloc")) for n, p in phases.items() if p == "serving")
 
 
+def _cli_name() -> str:
+    """How to call gpu-bridge from the user's shell (the venv may not be on PATH)."""
+    if shutil.which("gpu-bridge"):
+        return "gpu-bridge"
+    venv = Path(sys.executable).parent / "gpu-bridge"
+    return str(venv) if venv.exists() else f"{sys.executable} -m bridge"
+
+
 def _print_keep(show: Display, d: Path) -> None:
+    cli = _cli_name()
     show.info(
         "sandbox kept (the daemon keeps running; the trace goes on). Look around:\n"
         f"  set -a; . {d}/env; set +a\n"
         "  sinfo; squeue\n"
         "  kubectl get nodes -L gpu-bridge.io/phase\n"
-        f"  gpu-bridge status --config {d}/gpu-bridge.yaml\n"
+        f"  {cli} status --config {d}/gpu-bridge.yaml\n"
         f"  tail -f {d}/daemon.log\n"
-        f"stop it all with: gpu-bridge sandbox down --dir {d}")
+        f"stop it all with: {cli} sandbox down --dir {d}")

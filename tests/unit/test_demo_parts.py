@@ -128,6 +128,8 @@ def test_summary_gpu_hours_and_slo_minutes(tmp_path: Path) -> None:
     text = report.table(s)
     assert "GPU-hours lent to Slurm" in text and "SLO-violation minutes" in text
     json.dumps(s)
+    dumped = json.loads(report.dump(tmp_path / "run.json", samples, []).read_text())
+    assert len(dumped["samples"]) == 11 and dumped["samples"][0]["phases"]["n0"] == "lent"
     png = report.plot(tmp_path / "d.png", samples, [], shape=shape, nodes=4, min_serving=1)
     assert png.read_bytes()[:4] == b"\x89PNG"
 

@@ -54,17 +54,19 @@ def outage_table(only: list[str] | None) -> tuple[list[out.OutageRow], bool]:
     rows: list[out.OutageRow] = []
     with rel.Harness(3) as h:
         out.settle(h, rel.HIGH)
+        # Prometheus last: after a Prometheus restart the series of a pod deleted during the
+        # outage linger (no staleness marker) for the 5 min lookback and block lending.
         plan: list[tuple[str, Any]] = [
-            ("prometheus", lambda: out.prometheus_down(h, "mid-lend")),
-            ("prometheus", lambda: out.prometheus_down(h, "mid-reclaim")),
-            ("stale", lambda: out.signals_stale(h, "mid-lend")),
             *[(f"kube-{m}", (lambda m=m, w=w: out.kube_api(h, m, w)))
               for m in ("500", "429", "hang", "refuse") for w in ("mid-lend", "mid-reclaim")],
             ("slurmctld", lambda: out.slurmctld_down(h, "mid-lend")),
             ("slurmctld", lambda: out.slurmctld_down(h, "mid-reclaim")),
             ("slurmd", lambda: (out.settle(h, rel.LOW), out.slurmd_dies_on_lent(h))[1]),
             ("pdb", lambda: (out.settle(h, rel.HIGH), out.pdb_blocks_eviction(h))[1]),
-            ("notready", lambda: (out.settle(h, rel.LOW), out.pod_never_ready(h))[1]),
+            ("notready", lambda: (out.settle(h, rel.LOW), out.pod_never_ready(h, hold_s=135))[1]),
+            ("prometheus", lambda: out.prometheus_down(h, "mid-reclaim")),
+            ("stale", lambda: out.signals_stale(h, "mid-lend")),
+            ("prometheus", lambda: out.prometheus_down(h, "mid-lend")),
         ]
         for key, run in plan:
             if only and not any(key.startswith(o) for o in only):

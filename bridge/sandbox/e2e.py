@@ -180,7 +180,7 @@ class World:
         return out
 
     def ownership(self) -> dict[str, str]:
-        """node -> "serving" (Ready pod, fenced off from Slurm), "lent" (schedulable in Slurm,
+        """node -> "serving" (Ready pod, drained by us in Slurm), "lent" (schedulable in Slurm,
         no serving pod), or a description of why it is in neither or both."""
         phases = self.phases()
         fenced = self.fenced()
@@ -196,7 +196,7 @@ class World:
             slurm_usable = not any(x in st for x in ("drain", "down", "fail", "unknown")) and node not in holds
             if node in research and node in pods:
                 out[node] = f"BOTH: jobs {research[node]} and pods {pods[node]}"
-            elif phase == "serving" and node in ready and not slurm_usable:
+            elif phase == "serving" and node in ready and ("drain" in st or "down" in st):
                 out[node] = "serving"
             elif phase == "lent" and fenced[node] and node not in pods and slurm_usable:
                 out[node] = "lent"

@@ -89,6 +89,8 @@ def expand(hostlist: str) -> tuple[str, ...]:
     text = hostlist.strip()
     if not text or text in ("(null)", "None"):
         return ()
+    if "[" not in text and "]" not in text and "," not in text:
+        return (text,)  # one plain name, the common case: no parsing needed
     try:
         out: list[str] = []
         for item in _split_top(text):

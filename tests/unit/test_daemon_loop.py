@@ -10,12 +10,13 @@ from collections.abc import Callable
 import pytest
 
 from bridge import wellknown as wk
-from bridge.adapters.fake_slurm import FakeSlurm
+from bridge.adapters.slurm.fake import FakeSlurm
 from bridge.adapters.fakes import FakeKube, FakeProm
 from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromPool
 from bridge.config import Config, parse_config
 from bridge.daemon import Daemon
+from bridge.errors import AdapterError
 from bridge.model import LoadSignals, Phase
 
 NODES = tuple(f"gpu-node-{i:02d}" for i in range(1, 5))
@@ -47,7 +48,11 @@ class World:
         for n in NODES:
             self.kube.add_node(n, "default")
         self.kube.add_pool(POOL, replicas=len(NODES), min_available=1, start_delay_s=start_delay_s, grace_s=2)
-        self.slurm = FakeSlurm(NODES, grace_s=5, now=self.t)
+        self.slurm = FakeSlurm(grace_s=5, now=self.t)
+        for n in NODES:
+            self.slurm.add_node(n)
+        self.durations: dict[str, float] = {}  # research job -> run time it needs
+        self.completed: set[str] = set()
         self.prom = FakeProm()
         self.load = LOW
         self.config = config()
@@ -67,7 +72,11 @@ class World:
         for i in range(n):
             self.t += 1.0
             self.kube.step(self.t)
-            self.slurm.step(self.t)
+            self.slurm.advance(1.0)
+            for job in self.slurm.snapshot().values():  # the world's own view: never fails
+                if job.state == "running" and job.job_id in self.durations and self.t - (job.start_time or self.t) >= self.durations[job.job_id]:
+                    self.slurm.finish(job.job_id)
+                    self.completed.add(job.job_id)
             ready = self.ready_pods()
             self.prom.set("default", LoadSignals(self.t, running=self.load, waiting=0.0, kv_cache_usage_sum=None,
                                                  tokens_per_s=None, replicas_reporting=ready))
@@ -82,10 +91,20 @@ class World:
         if ready < 1:
             self.violations.append(f"t={self.t - T0:.0f}: {ready} Ready serving pods")
         pod_nodes = {p.node for p in self.kube.pods("default") if p.node}
-        for node in NODES:
-            jobs = self.slurm.research_on(node)
-            if jobs and node in pod_nodes:
-                self.violations.append(f"t={self.t - T0:.0f}: {node} runs {jobs} and a serving pod")
+        for job in self.slurm.snapshot().values():
+            if job.partition != wk.SLURM_PREEMPT_PARTITION or job.state != "running":
+                continue
+            for node in job.nodes:
+                if node in pod_nodes:
+                    self.violations.append(f"t={self.t - T0:.0f}: {node} runs {job.job_id} and a serving pod")
+
+    def sbatch(self, name: str, duration_s: float) -> str:
+        job_id = self.slurm.add_job(name=name)
+        self.durations[job_id] = duration_s
+        return job_id
+
+    def job(self, job_id: str) -> object:
+        return self.slurm.snapshot()[job_id]
 
     def phases(self) -> dict[str, Phase | None]:
         return {n.name: n.phase for n in self.kube.nodes()}
@@ -105,21 +124,21 @@ class World:
 def test_lend_reclaim_cycle_keeps_invariants_across_restarts(restart_every: int) -> None:
     w = World()
     w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving", restart_every=restart_every)
-    jobs = [w.slurm.sbatch(f"research-{i}", duration_s=40) for i in range(3)]
+    jobs = [w.sbatch(f"research-{i}", duration_s=40) for i in range(3)]
     w.tick(2, restart_every=restart_every)
-    assert all(w.slurm.job(j).state == "running" for j in jobs)
+    assert all(w.job(j).state == "running" for j in jobs)
     w.load = HIGH
     ticks = w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 60, "all serving again",
                         restart_every=restart_every)
     # GraceTime (5 s) + pod start (3 s) + scheduling: the daemon adds a tick or two, not more
     assert ticks <= 14
-    assert all(w.slurm.job(j).restarts == 1 and w.slurm.job(j).state == "pending" for j in jobs)
+    assert all(w.job(j).restart_count == 1 and w.job(j).state == "pending" for j in jobs)
     w.load = LOW
-    w.run_until(lambda: all(w.slurm.job(j).state == "completed" for j in jobs), 200, "requeued jobs finished",
-                restart_every=restart_every)
+    w.run_until(lambda: w.completed >= set(jobs), 200, "requeued jobs finished", restart_every=restart_every)
     assert w.violations == []
     assert w.min_ready >= 1
-    assert w.slurm.cancelled_research == []
+    # research jobs were requeued by Slurm's preemption or the daemon, never cancelled
+    assert not [x for x in w.slurm.writes if x[0] == "cancel" or (x[0] == "cancel_hold" and x[1] not in NODES)]
 
 
 def test_operator_lend_and_refused_lend_at_min_serving() -> None:
@@ -161,12 +180,13 @@ def test_slurm_down_holds_everything_and_writes_nothing() -> None:
     w = World()
     w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
     before = dict(w.kube.calls)
-    w.slurm.fail = True
+    down = AdapterError("slurm", "squeue: Unable to contact slurm controller (connect failure)")
+    w.slurm.fail = {"nodes": down, "jobs": down}
     w.load = HIGH
     w.tick(5)
     writes = {k: v - before.get(k, 0) for k, v in w.kube.calls.items() if k[0] in ("patch", "update", "create")}
     assert not any(writes.values()), writes
     assert w.count(Phase.LENT) == 3
-    w.slurm.fail = False
+    w.slurm.fail = {}
     w.run_until(lambda: w.count(Phase.SERVING) == 4, 60, "all serving once Slurm answers again")
     assert w.violations == []

@@ -62,6 +62,7 @@ def summarize(samples: Sequence[Sample], events: Sequence[Event], tracker: JobTr
         "jobs_requeued_finished": sum(1 for j in requeued if j.finished_t is not None and j.state == "completed"),
         "jobs_still_running": sum(1 for j in jobs if j.finished_t is None and j.state in ("running", "completing")),
         "jobs_still_pending": sum(1 for j in jobs if j.finished_t is None and j.state not in ("running", "completing")),
+        "failed_jobs": [e.text for e in events if e.kind == "job-failed"],
         "latency_s": {k: _stats(v) for k, v in lat.items()},
         "slo_violation_minutes": round(slo_trace_s / 60, 1),
         "trace_minutes": round(duration * shape.speed / 60, 1),

@@ -73,7 +73,7 @@ def job_event(e: JobEvent, t: float, trace_s: float) -> Event:
             "requeued": f"job {e.job_id} ({e.name}) requeued (not lost): waits for a lent node",
             "resumed": f"job {e.job_id} ({e.name}) resumed{where} after its requeue",
             "finished": f"job {e.job_id} ({e.name}) finished",
-            "failed": f"job {e.job_id} ({e.name}) ended without success"}[e.kind]
+            "failed": f"job {e.job_id} ({e.name}) ended without success ({e.detail})"}[e.kind]
     return Event(t, trace_s, "", "job-" + e.kind, text, {"job": e.job_id, "name": e.name})
 
 

@@ -135,6 +135,7 @@ class JobEvent:
     name: str
     kind: str  # started | requeued | resumed | finished | failed
     nodes: tuple[str, ...] = ()
+    detail: str = ""  # for failed: Slurm's state and reason
 
 
 class JobTracker:
@@ -176,7 +177,8 @@ class JobTracker:
                 if rec.first_start_t is None:  # ran and ended between two snapshots
                     rec.runs, rec.first_start_t = 1, t
                 kind = "finished" if state == "completed" else "failed"
-                events.append(JobEvent(t, rec.job_id, rec.name, kind, rec.nodes))
+                detail = "" if kind == "finished" else f"state {state}, reason {j.state_reason or '-'}, restarts {j.restart_count}"
+                events.append(JobEvent(t, rec.job_id, rec.name, kind, rec.nodes, detail))
             rec.state = state
         return events
 

@@ -74,14 +74,18 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
         print(f"gpu-bridge demo: {exc}", file=sys.stderr)
         return 2
     show = Display(out)
+    sb = serving_sandbox(d, nodes=opts.nodes, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
+                         shutdown_timeout_s=2, speed=shape.speed, trace_start_s=shape.trace_start_s,
+                         peak_rps=shape.global_peak_rps, vllm_extra=("--max-cv", str(MAX_CV), "--seed", str(opts.seed)))
+    if sb.running():  # never tear down a sandbox this run did not start
+        print(f"gpu-bridge demo: a sandbox already runs in {d} (a kept demo?): stop it with "
+              f"`{_cli_name()} sandbox down --dir {d}` or pick another --dir", file=sys.stderr)
+        return 1
     _intro(show, opts, shape)
     # SIGTERM and SIGHUP (the terminal closed) tear down like Ctrl-C.
     previous = {sig: signal.signal(sig, _on_term) for sig in (signal.SIGTERM, signal.SIGHUP)}
     # Ctrl-C even when started from a shell that ignores SIGINT for background jobs.
     previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-    sb = serving_sandbox(d, nodes=opts.nodes, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
-                         shutdown_timeout_s=2, speed=shape.speed, trace_start_s=shape.trace_start_s,
-                         peak_rps=shape.global_peak_rps, vllm_extra=("--max-cv", str(MAX_CV), "--seed", str(opts.seed)))
     t0 = time.monotonic()
     rc = 0
     keep = opts.keep
@@ -122,6 +126,9 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
     except Exception as exc:  # the sandbox's own errors carry log tails
         show.done()
         show.info(f"gpu-bridge demo failed: {exc}")
+        if "Permission denied" in str(exc):
+            show.info("hint: munged runs as user munge, so every parent of --dir must be searchable by others "
+                      "(e.g. a directory under /tmp)")
         keep = False
         rc = 1
     finally:

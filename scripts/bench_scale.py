@@ -22,6 +22,17 @@ the in-process API server runs in other threads) and ``time.process_time()`` of 
 process (server and watch threads included). Then a mass reclaim: the load rises so every
 lent node is reclaimed at once; per tick the API calls and Slurm commands against the number
 of node changes. Then cProfile's top entries of steady-state ticks.
+
+Measured (2-core dev VM shared with other work, Slurm 22.05-size output: sinfo 2.0 MiB,
+squeue 6.1 MiB per read):
+- steady state: 104 ms median / 112 ms p95 CPU per tick (daemon thread), 0 Kubernetes calls,
+  2 Slurm commands per tick; was 1,067 ms before desired replicas were computed once per
+  pool (O(nodes^2)) and the Slurm parse paused the cyclic GC. Of a tick: squeue decode +
+  records ~48 ms (json.loads alone ~38 ms), sinfo ~19 ms, join ~20 ms, policy ~2 ms,
+  lifecycle ~2 ms, GC ~7 ms.
+- mass reclaim of 200 nodes: 5.6 API calls + Slurm commands per node change (calls follow
+  changes, not nodes), but the first tick takes 17 s CPU (was 38 s): every Slurm write
+  re-reads the full sinfo/squeue (drain -> sinfo, submit_hold -> squeue) before writing.
 """
 
 from __future__ import annotations

@@ -245,3 +245,68 @@ def test_a_node_missing_from_sinfo_is_held_and_the_rest_still_run() -> None:
     obs = d.last_observation
     assert obs is not None and obs.problems.get("gpu-node-04") == "node unknown to Slurm"
     assert not any("gpu-node-04" in " ".join(c) for c in runner.writes())
+
+
+# --- the parse fast paths (bench_scale) give the slow paths' answers -------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="abz09-_.[],; \t()N", max_size=30))
+def test_expand_fast_path_equals_the_general_one(text: str) -> None:
+    from bridge.adapters.slurm import hostlist
+
+    try:
+        slow: tuple[str, ...] | None = ()
+        stripped = text.strip()
+        if stripped and stripped not in ("(null)", "None"):
+            slow = tuple(x for item in hostlist._split_top(stripped) for x in hostlist._expand_one(item))
+    except ValueError:
+        slow = None
+    try:
+        fast: tuple[str, ...] | None = hostlist.expand(text)
+    except AdapterError:
+        fast = None
+    assert fast == slow
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="gpures:/a10,()S-4 2", max_size=30))
+def test_cached_gpu_count_equals_the_regex(gres: str) -> None:
+    from bridge.adapters.slurm.parse import _GPU_COUNT, gpu_count
+
+    assert gpu_count(gres) == sum(int(m.group(1)) for m in _GPU_COUNT.finditer(gres))
+    assert gpu_count(gres) == gpu_count(gres)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="gpu-bridge:checkpoint=0123456789.e, ;xinf", max_size=40))
+def test_checkpoint_fast_path_equals_the_scan(comment: str) -> None:
+    import re as _re
+
+    from bridge.adapters.slurm.parse import checkpoint_time
+
+    want = None
+    for tok in _re.split(r"[\s,;]+", comment):
+        if tok.startswith(wk.SLURM_CHECKPOINT_COMMENT):
+            try:
+                v = float(tok[len(wk.SLURM_CHECKPOINT_COMMENT):])
+            except ValueError:
+                break
+            want = v if v > 0 and v == v and v != float("inf") else None
+            break
+    assert checkpoint_time(comment) == want
+
+
+def test_parse_leaves_the_collector_as_it_found_it() -> None:
+    import gc
+
+    assert gc.isenabled()
+    parse_nodes(DOCS["sinfo-22.05.json"])
+    with pytest.raises(AdapterError):
+        parse_jobs("{")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        parse_jobs(DOCS["squeue-22.05.json"])
+        assert not gc.isenabled()  # never turned on behind a caller's back
+    finally:
+        gc.enable()

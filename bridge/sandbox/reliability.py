@@ -27,7 +27,7 @@ from typing import Any
 from bridge import faults
 from bridge import wellknown as wk
 from bridge.sandbox.daemon_config import sandbox_config, write_config
-from bridge.sandbox.e2e import DaemonProc, Watcher, World, poll, put_load, read_events, write_events
+from bridge.sandbox.e2e import DaemonProc, Watcher, World, event_time, poll, put_load, read_events, write_events
 from bridge.sandbox.serving import serving_sandbox
 
 GRACE_S = 5

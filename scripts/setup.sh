@@ -16,7 +16,7 @@ done
 command -v kubectl >/dev/null 2>&1 || need_pkgs+=(kubernetes-client)
 py=""
 for cand in python3.13 python3.12 python3.11 python3; do
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
         py=$(command -v "$cand"); break
     fi
 done

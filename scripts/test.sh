@@ -7,4 +7,4 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
 bash scripts/setup.sh
 printf '\033[1m[test]\033[0m running pytest (unit + integration)\n'
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest --durations=20 "$@"

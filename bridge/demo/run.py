@@ -206,10 +206,7 @@ def _replay(sb: Any, d: Path, shape: DayShape, opts: DemoOptions, show: Display
             continue
         trace_s = float(load["trace_time_s"])
         model = next(iter(load["models"].values()))
-        for e in tracker.update(snapshot, t):
-            ev = job_event(e, t, trace_s)
-            events.append(ev)
-            show.event(ev)
+        fresh = [job_event(e, t, trace_s) for e in tracker.update(snapshot, t)]
         for doc in tail.read():
             if doc.get("event") == "pool_decision" and isinstance(doc.get("demand"), (int, float)):
                 demand = float(doc["demand"])
@@ -217,8 +214,10 @@ def _replay(sb: Any, d: Path, shape: DayShape, opts: DemoOptions, show: Display
             et = (lt - wall0) if lt is not None else t
             ev = daemon_event(doc, et, trace_s - (t - et) * shape.speed)
             if ev is not None:
-                events.append(ev)
-                show.event(ev)
+                fresh.append(ev)
+        for ev in sorted(fresh, key=lambda e: e.t):  # the daemon's events carry their own log time
+            events.append(ev)
+            show.event(ev)
         running, pending, requeued = tracker.counts()
         s = Sample(t, trace_s, float(model["rate"]), float(model["arrived"]), ready, phases, running, pending, requeued,
                    tracker.busy_nodes())

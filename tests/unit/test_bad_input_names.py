@@ -23,6 +23,7 @@ from bridge.config import default_config
 from bridge.daemon import Daemon
 from bridge.errors import AdapterError
 from bridge.model import LoadSignals
+from tests.slurm_text import scontrol_node, squeue_filtered
 
 NOW = 1_767_225_600.0
 BAD_NAMES = [
@@ -43,6 +44,10 @@ class SubprocessRecorder:
         assert isinstance(argv, list), f"not an argv list: {argv!r}"
         assert not kwargs.get("shell"), "shell=True"
         self.argvs.append(list(argv))
+        if argv[:4] == ["scontrol", "--oneliner", "show", "node"]:
+            return subprocess.CompletedProcess(argv, *scontrol_node(self.sinfo, argv[4]))
+        if argv[:2] == ["squeue", "--noheader"]:
+            return subprocess.CompletedProcess(argv, *squeue_filtered(self.squeue, argv))
         out = {"sinfo": self.sinfo, "squeue": self.squeue}.get(argv[0], "902\n" if argv[0] == "sbatch" else "")
         return subprocess.CompletedProcess(argv, 0, out, "")
 

@@ -20,6 +20,7 @@ from bridge.adapters.slurm import (
     drain_reason,
 )
 from bridge.errors import AdapterError
+from tests.slurm_text import scontrol_node, squeue_filtered
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
 
@@ -46,12 +47,18 @@ class FakeRunner:
             return CommandResult(0, self.squeue, "")
         if list(argv) == ["scontrol", "ping"]:
             return CommandResult(0, (FIX / "ping-22.05.txt").read_text(), "")
+        if list(argv[:4]) == ["scontrol", "--oneliner", "show", "node"]:
+            return CommandResult(*scontrol_node(self.sinfo, argv[4]))
+        if list(argv[:2]) == ["squeue", "--noheader"]:
+            return CommandResult(*squeue_filtered(self.squeue, argv))
         if argv[0] == "sbatch":
             return CommandResult(0, "42\n", "")
         return CommandResult(0, "", "")
 
     def writes(self) -> list[list[str]]:
-        return [c for c in self.calls if c[:2] not in (["sinfo", "--json"], ["squeue", "--json"], ["scontrol", "ping"])]
+        reads = (["sinfo", "--json"], ["squeue", "--json"], ["scontrol", "ping"], ["scontrol", "--oneliner"],
+                 ["squeue", "--noheader"])
+        return [c for c in self.calls if c[:2] not in reads]
 
 
 def adapter(version: str = "22.05", **kw: object) -> tuple[CliSlurm, FakeRunner]:

@@ -19,7 +19,7 @@ from bridge import logs, wellknown
 from bridge.errors import AdapterError
 
 from .hostlist import validate_job_id, validate_node_name
-from .parse import parse_jobs, parse_nodes, parse_ping
+from .parse import parse_jobs, parse_nodes, parse_ping, parse_scontrol_node
 from .types import SlurmJobInfo, SlurmNode
 
 MAX_REASON = 200
@@ -167,10 +167,31 @@ class CliSlurm:
         return out
 
     # ---- write side --------------------------------------------------------------------
+    def node_now(self, name: str) -> SlurmNode:
+        """One node as slurmctld has it now, without reading the whole cluster (the writes'
+        precondition: at 2,000 nodes a full sinfo --json is 2 MB to decode per write)."""
+        validate_node_name(name)
+        return parse_scontrol_node(self._run(["scontrol", "--oneliner", "show", "node", name]).stdout)
+
+    def _hold_ids(self, node: str) -> tuple[str, ...]:
+        """Ids of our live hold jobs for ``node`` (squeue's text output honours its filters)."""
+        res = self._run([
+            "squeue", "--noheader", "--name", hold_job_name(node), "--partition", self.hold_partition,
+            "--states", "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED", "--format", "%i|%u",
+        ])
+        ids = []
+        for line in res.stdout.splitlines():
+            job_id, _, user = line.strip().partition("|")
+            if not job_id:
+                continue
+            if self.hold_user is None or user == self.hold_user:
+                ids.append(validate_job_id(job_id))
+        return tuple(ids)
+
     def drain(self, node: str, reason: str) -> bool:
         validate_node_name(node)
         text = drain_reason(reason)
-        cur = self.node(node)
+        cur = self.node_now(node)
         if cur.drained and (cur.reason == text or not cur.reason_ours):
             # already so, or an administrator's drain: never overwrite their reason
             return False
@@ -183,7 +204,7 @@ class CliSlurm:
 
     def resume(self, node: str) -> bool:
         validate_node_name(node)
-        cur = self.node(node)
+        cur = self.node_now(node)
         if not cur.drained:
             return False  # no drain to lift (a DOWN/not-responding node is Slurm's or an admin's)
         if not cur.reason_ours:
@@ -195,9 +216,9 @@ class CliSlurm:
 
     def submit_hold(self, node: str) -> str:
         name = hold_job_name(node)
-        existing = self.holds().get(node)
-        if existing is not None:
-            return existing.job_id
+        existing = self._hold_ids(node)
+        if existing:
+            return existing[0]
         res = self._run([
             "sbatch", "--parsable", "--partition", self.hold_partition, "--nodelist", node, "--nodes", "1",
             "--exclusive", "--job-name", name, "--output", "/dev/null", "--error", "/dev/null",
@@ -213,7 +234,7 @@ class CliSlurm:
 
     def cancel_hold(self, node: str) -> tuple[str, ...]:
         name = hold_job_name(node)
-        ids = tuple(j.job_id for j in self.jobs(partition=self.hold_partition) if self._is_our_hold(j) and j.name == name)
+        ids = self._hold_ids(node)
         if not ids:
             return ()
         # scancel applies the filters to the listed ids too: only our hold jobs can go

@@ -299,3 +299,48 @@ def _parse_jobs(text: str, *, active_only: bool) -> tuple[SlurmJobInfo, ...]:
 def parse_ping(text: str) -> bool:
     """``scontrol ping``: True when the (primary) controller is UP."""
     return bool(re.search(r"\bis UP\b", text or ""))
+
+
+# --- one node, from `scontrol --oneliner show node NAME` (the writes' cheap precondition read) ---
+_SC_NAME = re.compile(r"^NodeName=(\S+)")
+_SC_STATE = re.compile(r"(?:^|\s)State=(\S+)")
+_SC_GRES = re.compile(r"(?:^|\s)Gres=(\S+)")
+# Reason is the last key; scontrol appends " [user@time]"
+_SC_REASON = re.compile(r"(?:^|\s)Reason=(.*?)(?: \[([^@\]\s]*)@[^\]]*\])?\s*$")
+
+
+def parse_scontrol_node(text: str) -> SlurmNode:
+    """The one node `scontrol --oneliner show node NAME` prints (same meaning as in sinfo --json).
+
+    Used before each drain/resume so a write checks the node's state as it is now without
+    decoding the whole cluster's sinfo JSON (2 MB at 2,000 nodes)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(lines) != 1 or not _SC_NAME.match(lines[0]):
+        raise AdapterError("slurm", f"scontrol show node: expected one NodeName= line, got {len(lines)} line(s)")
+    line = lines[0]
+    name = _SC_NAME.match(line).group(1)  # type: ignore[union-attr]
+    state_m = _SC_STATE.search(line)
+    if state_m is None:
+        raise AdapterError("slurm", f"scontrol show node {name}: no State= field")
+    parts = state_m.group(1).split("+")
+    base_raw = parts[0]
+    flags = {p.upper() for p in parts[1:] if p}
+    if base_raw.endswith("*"):
+        flags.add("NOT_RESPONDING")
+    base = base_raw.rstrip("*~#!%$@^-").lower()
+    if base in ("drained", "draining", "drain"):  # shown by some versions: a flag on an idle node
+        base, flags = "idle", flags | {"DRAIN"}
+    if base not in BASE_STATES:
+        raise AdapterError("slurm", f"scontrol show node {name}: unknown state {state_m.group(1)[:40]!r}")
+    reason, user = "", ""
+    reason_m = _SC_REASON.search(line)
+    if reason_m is not None:
+        reason, user = reason_m.group(1).strip(), reason_m.group(2) or ""
+    gres_m = _SC_GRES.search(line)
+    gpus = 0
+    if gres_m is not None:
+        for item in gres_m.group(1).split(","):
+            fields = item.split("(")[0].split(":")
+            if fields[0] == "gpu" and fields[-1].isdigit():
+                gpus = int(fields[-1])
+    return SlurmNode(name=name, state=base, flags=frozenset(flags), reason=reason, gpus=gpus, reason_user=user)

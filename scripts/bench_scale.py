@@ -141,6 +141,18 @@ class SlurmModel:
         self.commands[key] += 1
         if argv[1:] == ["--json"] and argv[0] in ("sinfo", "squeue"):
             return CommandResult(0, self._render(argv[0]), "")
+        if argv[:4] == ["scontrol", "--oneliner", "show", "node"]:  # the writes' one-node precondition
+            n = self.nodes.get(argv[4])
+            if n is None:
+                return CommandResult(1, "", f"Node {argv[4]} not found")
+            busy = any(j["node"] == argv[4] and j["state"] == "RUNNING" for j in self.jobs.values())
+            state = ("ALLOCATED" if busy else "IDLE") + ("+DRAIN" if n["drained"] else "")
+            reason = f" Reason={n['reason']} [root@2026-12-02T12:00:00]" if n["reason"] else ""
+            return CommandResult(0, f"NodeName={argv[4]} Gres=gpu:4 State={state}{reason}\n", "")
+        if argv[:2] == ["squeue", "--noheader"]:  # our hold ids: squeue's text output honours filters
+            name, part = argv[argv.index("--name") + 1], argv[argv.index("--partition") + 1]
+            ids = [f"{jid}|{j['user']}\n" for jid, j in self.jobs.items() if j["name"] == name and j["partition"] == part]
+            return CommandResult(0, "".join(ids), "")
         self._cache.clear()
         if argv[:2] == ["scontrol", "update"]:
             opts = dict(a.split("=", 1) for a in argv[2:])

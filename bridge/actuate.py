@@ -140,10 +140,13 @@ class Actuator:
             outcomes = []
             for pod in facts.pods:
                 if not pod.terminating:
-                    outcomes.append(f"{pod.name}: {self.kube.evict(pool.namespace, pod.name)}")
-            detail = ", ".join(outcomes)
-            changed = bool(outcomes)
-            self._event(node, EVENT_REASONS[Step.EVICT_POD], f"evicting serving pod(s) left after scale-down: {detail}")
+                    outcomes.append((pod.name, str(self.kube.evict(pool.namespace, pod.name))))
+            detail = ", ".join(f"{name}: {outcome}" for name, outcome in outcomes)
+            # A PDB-blocked eviction wrote nothing: not "changed", so the loop does not chain
+            # it again at once (it hammered the API ~50 evictions/s with an Event each).
+            changed = any(outcome != "blocked" for _, outcome in outcomes)
+            if changed:
+                self._event(node, EVENT_REASONS[Step.EVICT_POD], f"evicting serving pod(s) left after scale-down: {detail}")
         elif step is Step.CANCEL_HOLD:
             changed = bool(self.slurm.cancel_hold(node))
         elif step is Step.REQUEUE_JOBS:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import socket
 import threading
 from pathlib import Path
-from typing import Any
 
 MODES = ("pass", "500", "429", "hang", "refuse")
 

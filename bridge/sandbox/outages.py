@@ -279,8 +279,10 @@ def pdb_blocks_eviction(h: Harness, *, hold_s: float = 35.0) -> OutageRow:
     assert h.watcher is not None
     row = OutageRow("PDB blocks eviction forever", "mid-lend")
     mark = h.watcher.mark()
+    # min_serving = n - 1: exactly one node may be lent, so no second lend absorbs the removal
+    cfg = h.write_config(h.dir / "pdb.yaml", min_serving=h.n - 1)
     h.load(LOW)
-    armed = h.daemon("pdb-armed", crash_at="mark_pod:1")
+    armed = h.daemon("pdb-armed", crash_at="mark_pod:1", config=cfg)
     armed.wait_exit(90)
     lending = next((n for n, p in h.w.phases().items() if p == "lending"), None)
     pods = h.w.pods_by_node()
@@ -296,7 +298,7 @@ def pdb_blocks_eviction(h: Harness, *, hold_s: float = 35.0) -> OutageRow:
     for p in pdbs:
         policy.patch_namespaced_pod_disruption_budget(p.metadata.name, serving.NAMESPACE,
                                                       {"spec": {"minAvailable": h.n}})
-    d = h.daemon("pdb")
+    d = h.daemon("pdb", config=cfg)
     t0 = time.time()
     time.sleep(hold_s)
     t1 = time.time()

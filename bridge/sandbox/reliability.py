@@ -91,16 +91,17 @@ class Harness:
         self.watcher.start()
         return self
 
-    def config_doc(self, kubeconfig: Path | None = None, **policy: Any) -> dict[str, Any]:
+    def config_doc(self, kubeconfig: Path | None = None, min_serving: int | None = None, **policy: Any) -> dict[str, Any]:
         doc = sandbox_config(prometheus_url=self.sb.prometheus_url, kubeconfig=kubeconfig or self.sb.kubeconfig,
-                             grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=self.min_serving,
+                             grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=min_serving or self.min_serving,
                              scale_down_window_s=6, min_lend_s=10, lease_duration_s=6.0, forecast=False)
         doc["policy"].update(self.policy_overrides)
         doc["policy"].update(policy)
         return doc
 
-    def write_config(self, path: Path | None = None, kubeconfig: Path | None = None, **policy: Any) -> Path:
-        return write_config(path or self.config_path, self.config_doc(kubeconfig, **policy))
+    def write_config(self, path: Path | None = None, kubeconfig: Path | None = None, min_serving: int | None = None,
+                     **policy: Any) -> Path:
+        return write_config(path or self.config_path, self.config_doc(kubeconfig, min_serving, **policy))
 
     def down(self) -> None:
         for d in self.daemons:
@@ -307,11 +308,6 @@ def format_row(r: Row) -> str:
 
 def format_matrix(rows: Sequence[Row]) -> str:
     return "\n".join([HEADER, *(format_row(r) for r in rows)])
-
-
-def writes_by_pid(log_paths: Iterable[Path]) -> dict[str, int]:
-    """Log file -> number of write events it holds (for the two-instance check)."""
-    return {p.name: len(write_events(p)) for p in log_paths}
 
 
 __all__ = ["Harness", "Row", "crash_matrix", "format_matrix", "format_row", "read_events"]

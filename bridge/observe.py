@@ -119,6 +119,10 @@ def join(
     for job in jobs:
         if is_hold_job(job, config):
             target = hold_job_node(job)
+            if job.state == "completing":  # cancelled, on its way out: not a hold any more
+                if target in job.nodes:
+                    allocated.add(target)
+                continue
             running = job.state in _ACTIVE_STATES and target in job.nodes
             if job.state == "pending" or running:
                 holds[target] = HoldFacts(job.job_id, running=running)

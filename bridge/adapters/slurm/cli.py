@@ -177,7 +177,8 @@ class CliSlurm:
         """Ids of our live hold jobs for ``node`` (squeue's text output honours its filters)."""
         res = self._run([
             "squeue", "--noheader", "--name", hold_job_name(node), "--partition", self.hold_partition,
-            "--states", "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED", "--format", "%i|%u",
+            # not COMPLETING: a cancelled hold on its way out (scancel again would fail)
+            "--states", "PENDING,RUNNING,CONFIGURING,SUSPENDED,REQUEUED", "--format", "%i|%u",
         ])
         ids = []
         for line in res.stdout.splitlines():

@@ -182,7 +182,7 @@ def _replace(d: PoolDecision, **kw: object) -> PoolDecision:
 
 
 def _min(s: float) -> str:
-    return f"{s / 60:.0f} min"
+    return f"{s / 60:.0f} min" if s >= 120 else f"{s:.0f} s"
 
 
 def _assess(
@@ -305,7 +305,7 @@ def _assess(
         elif need_nodes > serving_now:
             reason = Reason.FORECAST_RISE
             text = (
-                f"forecast peak {fc.peak:.1f} replicas over next {_min(h)} needs {need_nodes} nodes "
+                f"forecast peak {load:.1f} replicas over next {_min(h)} needs {need_nodes} nodes "
                 f"(+{cfg.headroom:.0%} +{cfg.headroom_replicas:g} headroom), {serving_now} serving or returning"
             )
         elif cal_floor > cfg.min_serving and floor_c > serving_now:

@@ -367,8 +367,9 @@ class Daemon:
                         self.actuator.execute(step, facts, pool, now=obs.view.now)
                     continue
                 try:
-                    self.actuator.execute(step, facts, pool, now=self.clock())
-                    progressed = True
+                    # chain only after a real write: a no-op (e.g. a PDB-blocked eviction)
+                    # would otherwise be repeated MAX_CHAINED_STEPS times per iteration
+                    progressed |= self.actuator.execute(step, facts, pool, now=self.clock())
                 except AdapterError as exc:
                     self._count_error(exc.system)
                     log.warning("step_failed", node=name, step=str(step), phase=str(facts.phase), error=str(exc))

@@ -102,7 +102,7 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
         sb.spawn("gpu-bridge", [sys.executable, "-m", "bridge", "run", "--config", str(cfg_path), "--log-format",
                                 "json"], log_path)
         show.info(f"[2/4] daemon started: gpu-bridge run --config {cfg_path} --log-format json  (log: {log_path})")
-        show.info(f"[3/4] replaying the day and submitting research jobs (sbatch -p preempt --requeue --gres=gpu:4):")
+        show.info("[3/4] replaying the day and submitting research jobs (sbatch -p preempt --requeue --gres=gpu:4):")
         samples, events, tracker, submitter = _replay(sb, d, shape, opts, show)
         show.done()
         show.info("[4/4] summary")

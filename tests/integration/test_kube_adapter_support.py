@@ -132,7 +132,6 @@ class TcpProxy:
     listening: what clients see when the API server dies or the network goes away."""
 
     def __init__(self, target_port: int) -> None:
-        import socket
 
         self._target = ("127.0.0.1", target_port)
         self._socks: list[Any] = []

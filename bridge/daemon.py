@@ -210,6 +210,7 @@ class Daemon:
                 problem = "; ".join(f"{k}: {v}" for k, v in reading.problems.items()) or None
             except AdapterError as exc:
                 self._count_error("prometheus")
+                log.warning("prometheus_unavailable", pool=p.name, error=str(exc))
                 current, problem = None, str(exc)
             if current is not None and current.t > self._last_sample_t.get(p.name, float("-inf")):
                 rec.add(current)

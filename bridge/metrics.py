@@ -159,8 +159,12 @@ class BridgeMetrics:
             self.reclaim_in_progress.labels(pool=pool).set(max([0.0, *ages]))
         for name, state in view.pools.items():
             self.serving_ready.labels(pool=name).set(state.ready_replicas)
-            if state.signals is not None:
-                self.signal_staleness.labels(pool=name).set(max(0.0, view.now - state.signals.t))
+            s = state.signals
+            usable = s is not None and any(
+                v is not None for v in (s.running, s.waiting, s.kv_cache_usage_sum, s.tokens_per_s)
+            )
+            if s is not None and usable:
+                self.signal_staleness.labels(pool=name).set(max(0.0, view.now - s.t))
             else:
                 self.signal_staleness.labels(pool=name).set(float("inf"))
         with self._lock:

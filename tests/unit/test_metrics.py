@@ -70,6 +70,15 @@ def test_missing_signals_are_infinitely_stale() -> None:
     assert sample(m, "gpu_bridge_pool_signal_staleness_seconds", pool="llama") == math.inf
 
 
+def test_a_sample_with_no_usable_signal_is_infinitely_stale() -> None:
+    """The Prometheus adapter stamps a sample with the query time even when every vLLM gauge
+    was missing or stale (its scrape target down): that is no fresh load signal."""
+    m = BridgeMetrics()
+    empty = LoadSignals(t=NOW, running=None, waiting=None, kv_cache_usage_sum=None, tokens_per_s=None, replicas_reporting=0)
+    m.record_view(ClusterView(now=NOW, nodes=(), pools={"llama": PoolState(name="llama", signals=empty)}))
+    assert sample(m, "gpu_bridge_pool_signal_staleness_seconds", pool="llama") == math.inf
+
+
 def test_record_plan_sets_gauges_and_counts_decisions() -> None:
     m = BridgeMetrics()
     plan = Plan(

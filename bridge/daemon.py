@@ -38,6 +38,10 @@ log = logs.get(__name__)
 MAX_CHAINED_STEPS = 12
 # Past GraceTime plus this, jobs still on a node being reclaimed are requeued by the daemon.
 REQUEUE_SLACK_S = 2.0
+# Steps that something outside us may refuse for long (a PDB, an administrator's drain):
+# retried with exponential backoff up to this, not every iteration.
+RETRIED_STEPS = frozenset({Step.EVICT_POD, Step.BLOCKED})
+MAX_RETRY_BACKOFF_S = 60.0
 
 
 class SlurmReads(Protocol):
@@ -147,6 +151,7 @@ class Daemon:
         self._last_sample_t: dict[str, float] = {}
         self._reported_stuck: set[str] = set()
         self._tick_records: list[StepRecord] = []
+        self._backoff: dict[str, tuple[Step, float, float]] = {}  # node -> (step, next try, delay)
         self._last_plan_at: float | None = None
         self._reclaims: dict[str, ReclaimTimes] = {}
         self.completed_reclaims: list[ReclaimTimes] = []
@@ -363,14 +368,20 @@ class Daemon:
                     scaled_down=dep_desired <= want,
                     requeue_after_s=self.config.slurm.grace_s + REQUEUE_SLACK_S,
                 )
+                if step in RETRIED_STEPS and not self._retry_due(name, step, obs.view.now):
+                    continue  # blocked by something outside us (a PDB, an admin): backing off
                 if step is None or step in WAITS:
                     if step is Step.BLOCKED:
                         self.actuator.execute(step, facts, pool, now=obs.view.now)
+                        self._retry_later(name, step, obs.view.now, facts)
                     continue
                 try:
                     # chain only after a real write: a no-op (e.g. a PDB-blocked eviction)
                     # would otherwise be repeated MAX_CHAINED_STEPS times per iteration
-                    progressed |= self.actuator.execute(step, facts, pool, now=self.clock())
+                    changed = self.actuator.execute(step, facts, pool, now=self.clock())
+                    progressed |= changed
+                    if step in RETRIED_STEPS and not changed:
+                        self._retry_later(name, step, obs.view.now, facts)
                 except AdapterError as exc:
                     self._count_error(exc.system)
                     log.warning("step_failed", node=name, step=str(step), phase=str(facts.phase), error=str(exc))
@@ -392,6 +403,19 @@ class Daemon:
             obs = self.observe(self.clock())
             self.last_observation = obs
         return records
+
+    def _retry_due(self, node: str, step: Step, now: float) -> bool:
+        due = self._backoff.get(node)
+        return due is None or due[0] is not step or now >= due[1]
+
+    def _retry_later(self, node: str, step: Step, now: float, facts: Any) -> None:
+        """Back off a step that something outside us refuses (1 s, doubling to a minute),
+        with one warning per attempt, so a PDB that never allows the eviction is visible
+        without flooding the API server, the Events and the log."""
+        prev = self._backoff.get(node)
+        delay = min(MAX_RETRY_BACKOFF_S, prev[2] * 2) if prev is not None and prev[0] is step else 1.0
+        self._backoff[node] = (step, now + delay, delay)
+        log.warning("step_refused", node=node, step=str(step), phase=str(facts.phase), retry_in_s=delay)
 
     def _on_step(self, record: StepRecord) -> None:
         self._tick_records.append(record)

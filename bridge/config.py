@@ -159,7 +159,9 @@ class SlurmConfig:
     min_runtime_s: float = setting(
         900.0, ge=0, doc="a job younger than this is not preempted unless urgent demand needs it"
     )
-    command_timeout_s: float = setting(30.0, gt=0, doc="timeout of each scontrol/squeue/sinfo call")
+    command_timeout_s: float = setting(
+        5.0, gt=0, doc="timeout of each scontrol/squeue/sinfo call; keep it well below daemon.lease_duration_s"
+    )
     slurm_conf: str | None = setting(None, doc="slurm.conf the Slurm commands use (SLURM_CONF); null = $SLURM_CONF or Slurm's default")
 
 

@@ -51,7 +51,7 @@ def sandbox_config(
         "slurm": {
             "grace_s": grace_s,
             "min_runtime_s": min_runtime_s,
-            "command_timeout_s": 10.0,
+            "command_timeout_s": 3.0,  # well below the 6 s Lease
             "slurm_conf": str(slurm_conf) if slurm_conf else None,
         },
         "policy": {

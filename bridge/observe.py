@@ -20,7 +20,10 @@ from bridge.config import Config, PoolConfig
 from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts
 from bridge.model import ClusterView, LoadSignals, NodeState, Phase, PoolState, SlurmJob
 
-_ACTIVE_STATES = frozenset({"running", "completing", "configuring", "suspended", "stopped"})
+# job states in which a job holds its nodes
+_ACTIVE_STATES = frozenset(
+    {"running", "completing", "configuring", "suspended", "stopped", "signaling", "stage_out", "resizing"}
+)
 
 
 class KubeNode(Protocol):

@@ -182,3 +182,16 @@ def test_grace_over() -> None:
     victim = j["101"]  # preempt_time 1796216790, end_time 1796216800
     assert not victim.grace_over(1796216800.5) and victim.grace_over(1796216801.0)
     assert not j["103"].grace_over(2e9)  # not preempted
+
+
+def test_a_job_being_signalled_still_holds_its_nodes() -> None:
+    """Right after a hold job preempts it, squeue shows the victim SIGNALING while Slurm
+    delivers the pre-preemption signal: it still runs on its node (a transient state that a
+    test caught once), so its nodes and end time must not vanish."""
+    doc = json.loads((Path(__file__).resolve().parent.parent / "fixtures" / "slurm" / "squeue-22.05.json").read_text())
+    rec = next(j for j in doc["jobs"] if j["job_state"] == "RUNNING")
+    rec["job_state"] = "SIGNALING"
+    doc["jobs"] = [rec]
+    (job,) = parse_jobs(json.dumps(doc))
+    assert job.state == "signaling"
+    assert job.nodes and job.start_time is not None and job.end_time is not None

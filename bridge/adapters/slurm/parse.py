@@ -263,7 +263,9 @@ def _job(rec: Any, i: int) -> SlurmJobInfo:
     if not gpus:
         gd = rec.get("gres_detail") or []
         gpus = max((gpu_count(str(g)) for g in gd), default=0) if isinstance(gd, list) else 0
-    running = state in ("running", "completing", "suspended")
+    # states in which the job still holds its nodes ("signaling": Slurm is delivering the
+    # pre-preemption signal, seen right after a hold job preempts it)
+    running = state in ("running", "completing", "suspended", "signaling", "stage_out", "resizing", "stopped")
     return SlurmJobInfo(
         job_id=str(jid),
         name=_str(rec, "name", what),

@@ -19,6 +19,21 @@ from pathlib import Path
 MODES = ("pass", "500", "429", "hang", "refuse")
 
 
+
+def pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy bytes from ``src`` to ``dst`` until either side closes, then close both."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for sock in (src, dst):
+            try:
+                sock.close()
+            except OSError:
+                pass
+
 class FaultProxy:
     def __init__(self, target_port: int) -> None:
         self._target = ("127.0.0.1", target_port)
@@ -95,23 +110,9 @@ class FaultProxy:
                 with self._lock:
                     self._socks.append(upstream)
                 for a, b in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+                    threading.Thread(target=pipe, args=(a, b), daemon=True).start()
             else:
                 threading.Thread(target=self._fault, args=(client, mode), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.close()
-                except OSError:
-                    pass
 
     def _fault(self, client: socket.socket, mode: str) -> None:
         try:

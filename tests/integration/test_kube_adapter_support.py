@@ -16,6 +16,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from bridge import wellknown as wk
+from bridge.sandbox.faultproxy import pipe
 
 
 def kube_server_class() -> Any:
@@ -167,21 +168,7 @@ class TcpProxy:
             with self._lock:
                 self._socks += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: Any, dst: Any) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
 
     def cut(self) -> None:
         self._closed = True

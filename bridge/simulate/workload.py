@@ -9,9 +9,14 @@ times per 10-minute window. The simulator works in *replicas at the per-replica 
 - burstiness inside a window: the number of arrivals in a minute of a stream with rate
   ``lam`` and inter-arrival CV ``cv`` has variance about ``lam * 60 * cv**2`` (index of
   dispersion of a renewal process; the trace's cv is exactly that of the superposed
-  clients). Each minute's count is drawn from a gamma distribution with that mean and
-  variance, then the window's ten minutes are rescaled so their mean is the window's rate
-  exactly (the scaled trace keeps its 10-minute means, the peak window needs exactly R);
+  clients). ``lam`` is the *measured* stream's rate, before scaling: scaling multiplies the
+  curve, so a minute's relative deviation from its window's mean is the real service's
+  (``cv / sqrt(lam * 60)``), whatever ``replica_rps`` converts requests into replicas. (Drawing
+  at the scaled rate would thin the stream and make the bursts grow as ``replica_rps``
+  shrinks: a unit choice would change the answer.) Each minute's count is drawn from a gamma
+  distribution with that mean and variance, then the window's ten minutes are rescaled so
+  their mean is the window's rate exactly (the scaled trace keeps its 10-minute means, the
+  peak window needs exactly R);
 - offered load of minute ``m`` in replicas = arrivals per second / ``replica_rps``.
 
 The signals the policy sees are derived from that load consistently with the policy's own
@@ -117,7 +122,7 @@ def build_workload(
     rates = rates[:n_windows]
     cvs = cvs[:n_windows]
     window_load = rates * scale / replica_rps  # replicas
-    lam = rates * scale  # req/s of the simulated pool
+    lam = rates  # req/s of the measured stream: the bursts are drawn in its units, then scaled
     if burst:
         rng = np.random.default_rng(seed)
         mean = np.repeat(lam * MINUTE_S, k)  # arrivals per minute
@@ -130,7 +135,7 @@ def build_workload(
         sums = counts.sum(axis=1, keepdims=True)
         target = (lam * MINUTE_S * k)[:, None]
         counts = np.where(sums > 0, counts * np.divide(target, sums, out=np.zeros_like(sums), where=sums > 0), target / k)
-        load = counts.reshape(-1) / MINUTE_S / replica_rps
+        load = counts.reshape(-1) / MINUTE_S * scale / replica_rps
     else:
         load = np.repeat(window_load, k)
     if days is not None:

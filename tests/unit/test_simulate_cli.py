@@ -149,3 +149,12 @@ def test_one_pool_of_a_multi_pool_config(tmp_path: Path, capsys: pytest.CaptureF
     assert "cold start 240 s" in out.err and json.loads(out.out)[0]["policy"] == "bridge"
     assert main(["simulate", "--config", str(conf), "--pool", "nope"]) == 2
     assert "--pool: no pool named 'nope'" in capsys.readouterr().err
+
+
+def test_the_replica_capacity_is_a_unit_not_a_change_of_burstiness() -> None:
+    # the bursts are the measured stream's; converting req/s into replicas must not thin it
+    t = load_trace()
+    a = build_workload(t, peak_replicas=20, replica_rps=4.0, seed=1, days=2)
+    b = build_workload(t, peak_replicas=20, replica_rps=40.0, seed=1, days=2)
+    np.testing.assert_allclose(a.load, b.load, rtol=1e-12)
+    assert b.scale == pytest.approx(10 * a.scale)

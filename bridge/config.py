@@ -126,7 +126,7 @@ class PoolConfig:
     blind_serving: int | None = setting(
         None, ge=0, doc="nodes to serve when signals have been missing for policy.blind_after_s; null = all"
     )
-    headroom: float = setting(0.15, ge=0, le=2, doc="extra capacity over forecast demand, as a fraction")
+    headroom: float = setting(0.2, ge=0, le=2, doc="extra capacity over forecast demand, as a fraction")
     headroom_replicas: float = setting(0.5, ge=0, doc="extra capacity over forecast demand, in replicas")
     cold_start_s: float = setting(300.0, ge=0, doc="vLLM pod start to Ready on a reclaimed node")
     drain_s: float = setting(60.0, ge=0, doc="time for a serving replica to drain and stop (vLLM --shutdown-timeout)")

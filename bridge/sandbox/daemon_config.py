@@ -28,6 +28,7 @@ def sandbox_config(
     min_lend_s: float = 10.0,
     min_serving: int = 1,
     concurrency_per_replica: float = 60.0,
+    headroom: float = 0.15,
     headroom_replicas: float = 0.2,
     min_runtime_s: float = 0.0,
     lease_duration_s: float = 6.0,
@@ -44,6 +45,9 @@ def sandbox_config(
                 "min_serving": min_serving,
                 "cold_start_s": cold_start_s,
                 "drain_s": 5.0,
+                # a 4-node sandbox: the loads the demo and the end-to-end test drive assume
+                # this headroom (the production default, 0.2, is set for 24-node pools)
+                "headroom": headroom,
                 "headroom_replicas": headroom_replicas,
                 "target": {"concurrency_per_replica": concurrency_per_replica, "kv_cache_usage": 0.8},
             }

@@ -127,7 +127,7 @@ def test_low_steady_load_lends_with_a_sentence() -> None:
     # 2 replicas x 1.15 + 0.5 = 2.8 -> 3 nodes; room for 7 lends, 2 per tick
     assert decision(p) == ("low_forecast", 10, 3)
     assert p.actions[0].detail == (
-        "lend gpu-node-00: forecast peak 2.0 replicas over next 25 min (+15% +0.5 headroom) "
+        "lend gpu-node-00: forecast peak 2.0 replicas over next 25 min (+20% +0.5 headroom) "
         "needs 3 < 10 serving - 7"
     )
     assert p.pools[0].detail.endswith("; 2 of 7 lends this tick (max_lends_per_tick)")
@@ -184,8 +184,8 @@ def test_a_gap_in_the_window_blocks_lending() -> None:
 
 
 def test_a_recent_peak_holds_capacity() -> None:
-    # load was 8 replicas four minutes ago: the burst window still sees it
-    hist = tuple(sig(s.t, 8.0 if NOW - 300 < s.t < NOW - 200 else 2.0, 10) for s in flat(2.0, reporting=10))
+    # load was 7.5 replicas four minutes ago (x 1.2 + 0.5 = all 10 nodes): the burst window still sees it
+    hist = tuple(sig(s.t, 7.5 if NOW - 300 < s.t < NOW - 200 else 2.0, 10) for s in flat(2.0, reporting=10))
     p = plan(view(serving(10), 2.0, history=hist), CFG)
     assert kinds(p) == []
     assert decision(p)[0] == "steady"

@@ -60,6 +60,7 @@ EVENT_REASONS: Mapping[Step | Phase, str] = {
     Phase.RECLAIMING: "GpuBridgeReclaiming",
     Phase.RETURNING: "GpuBridgeReturning",
     Step.EVICT_POD: "GpuBridgeEvicting",
+    Step.ABORT_LEND: "GpuBridgeLendAborted",
     Step.BLOCKED: "GpuBridgeBlocked",
 }
 
@@ -147,6 +148,19 @@ class Actuator:
             changed = any(outcome != "blocked" for _, outcome in outcomes)
             if changed:
                 self._event(node, EVENT_REASONS[Step.EVICT_POD], f"evicting serving pod(s) left after scale-down: {detail}")
+        elif step is Step.ABORT_LEND:
+            live = [p.name for p in facts.pods if not p.terminating]
+            detail = (
+                f"lend abandoned: serving pod(s) {', '.join(live)} still running after "
+                f"{now - facts.phase_since:.0f} s (a PodDisruptionBudget refusing the eviction?); serving again"
+            )
+            changed = self.kube.set_phase(node, Phase.SERVING, detail, now)
+            if changed:
+                self._event(node, EVENT_REASONS[Step.ABORT_LEND], detail, "Warning")
+        elif step is Step.UNMARK_POD:
+            for pod in facts.pods:
+                if not pod.terminating and pod.deletion_cost == LENDING_POD_DELETION_COST:
+                    changed |= self.kube.set_pod_deletion_cost(pool.namespace, pod.name, 0)
         elif step is Step.CANCEL_HOLD:
             changed = bool(self.slurm.cancel_hold(node))
         elif step is Step.REQUEUE_JOBS:

@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from bridge import wellknown
 from bridge.errors import ConfigError
+from bridge.lifecycle import EVICT_AFTER_S
 
 _MISSING = dataclasses.MISSING
 
@@ -263,6 +264,9 @@ class PolicyConfig:
     min_lend_s: float = setting(
         600.0, ge=0, doc="a node stays lent at least this long unless load exceeds Ready capacity"
     )
+    lend_timeout_s: float = setting(
+        600.0, gt=0, doc="a lend whose serving pod is still running after this long is abandoned: the node serves again"
+    )
     max_lends_per_tick: int = setting(2, ge=0, doc="most lends started in one tick, all pools together")
     max_reclaims_per_tick: int = setting(8, ge=1, doc="most reclaims started in one tick, all pools together")
     signal_max_age_s: float = setting(90.0, gt=0, doc="a sample older than this is stale (blocks lending)")
@@ -331,6 +335,14 @@ class Config:
                 out.append((f"pools[{i}].name", f"duplicate pool name {_show(p.name)} (also pools[{seen[p.name]}])"))
             seen.setdefault(p.name, i)
         names = tuple(seen)
+        for i, p in enumerate(self.pools):
+            # a lend takes the pod's drain plus the eviction fallback; less would abandon every lend
+            least = p.drain_s + EVICT_AFTER_S
+            if self.policy.lend_timeout_s <= least:
+                out.append((
+                    "policy.lend_timeout_s",
+                    f"must be > pools[{i}].drain_s + {EVICT_AFTER_S:g} s ({_show(least)}), got {_show(self.policy.lend_timeout_s)}",
+                ))
         for i, r in enumerate(self.policy.calendar):
             for j, pn in enumerate(r.pools):
                 if pn not in seen:

@@ -367,6 +367,7 @@ class Daemon:
                     now=obs.view.now,
                     scaled_down=dep_desired <= want,
                     requeue_after_s=self.config.slurm.grace_s + REQUEUE_SLACK_S,
+                    lend_timeout_s=self.config.policy.lend_timeout_s,
                 )
                 if step in RETRIED_STEPS and not self._retry_due(name, step, obs.view.now):
                     continue  # blocked by something outside us (a PDB, an admin): backing off
@@ -421,6 +422,10 @@ class Daemon:
         self._tick_records.append(record)
         if record.step is Step.MARK_LENT and record.changed and self.metrics is not None and self.last_observation:
             self.metrics.record_lend(self.last_observation.pool_of.get(record.node, ""))
+        if record.step is Step.ABORT_LEND and record.changed:
+            self._backoff.pop(record.node, None)  # the eviction retries are over
+            if self.metrics is not None and self.last_observation:
+                self.metrics.record_lend_failure(pool=self.last_observation.pool_of.get(record.node, ""), reason="pod_not_gone")
         times = self._reclaims.get(record.node)
         if times is None:
             return

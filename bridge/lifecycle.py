@@ -30,6 +30,9 @@ from bridge.model import Phase
 # The deletion cost put on the pod of a node being lent, so that the ReplicaSet removes
 # exactly that pod when the Deployment is scaled down (lower cost goes first).
 LENDING_POD_DELETION_COST = -10_000
+# Seconds a lending node's serving pod may outlive the Deployment's scale-down before it is
+# evicted instead (the ReplicaSet removed another pod).
+EVICT_AFTER_S = 20.0
 
 
 class Step(enum.StrEnum):
@@ -42,6 +45,8 @@ class Step(enum.StrEnum):
     FENCE = "fence"  # cordon + taint
     MARK_POD = "mark_pod"  # low pod-deletion-cost on the node's serving pod
     EVICT_POD = "evict_pod"  # the scale-down removed another pod: evict ours (PDB-respecting)
+    ABORT_LEND = "abort_lend"  # the serving pod outlived the lend timeout: the node serves again
+    UNMARK_POD = "unmark_pod"  # a serving node's pod still carries the lending deletion cost
     WAIT_PODS_GONE = "wait_pods_gone"
     CANCEL_HOLD = "cancel_hold"
     RESUME = "resume"  # undrain in Slurm (only our own drain)
@@ -100,8 +105,9 @@ def next_step(
     *,
     now: float,
     scaled_down: bool,
-    evict_after_s: float = 20.0,
+    evict_after_s: float = EVICT_AFTER_S,
     requeue_after_s: float | None = None,
+    lend_timeout_s: float | None = None,
 ) -> Step | None:
     """The next step for a node, or None when it is at rest in its phase.
 
@@ -126,6 +132,10 @@ def next_step(
             # Research on a serving node (adopted that way, or slipped in): stop new ones,
             # then requeue these at once: a drained node never starts our hold job.
             return Step.REQUEUE_JOBS if drained else Step.ENSURE_DRAINED
+        if facts.fenced:  # an abandoned lend (or a crash right after marking it serving)
+            return Step.UNFENCE
+        if any(p.deletion_cost == LENDING_POD_DELETION_COST and not p.terminating for p in facts.pods):
+            return Step.UNMARK_POD  # else the next scale-down would remove this serving pod first
         if facts.hold is None and not drained and not facts.slurm_down:
             # Hold first, while the node is idle: it starts at once, and squeue shows who
             # holds the node. Then the drain, which survives slurmd/slurmctld restarts.
@@ -141,6 +151,8 @@ def next_step(
         if unmarked:
             return Step.MARK_POD
         if live:
+            if lend_timeout_s is not None and now - facts.phase_since >= lend_timeout_s:
+                return Step.ABORT_LEND
             if scaled_down and now - facts.phase_since >= evict_after_s:
                 return Step.EVICT_POD
             return Step.WAIT_PODS_GONE

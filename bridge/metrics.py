@@ -95,6 +95,10 @@ class BridgeMetrics:
             "gpu_bridge_reclaim_failures", "Reclaims abandoned (node never became Ready in time), by reason.",
             ["pool", "reason"], registry=r,
         )
+        self.lend_failures = Counter(
+            "gpu_bridge_lend_failures", "Lends abandoned (the serving pod outlived policy.lend_timeout_s), by reason.",
+            ["pool", "reason"], registry=r,
+        )
         self.reclaim_latency = Histogram(
             "gpu_bridge_reclaim_duration_seconds", "From the load change that called for a node to its Ready replica.",
             ["pool"], buckets=RECLAIM_BUCKETS_S, registry=r,
@@ -207,6 +211,9 @@ class BridgeMetrics:
             self.reclaim_phase_latency.labels(pool=pool, phase=phase).observe(seconds)
         self.reclaim_latency.labels(pool=pool).observe(sum(phases.values()))
         self.reclaims.labels(pool=pool, reason=reason).inc()
+
+    def record_lend_failure(self, *, pool: str, reason: str) -> None:
+        self.lend_failures.labels(pool=pool, reason=reason).inc()
 
     def record_reclaim_failure(self, *, pool: str, reason: str) -> None:
         self.reclaim_failures.labels(pool=pool, reason=reason).inc()

@@ -296,3 +296,60 @@ def test_lend_then_reclaim_converges_with_lost_writes(seed: int, loss: float) ->
     drive(world, Phase.SERVING, rng, loss)
     assert world.pod is not None and world.pod.ready and world.drained and not world.fenced
     assert world.research == ()
+
+
+# --- an abandoned lend ------------------------------------------------------------------
+
+MARKED = dataclasses.replace(POD, deletion_cost=LENDING_POD_DELETION_COST)
+
+
+def test_a_lend_whose_pod_outlives_the_timeout_is_abandoned() -> None:
+    stuck = facts(phase=Phase.LENDING, phase_since=NOW - 600, fenced=True, pods=(MARKED,))
+    assert next_step(stuck, now=NOW, scaled_down=True, lend_timeout_s=601) is Step.EVICT_POD
+    assert next_step(stuck, now=NOW, scaled_down=True, lend_timeout_s=600) is Step.ABORT_LEND
+    assert next_step(stuck, now=NOW, scaled_down=False, lend_timeout_s=600) is Step.ABORT_LEND
+    # no timeout configured: the old behaviour (retry the eviction for ever)
+    assert next_step(stuck, now=NOW, scaled_down=True) is Step.EVICT_POD
+    # a pod already terminating is on its way out: wait for it, never abandon
+    going = dataclasses.replace(stuck, pods=(dataclasses.replace(MARKED, terminating=True),))
+    assert next_step(going, now=NOW, scaled_down=True, lend_timeout_s=60) is Step.WAIT_PODS_GONE
+    # once the pod is gone the lend goes on to Slurm whatever its age
+    gone = dataclasses.replace(stuck, pods=())
+    assert next_step(gone, now=NOW, scaled_down=True, lend_timeout_s=60) is Step.CANCEL_HOLD
+
+
+def test_after_an_abandoned_lend_the_serving_node_is_unfenced_then_its_pod_unmarked() -> None:
+    node = facts(phase=Phase.SERVING, fenced=True, pods=(MARKED,))
+    assert next_step(node, now=NOW, scaled_down=False) is Step.UNFENCE
+    node = dataclasses.replace(node, fenced=False)
+    assert next_step(node, now=NOW, scaled_down=False) is Step.UNMARK_POD
+    node = dataclasses.replace(node, pods=(POD,))
+    assert next_step(node, now=NOW, scaled_down=False) is None
+    # research on it still comes first (a node must never serve and run jobs)
+    busy = facts(phase=Phase.SERVING, fenced=True, pods=(), research_jobs=("7",))
+    assert next_step(busy, now=NOW, scaled_down=False) is Step.REQUEUE_JOBS
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10_000), loss=st.floats(0.0, 0.6))
+def test_an_abandoned_lend_converges_to_serving_with_lost_writes(seed: int, loss: float) -> None:
+    rng = random.Random(seed)
+    world = World(phase=Phase.LENDING, since=NOW - 5000)  # the pod never goes: e.g. a PDB
+    for tick in range(100):
+        world.check_invariant()
+        step = next_step(world.facts(), now=NOW, scaled_down=True, lend_timeout_s=600)
+        if step is None:
+            break
+        assert step not in (Step.CANCEL_HOLD, Step.RESUME, Step.MARK_LENT, Step.BLOCKED)  # nothing to Slurm
+        if rng.random() >= loss:
+            if step is Step.ABORT_LEND:
+                world.phase = Phase.SERVING
+            elif step is Step.UNMARK_POD and world.pod:
+                world.pod = dataclasses.replace(world.pod, deletion_cost=0)
+            elif step in (Step.FENCE, Step.UNFENCE, Step.MARK_POD):
+                world.apply(step, rng)
+            # an eviction is refused: the pod stays
+    else:
+        raise AssertionError(f"did not converge: {world}")
+    assert world.phase is Phase.SERVING and not world.fenced and world.pod is not None
+    assert world.pod.deletion_cost != LENDING_POD_DELETION_COST and world.drained and world.hold is not None

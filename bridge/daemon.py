@@ -67,7 +67,7 @@ class KubeSide(KubeWrites, Protocol):
 
 
 class PromSide(Protocol):
-    def current(self, pool: Any, *, at: float | None = None) -> Any: ...
+    def current(self, pool: Any, *, at: float | None = None, live_pods: Any = None) -> Any: ...
 
     def history(self, pool: Any, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]: ...
 
@@ -210,7 +210,9 @@ class Daemon:
         for p in self.config.pools:
             rec = self._recorder(p, now)
             try:
-                reading = self.prom.current(self.prom_pools[p.name])
+                # the pool's pods as Kubernetes knows them: a stale series of a pod deleted
+                # during a Prometheus outage is then dropped instead of blocking lending
+                reading = self.prom.current(self.prom_pools[p.name], live_pods={pod.name for pod in pods[p.name]})
                 current: LoadSignals | None = reading.signals
                 problem = "; ".join(f"{k}: {v}" for k, v in reading.problems.items()) or None
             except AdapterError as exc:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -355,12 +355,15 @@ class FakeProm:
     readings: dict[str, SignalsReading] = field(default_factory=dict)
     histories: dict[str, tuple[LoadSignals, ...]] = field(default_factory=dict)
     fail: bool = False
+    live_pods: frozenset[str] | None = None  # what the last current() was told exists
 
     def set(self, pool: str, signals: LoadSignals, problems: Mapping[str, str] | None = None) -> None:
         self.readings[pool] = SignalsReading(pool=pool, signals=signals, problems=dict(problems or {}))
 
-    def current(self, pool: PromPool, *, at: float | None = None) -> SignalsReading:
+    def current(self, pool: PromPool, *, at: float | None = None, live_pods: Collection[str] | None = None) -> SignalsReading:
         from bridge.errors import AdapterError
+
+        self.live_pods = None if live_pods is None else frozenset(live_pods)
 
         if self.fail:
             raise AdapterError("prometheus", f"pool {pool.name}: query failed: injected")

@@ -23,7 +23,7 @@ import math
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -47,6 +47,7 @@ GENERATION = "vllm:generation_tokens_total"
 GAUGES = (RUNNING, WAITING, KV_V1, KV_V0)
 TAG = "bridge_q"
 ENGINE = "engine"
+POD_LABEL = "pod"  # the pod of a series (Kubernetes service discovery relabels __meta_kubernetes_pod_name to it)
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 ERROR_CAP = 300
 
@@ -84,7 +85,7 @@ class SignalsReading:
 
 @runtime_checkable
 class PromReader(Protocol):
-    def current(self, pool: PromPool, *, at: float | None = None) -> SignalsReading: ...
+    def current(self, pool: PromPool, *, at: float | None = None, live_pods: Collection[str] | None = None) -> SignalsReading: ...
 
     def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]: ...
 
@@ -204,9 +205,21 @@ class _Signal:
 
 
 def signals_from_step(
-    step: _Step, *, t: float, staleness_s: float | None, check_timestamps: bool
+    step: _Step,
+    *,
+    t: float,
+    staleness_s: float | None,
+    check_timestamps: bool,
+    live_pods: Collection[str] | None = None,
+    dropped: list[str] | None = None,
 ) -> tuple[LoadSignals, dict[str, str]]:
-    """Validate and sum one instant's series into LoadSignals (pure)."""
+    """Validate and sum one instant's series into LoadSignals (pure).
+
+    A stale series fails its signal (fail closed), except when ``live_pods`` is given and the
+    series' ``pod`` label names none of them: a pod deleted while Prometheus could not
+    scrape (or was down) gets no staleness marker, so its last sample lingers for the lookback
+    delta (5 min). Such a series is dropped (named in ``dropped``); the pool's own pods still
+    have to report, or ``replicas_reporting < Ready`` blocks lending."""
     problems: dict[str, str] = {}
 
     def gauge(metric: str, replicas: Iterable[frozenset[tuple[str, str]]], *, upper: float | None = None, sig: _Signal | None = None) -> _Signal:
@@ -224,6 +237,10 @@ def signals_from_step(
                     sig.problem = sig.problem or f"{what} has an invalid sample timestamp ({ts})"
                     continue
                 age = t - ts
+                if age > staleness_s and live_pods is not None and _gone(key, live_pods):
+                    if dropped is not None:
+                        dropped.append(f"{what}: stale ({age:.0f} s) and its pod no longer exists")
+                    continue
                 if age > staleness_s:
                     sig.problem = sig.problem or f"{what} is stale: last sample {age:.0f} s old (limit {staleness_s:g} s)"
                     continue
@@ -258,6 +275,12 @@ def signals_from_step(
     return LoadSignals(t=t, running=r, waiting=w, kv_cache_usage_sum=k, tokens_per_s=tok, replicas_reporting=reporting), problems
 
 
+def _gone(key: frozenset[tuple[str, str]], live_pods: Collection[str]) -> bool:
+    """The series names a pod (label ``pod``) that Kubernetes no longer has."""
+    pod = dict(key).get(POD_LABEL)
+    return pod is not None and pod not in live_pods
+
+
 def _absorb(step: _Step, metric: Mapping[str, str], raw: Any, model: str, ignored: set[str]) -> None:
     tag = metric.get(TAG, "")
     key = _replica_key(metric)
@@ -272,8 +295,16 @@ def _absorb(step: _Step, metric: Mapping[str, str], raw: Any, model: str, ignore
         step.values.setdefault(tag, {})[key] = _float(raw)
 
 
-def parse_instant(result: Sequence[Mapping[str, Any]], *, pool: PromPool, staleness_s: float, at: float | None) -> SignalsReading:
-    """An instant-query result (a vector) -> SignalsReading (pure)."""
+def parse_instant(
+    result: Sequence[Mapping[str, Any]],
+    *,
+    pool: PromPool,
+    staleness_s: float,
+    at: float | None,
+    live_pods: Collection[str] | None = None,
+) -> SignalsReading:
+    """An instant-query result (a vector) -> SignalsReading (pure). ``live_pods``: the
+    pool's pods in Kubernetes (see ``signals_from_step``); None = every stale series counts."""
     step = _Step()
     ignored: set[str] = set()
     t = at
@@ -284,8 +315,11 @@ def parse_instant(result: Sequence[Mapping[str, Any]], *, pool: PromPool, stalen
         _absorb(step, metric, raw, pool.model, ignored)
     if t is None:
         raise ValueError("an empty result needs the evaluation time")
-    signals, problems = signals_from_step(step, t=t, staleness_s=staleness_s, check_timestamps=True)
-    return SignalsReading(pool=pool.name, signals=signals, problems=problems, ignored=tuple(sorted(ignored)))
+    dropped: list[str] = []
+    signals, problems = signals_from_step(
+        step, t=t, staleness_s=staleness_s, check_timestamps=True, live_pods=live_pods, dropped=dropped
+    )
+    return SignalsReading(pool=pool.name, signals=signals, problems=problems, ignored=tuple(sorted(ignored | set(dropped))))
 
 
 def parse_range(result: Sequence[Mapping[str, Any]], *, pool: PromPool, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
@@ -340,15 +374,16 @@ class PromAdapter:
         with self._lock:
             return dict(self._failures)
 
-    def current(self, pool: PromPool, *, at: float | None = None) -> SignalsReading:
-        """The pool's signals at ``at`` (unix s; None = Prometheus' now)."""
+    def current(self, pool: PromPool, *, at: float | None = None, live_pods: Collection[str] | None = None) -> SignalsReading:
+        """The pool's signals at ``at`` (unix s; None = Prometheus' now). ``live_pods``: the
+        pool's pods in Kubernetes, so a deleted pod's lingering stale series is dropped."""
         query = build_query(pool, rate_window_s=self.rate_window_s)
         params = {"time": f"{at:.3f}"} if at is not None else {}
         result = self._run("query", pool, lambda: self._client.custom_query(query, params=params, timeout=self.timeout_s))
         try:
             if not result and at is None:
                 at = datetime.now(UTC).timestamp()
-            reading = parse_instant(result, pool=pool, staleness_s=self.staleness_s, at=at)
+            reading = parse_instant(result, pool=pool, staleness_s=self.staleness_s, at=at, live_pods=live_pods)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise AdapterError("prometheus", f"pool {pool.name}: unexpected query result: {str(e)[:ERROR_CAP]}") from None
         if reading.problems:

@@ -184,3 +184,26 @@ def test_engines_of_one_server_are_one_replica() -> None:
     s = parse_instant(result, pool=POOL, staleness_s=30, at=None).signals
     assert (s.running, s.replicas_reporting) == (5, 1)
     assert s.kv_cache_usage_sum == pytest.approx(0.375)
+
+
+def test_a_stale_series_of_a_deleted_pod_is_dropped_not_fatal() -> None:
+    # pod b was deleted while Prometheus was down: no staleness marker, its last sample lingers
+    result = replica("a", running=3) + replica("b", running=7, ts=T - 200)
+    kept = parse_instant(result, pool=POOL, staleness_s=30, at=None, live_pods={"a"})
+    assert kept.problems == {}
+    assert kept.signals.running == 3 and kept.signals.replicas_reporting == 1
+    assert any('pod="b"' in x and "no longer exists" in x for x in kept.ignored)
+    # b still exists in Kubernetes (a scrape failing): fail closed, as without the pod list
+    for live in ({"a", "b"}, None):
+        r = parse_instant(result, pool=POOL, staleness_s=30, at=None, live_pods=live)
+        assert r.signals.running is None and "is stale" in r.problems["running"]
+
+
+def test_a_stale_series_without_a_pod_label_still_fails_closed() -> None:
+    result = replica("a")
+    for s in result:
+        s["metric"].pop("pod")
+        if s["metric"]["bridge_q"].startswith("ts:"):
+            s["value"][1] = str(T - 200)
+    r = parse_instant(result, pool=POOL, staleness_s=30, at=None, live_pods={"a"})
+    assert r.signals.running is None and "is stale" in r.problems["running"]

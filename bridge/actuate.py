@@ -156,6 +156,7 @@ class Actuator:
             )
             changed = self.kube.set_phase(node, Phase.SERVING, detail, now)
             if changed:
+                log.warning("lend_abandoned", node=node, pool=pool.name, phase=str(Phase.SERVING), detail=detail)
                 self._event(node, EVENT_REASONS[Step.ABORT_LEND], detail, "Warning")
         elif step is Step.UNMARK_POD:
             for pod in facts.pods:

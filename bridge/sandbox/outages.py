@@ -23,6 +23,7 @@ SHOWN_METRICS = (
     ("gpu_bridge_pool_signal_staleness_seconds", "GpuBridgeLoadSignalsStale"),
     ("gpu_bridge_pool_reclaim_in_progress_seconds", "GpuBridgeReclaimStuck"),
     ("gpu_bridge_reclaim_failures_total", "GpuBridgeReclaimFailures"),
+    ("gpu_bridge_lend_failures_total", "GpuBridgeLendFailures"),
     ("gpu_bridge_nodes_held", "-"),
 )
 
@@ -272,15 +273,19 @@ def pod_never_ready(h: Harness, *, hold_s: float = 140.0) -> OutageRow:
                       observe=lambda: f"node {target.get('node')} phase {h.w.phases().get(target.get('node', ''))}")
 
 
-def pdb_blocks_eviction(h: Harness, *, hold_s: float = 35.0) -> OutageRow:
+LEND_TIMEOUT_S = 30.0
+
+
+def pdb_blocks_eviction(h: Harness, *, hold_s: float = 45.0) -> OutageRow:
     """Force the eviction path, then block it: crash right after the lending pod is marked,
     give another serving pod a lower deletion cost (so the ReplicaSet removes that one), and
     set the PDB to allow no disruption; the restarted daemon must evict, and cannot."""
     assert h.watcher is not None
     row = OutageRow("PDB blocks eviction forever", "mid-lend")
     mark = h.watcher.mark()
-    # min_serving = n - 1: exactly one node may be lent, so no second lend absorbs the removal
-    cfg = h.write_config(h.dir / "pdb.yaml", min_serving=h.n - 1)
+    # min_serving = n - 1: exactly one node may be lent, so no second lend absorbs the removal;
+    # a short lend timeout, so the row shows the stuck lend abandoned within the hold
+    cfg = h.write_config(h.dir / "pdb.yaml", min_serving=h.n - 1, lend_timeout_s=LEND_TIMEOUT_S)
     h.load(LOW)
     armed = h.daemon("pdb-armed", crash_at="mark_pod:1", config=cfg)
     armed.wait_exit(90)
@@ -305,9 +310,13 @@ def pdb_blocks_eviction(h: Harness, *, hold_s: float = 35.0) -> OutageRow:
     row.did = (f"{lending} lending, other pod {other} removed by the scale-down; after {hold_s:.0f} s: "
                + transitions_between(d, t0 - 1, t1) + "; phases "
                + ", ".join(f"{n}={v.split(':')[0]}" for n, v in sorted(h.owners().items())))
-    evicts = [e for e in read_events(d.log_path, "node_step") if e.get("step") == "evict_pod"]
+    steps = read_events(d.log_path, "node_step")
+    evicts = [e for e in steps if e.get("step") == "evict_pod"]
     if evicts:
         row.did += f"; evict_pod tried {len(evicts)}x, last: {evicts[-1].get('detail')}"
+    aborts = [e for e in steps if e.get("step") == "abort_lend" and e.get("changed")]
+    if aborts:
+        row.did += f"; lend abandoned after lend_timeout_s {LEND_TIMEOUT_S:g} s: {aborts[0].get('node')}"
     row.logged = warnings_between(d, t0 - 1, t1)
     row.metrics = nonzero_metrics(d) or "(none)"
     for name, v in saved.items():

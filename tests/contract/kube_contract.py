@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -11,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KUBECTL = "/usr/bin/kubectl"
+# the kubectl under test: $GPU_BRIDGE_KUBECTL (e.g. Debian 12's kubernetes-client 1.20, unpacked
+# somewhere), else the one on PATH
+KUBECTL = os.environ.get("GPU_BRIDGE_KUBECTL") or shutil.which("kubectl") or "/usr/bin/kubectl"
 
 
 @dataclass

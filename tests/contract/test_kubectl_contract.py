@@ -10,6 +10,12 @@ import pytest
 from kube_contract import Kube, Serving, make_node, wait_for
 
 
+def drained(node: str, out: str) -> bool:
+    """kubectl's last line of a finished drain: "node/N drained" (1.21 and later); 1.20
+    (Debian 12's kubernetes-client) says "node/N evicted" instead."""
+    return f"node/{node} drained" in out or f"node/{node} evicted" in out
+
+
 def _node(kube: Kube, name: str) -> dict:
     return json.loads(kube.kubectl("get", "node", name, "-o", "json").stdout)
 
@@ -106,7 +112,7 @@ def test_drain_evicts_and_the_replacement_lands_on_the_spare_node(kube: Kube, se
     victim_node = sorted(used)[0]
     victim_pod = next(p for p, n in before.items() if n == victim_node)
     r = kube.kubectl("drain", victim_node, "--ignore-daemonsets", "--timeout=60s", timeout=90)
-    assert f"pod/{victim_pod} evicted" in r.stdout and f"node/{victim_node} drained" in r.stdout
+    assert f"pod/{victim_pod} evicted" in r.stdout and drained(victim_node, r.stdout)
     assert victim_pod not in serving.node_of()  # the drain waited until the pod was gone
     wait_for(lambda: len(serving.ready_pods()) == 3, 20, "3 Ready pods again")
     after = {p.spec.node_name for p in serving.ready_pods()}
@@ -137,7 +143,7 @@ def test_drain_blocks_on_the_pdb_with_429_retries_then_succeeds(kube: Kube, serv
         serving.policy.patch_namespaced_pod_disruption_budget("vllm", serving.ns, {"spec": {"maxUnavailable": 2}})
         assert proc.wait(timeout=30) == 0, "".join(out_lines)
         reader.join(timeout=5)
-        assert f"node/{second} drained" in "".join(out_lines)
+        assert drained(second, "".join(out_lines))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -244,6 +250,6 @@ def test_drain_ignores_daemonset_pods_only_when_asked(kube: Kube, serving: Servi
     r = kube.kubectl("drain", node, "--timeout=30s", check=False)
     assert r.returncode != 0 and "DaemonSet-managed Pods" in r.stderr
     r = kube.kubectl("drain", node, "--ignore-daemonsets", "--timeout=60s", timeout=90)
-    assert "ignoring DaemonSet-managed Pods" in r.stderr + r.stdout and f"node/{node} drained" in r.stdout
+    assert "ignoring DaemonSet-managed Pods" in r.stderr + r.stdout and drained(node, r.stdout)
     agents = serving.core.list_namespaced_pod(serving.ns, label_selector="app=agent").items
     assert node in {p.spec.node_name for p in agents}  # the agent stays on the cordoned node

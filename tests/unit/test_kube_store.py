@@ -193,6 +193,38 @@ def test_discovery_documents() -> None:
     assert {"apps", "policy", "coordination.k8s.io", "events.k8s.io"} <= groups
 
 
+def _fields(buf: bytes) -> list[tuple[int, bytes]]:
+    """Protobuf wire format, length-delimited fields only: [(field number, payload)]."""
+    out, i = [], 0
+    while i < len(buf):
+        key, i = _uvarint(buf, i)
+        assert key & 7 == 2, f"wire type {key & 7}"
+        n, i = _uvarint(buf, i)
+        out.append((key >> 3, buf[i : i + n]))
+        i += n
+    return out
+
+
+def _uvarint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, i
+
+
+def test_openapi_v2_is_an_empty_swagger_document_in_json_and_protobuf() -> None:
+    # kubectl before 1.27 (Debian 12: 1.20) validates create -f against /openapi/v2 (protobuf)
+    assert R.openapi_v2_json() == {"swagger": "2.0", "info": {"title": R.OPENAPI_V2_TITLE,
+                                                              "version": R.OPENAPI_V2_VERSION}, "paths": {}}
+    doc = dict(_fields(R.openapi_v2_protobuf()))  # gnostic openapi_v2.Document
+    assert doc[1] == b"2.0" and doc[8] == b""  # swagger, paths (empty: no schema, no validation)
+    assert dict(_fields(doc[2])) == {1: R.OPENAPI_V2_TITLE.encode(), 2: R.OPENAPI_V2_VERSION.encode()}
+
+
 def test_noop_write_emits_no_event(api: Api) -> None:
     call(api, "POST", "/api/v1/nodes", {"metadata": {"name": "n1", "labels": {"a": "1"}}})
     rv, n_events = api.store.rv, len(api.store.log)

@@ -413,15 +413,15 @@ class KubeAdapter:
         controllers write them, so ``kubectl describe node`` lists it."""
         if event_type not in ("Normal", "Warning"):
             raise ValueError(f"event_type: expected Normal or Warning, got {event_type!r}")
-        info = self.node(node)
-        uid = info.uid if info is not None else self._get_node(node).uid
         now = self._clock()
         stamp = _rfc3339(now)
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{node}.{int(now * 1e9):x}", "namespace": self._event_ns},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
+            # uid = the node's name, as kubelet writes node events: kubectl describe node finds
+            # those in every version (1.20, Debian 12's, searches only that; later ones both)
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
             "reason": patches.clean_reason(reason)[:128],
             "message": patches.clean_reason(message),
             "type": event_type,

@@ -224,3 +224,38 @@ def openapi_v3_gv(group: str, version: str) -> dict[str, Any] | None:
         paths[f"{prefix}/{r.name}"] = {"post": post}
     return {"openapi": "3.0.0", "info": {"title": "Kubernetes (gpu-bridge sandbox)", "version": "v1.32.0"},
             "paths": paths, "components": {"schemas": {}}}
+
+
+OPENAPI_V2_TITLE = "Kubernetes (gpu-bridge sandbox)"
+OPENAPI_V2_VERSION = "v1.32.0"
+
+
+def openapi_v2_json() -> dict[str, Any]:
+    """``/openapi/v2`` as JSON: an empty Swagger 2.0 document (no paths, no definitions)."""
+    return {"swagger": "2.0", "info": {"title": OPENAPI_V2_TITLE, "version": OPENAPI_V2_VERSION}, "paths": {}}
+
+
+def openapi_v2_protobuf() -> bytes:
+    """The same document in gnostic's OpenAPI v2 protobuf encoding, which kubectl before 1.27
+    (Debian 12 ships 1.20) downloads for client-side validation of ``create/apply -f``. With
+    no definitions it finds no schema for any kind and skips validation (the server checks).
+
+    Hand-encoded: ``Document{swagger=1, info=2 {title=1, version=2}, paths=8 {}}``."""
+
+    def field(number: int, payload: bytes) -> bytes:  # wire type 2: length-delimited
+        return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+    info = field(1, OPENAPI_V2_TITLE.encode()) + field(2, OPENAPI_V2_VERSION.encode())
+    return field(1, b"2.0") + field(2, info) + field(8, b"")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)

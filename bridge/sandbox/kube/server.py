@@ -270,6 +270,12 @@ class KubeServer:
                 doc = res_mod.openapi_v3_gv(rest[1], rest[2])
             if doc is not None:
                 return Response.of(200, doc)
+        if parts == ["openapi", "v2"]:
+            if "protobuf" in req.headers.get("accept", ""):
+                # kubectl asks for application/com.github.proto-openapi.spec.v2@v1.0+protobuf; the
+                # apiserver answers octet-stream (Go's mime parser rejects the '@' in a reply)
+                return Response(200, res_mod.openapi_v2_protobuf(), "application/octet-stream")
+            return Response.of(200, res_mod.openapi_v2_json())
         if parts[:1] == ["openapi"]:
             return _status(404, "NotFound", "the server could not find the requested resource")
         group, version, target, legacy_watch = parse_target(parts)

@@ -15,8 +15,10 @@ import structlog
 
 
 def configure(*, json: bool | None = None, level: str = "info", stream: Any = None) -> None:
-    """Configure structlog once for the process. ``json=None`` picks JSON unless stderr is a TTY."""
-    stream = stream if stream is not None else sys.stderr
+    """Configure structlog once for the process. ``json=None`` picks JSON unless stderr is a TTY.
+    No ``stream``: whatever ``sys.stderr`` is when a line is written (not when configured), so a
+    replaced stderr (a test's capture, since closed) is never written to after the fact."""
+    stream = stream if stream is not None else _CurrentStderr()
     if json is None:
         json = bool(os.environ.get("JOURNAL_STREAM")) or not getattr(stream, "isatty", lambda: False)()
     processors: list[Any] = [
@@ -51,3 +53,16 @@ class _Named:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(structlog.get_logger().bind(logger=self._name), attr)
+
+
+class _CurrentStderr:
+    """``sys.stderr`` looked up at each write."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(sys.stderr, "isatty", lambda: False)())

@@ -10,37 +10,18 @@ from bridge import logs
 from bridge.model import Phase, Pin
 
 from . import patches
-from .objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
-from .protocol import CacheStatus, KubeAdapterProtocol
+from .objects import EvictOutcome
+from .protocol import KubeAdapterProtocol, ReadThrough
 
 log = logs.get(__name__)
 
 
-class DryRunKube:
+class DryRunKube(ReadThrough):
     """Wraps a KubeAdapter (or FakeKube): implements KubeReader + KubeWriter, writes nothing."""
 
     def __init__(self, inner: KubeAdapterProtocol, *, identity: str = "dry-run") -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._identity = identity
-
-    # reads
-    def cache_status(self) -> CacheStatus:
-        return self._inner.cache_status()
-
-    def nodes(self) -> tuple[NodeInfo, ...]:
-        return self._inner.nodes()
-
-    def node(self, name: str) -> NodeInfo | None:
-        return self._inner.node(name)
-
-    def pods(self, pool: str) -> tuple[PodInfo, ...]:
-        return self._inner.pods(pool)
-
-    def deployment(self, pool: str) -> DeploymentInfo | None:
-        return self._inner.deployment(pool)
-
-    def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
-        return self._inner.read_scale(namespace, deployment)
 
     # writes
     def _would(self, what: str, changed: bool, **kw: object) -> bool:

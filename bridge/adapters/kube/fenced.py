@@ -12,8 +12,8 @@ from typing import Protocol
 from bridge.errors import AdapterError
 from bridge.model import Phase
 
-from .objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
-from .protocol import CacheStatus, KubeAdapterProtocol
+from .objects import EvictOutcome
+from .protocol import KubeAdapterProtocol, ReadThrough
 
 
 class LeaderLike(Protocol):
@@ -28,35 +28,16 @@ class NotLeaderError(AdapterError):
         super().__init__("kubernetes", f"{write} refused: not the leader (Lease lost or not renewed in time)")
 
 
-class FencedKube:
+class FencedKube(ReadThrough):
     """Implements KubeReader + KubeWriter; every write raises NotLeaderError unless leader."""
 
     def __init__(self, inner: KubeAdapterProtocol, leader: LeaderLike) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._leader = leader
 
     def _check(self, write: str) -> None:
         if not self._leader.is_leader:
             raise NotLeaderError(write)
-
-    # reads
-    def cache_status(self) -> CacheStatus:
-        return self._inner.cache_status()
-
-    def nodes(self) -> tuple[NodeInfo, ...]:
-        return self._inner.nodes()
-
-    def node(self, name: str) -> NodeInfo | None:
-        return self._inner.node(name)
-
-    def pods(self, pool: str) -> tuple[PodInfo, ...]:
-        return self._inner.pods(pool)
-
-    def deployment(self, pool: str) -> DeploymentInfo | None:
-        return self._inner.deployment(pool)
-
-    def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
-        return self._inner.read_scale(namespace, deployment)
 
     # writes
     def set_request(self, node: str, request: str | None) -> bool:

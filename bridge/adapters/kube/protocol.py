@@ -78,3 +78,29 @@ class KubeWriter(Protocol):
 
 class KubeAdapterProtocol(KubeReader, KubeWriter, Protocol):
     """Both sides, as the daemon holds them."""
+
+
+class ReadThrough:
+    """The read side of a wrapper around a KubeAdapter (dry run, write fence): every read is
+    the wrapped adapter's, so only the writes differ between wrappers."""
+
+    def __init__(self, inner: KubeAdapterProtocol) -> None:
+        self._inner = inner
+
+    def cache_status(self) -> CacheStatus:
+        return self._inner.cache_status()
+
+    def nodes(self) -> tuple[NodeInfo, ...]:
+        return self._inner.nodes()
+
+    def node(self, name: str) -> NodeInfo | None:
+        return self._inner.node(name)
+
+    def pods(self, pool: str) -> tuple[PodInfo, ...]:
+        return self._inner.pods(pool)
+
+    def deployment(self, pool: str) -> DeploymentInfo | None:
+        return self._inner.deployment(pool)
+
+    def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
+        return self._inner.read_scale(namespace, deployment)

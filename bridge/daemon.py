@@ -158,6 +158,7 @@ class Daemon:
         self.last_plan: Plan | None = None
         self.last_observation: Observation | None = None
         self.wake = threading.Event()
+        self._progress_mono = time.monotonic()  # the loop's heartbeat (LeaseKeeper's alive())
 
     # --- history -------------------------------------------------------------------------
 
@@ -235,7 +236,13 @@ class Daemon:
             pool_problems=pool_problems,
         )
 
+    def loop_alive(self, stall_s: float) -> bool:
+        """The loop started a tick or a chained round within ``stall_s``: a slow tick is
+        alive, a wedged one is not (the LeaseKeeper then lets the Lease lapse)."""
+        return time.monotonic() - self._progress_mono < stall_s
+
     def tick(self) -> TickResult:
+        self._progress_mono = time.monotonic()
         now = self.clock()
         if self.leader is not None:
             try:
@@ -352,6 +359,7 @@ class Daemon:
         records: list[StepRecord] = []
         self._tick_records = records
         for _ in range(MAX_CHAINED_STEPS):
+            self._progress_mono = time.monotonic()
             progressed = False
             # once per pool, not per node: the same snapshot for every node (was O(nodes^2))
             wants = {

@@ -15,6 +15,7 @@ from bridge import logs, sdnotify, wellknown
 from bridge.config import Config, load_config
 from bridge.daemon import Daemon, TickResult
 from bridge.errors import AdapterError, BridgeError, ConfigError
+from bridge.leader import LeaderElector, LeaseKeeper
 from bridge.metrics import BridgeMetrics, serve
 from bridge.model import Phase, Pin
 from bridge.observe import Observation
@@ -149,7 +150,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                 sdnotify.watchdog()
                 last_ping[0] = now
 
-        daemon.run(stop, on_tick=on_tick)
+        keeper = None
+        if isinstance(adapters.leader, LeaderElector):
+            # renew between (and during slow) ticks; a loop stalled for two lease durations
+            # no longer renews, so a standby can take over
+            stall_s = 2 * config.daemon.lease_duration_s
+            keeper = LeaseKeeper(adapters.leader, alive=lambda: daemon.loop_alive(stall_s)).start()
+        try:
+            daemon.run(stop, on_tick=on_tick)
+        finally:
+            if keeper is not None:
+                keeper.stop()
         return 0
     finally:
         adapters.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -110,6 +111,7 @@ class LeaderElector:
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
         self.last_error: str | None = None
+        self._lock = threading.RLock()  # the tick and the LeaseKeeper's thread both step it
 
     # --- state --------------------------------------------------------------------------
     @property
@@ -132,6 +134,18 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         """One non-blocking step: renew if leader, acquire if free or expired. Returns
         ``is_leader``. API errors are logged and kept in ``last_error``, never raised."""
+        with self._lock:
+            return self._step()
+
+    def renew_if_held(self) -> bool:
+        """Renew only if we hold the Lease and still lead (the LeaseKeeper's step): never
+        acquires, so it cannot take the Lease back after ``release()`` or a lapse."""
+        with self._lock:
+            if not (self._held and self._mine is not None and self.is_leader):
+                return False
+            return self._step()
+
+    def _step(self) -> bool:
         now = self._monotonic()
         if self._last_attempt is not None and now - self._last_attempt < self.retry_period_s and (self.is_leader or not self._held):
             return self.is_leader
@@ -153,6 +167,10 @@ class LeaderElector:
     def release(self) -> bool:
         """Give the Lease up (SIGTERM): stop acting first, then clear the holder so a standby
         takes over at once. Returns True if the Lease was released by this call."""
+        with self._lock:
+            return self._release()
+
+    def _release(self) -> bool:
         was_held, mine = self._held, self._mine
         self._held = False
         self._last_renew = None
@@ -272,3 +290,48 @@ class LeaderElector:
                 return
             raise
         self._won(rec, started, acquired=True)
+
+
+class LeaseKeeper:
+    """Renews a held Lease from its own thread, so a slow tick (Slurm commands near their
+    timeout, many chained steps) does not lose the leadership half-way and hand the cluster
+    to a standby for nothing. It renews only while ``alive()`` (the daemon's loop made
+    progress recently), so a wedged loop still lets the Lease lapse and a standby take over;
+    it never acquires (the tick does). Writes stay fenced on ``is_leader`` either way."""
+
+    def __init__(self, elector: LeaderElector, alive: Callable[[], bool], *, period_s: float | None = None) -> None:
+        self.elector = elector
+        self.alive = alive
+        self.period_s = period_s if period_s is not None else elector.retry_period_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.renewals = 0
+        self.skipped_stalled = 0
+
+    def start(self) -> LeaseKeeper:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(1.0, self.elector.request_timeout_s + 1.0))
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            if not self.elector.is_leader:
+                continue
+            if not self.alive():
+                self.skipped_stalled += 1
+                if self.skipped_stalled == 1:
+                    log.warning("lease_keeper_loop_stalled", lease=self.elector.name, identity=self.elector.identity)
+                continue
+            self.skipped_stalled = 0
+            try:
+                if self.elector.renew_if_held():
+                    self.renewals += 1
+            except Exception as exc:  # a renewal error must not kill the thread; the tick retries
+                log.warning("lease_keeper_error", lease=self.elector.name, error=f"{type(exc).__name__}: {exc}")

@@ -174,3 +174,60 @@ def test_a_garbled_lease_is_an_error_not_a_crash(setup: tuple[LeaseStore, Clock,
     store.obj["spec"]["leaseDurationSeconds"] = "fifteen"
     assert not b.try_acquire_or_renew()
     assert b.last_error is not None and b.last_error.startswith("bad Lease object: ValueError")
+
+
+# --- LeaseKeeper: renewals from their own thread ----------------------------------------
+
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from bridge.leader import LeaseKeeper  # noqa: E402
+
+
+def real_elector(store: LeaseStore, identity: str, *, lease_s: int = 3, deadline_s: float = 2.0) -> LeaderElector:
+    e = LeaderElector(object(), namespace="gpu-bridge", identity=identity, lease_duration_s=lease_s,  # type: ignore[arg-type]
+                      renew_deadline_s=deadline_s, retry_period_s=0.1, wall=lambda: 1.8e9)
+    e._api = store  # type: ignore[assignment]
+    return e
+
+
+def test_the_keeper_holds_the_lease_through_a_slow_tick_and_never_acquires() -> None:
+    store = LeaseStore()
+    a, b = real_elector(store, "a"), real_elector(store, "b")
+    assert a.try_acquire_or_renew()
+    keeper = LeaseKeeper(a, alive=lambda: True, period_s=0.1).start()
+    try:
+        # a "tick" of 3.5 s, longer than the renew deadline (2 s) and the lease (3 s):
+        # without the keeper a would be fenced and b would take over
+        end = time.monotonic() + 3.5
+        while time.monotonic() < end:
+            assert not b.try_acquire_or_renew()
+            time.sleep(0.1)
+        assert a.is_leader and keeper.renewals >= 10
+        assert store.obj is not None and store.obj["spec"]["holderIdentity"] == "a"
+        a.release()  # SIGTERM: the keeper must not take the Lease back
+        time.sleep(0.5)
+        assert store.obj["spec"]["holderIdentity"] == "" and not a.is_leader
+        assert b.try_acquire_or_renew()
+    finally:
+        keeper.stop()
+
+
+def test_a_stalled_loop_lets_the_lease_lapse_so_a_standby_takes_over() -> None:
+    store = LeaseStore()
+    a, b = real_elector(store, "a"), real_elector(store, "b")
+    assert a.try_acquire_or_renew()
+    alive = threading.Event()
+    alive.set()
+    keeper = LeaseKeeper(a, alive=alive.is_set, period_s=0.1).start()
+    try:
+        time.sleep(0.5)
+        alive.clear()  # the daemon's loop wedges
+        assert not b.try_acquire_or_renew()
+        deadline = time.monotonic() + 10.0
+        while not b.try_acquire_or_renew() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert b.is_leader and not a.is_leader
+        assert keeper.skipped_stalled > 0
+    finally:
+        keeper.stop()

@@ -305,7 +305,9 @@ class Daemon:
                         for job_id in action.jobs:
                             job = obs.view.jobs.get(job_id)
                             if job is not None:
-                                self.metrics.record_preemption(pool=action.pool, job=job, now=now)
+                                self.metrics.record_preemption(
+                                    pool=action.pool, job=job, now=now, grace_s=self.config.slurm.grace_s
+                                )
             if plan.actions and not self.dry_run:
                 obs = self.observe(self.clock())
         if obs.requests and not self.dry_run:

@@ -218,13 +218,15 @@ class BridgeMetrics:
     def record_reclaim_failure(self, *, pool: str, reason: str) -> None:
         self.reclaim_failures.labels(pool=pool, reason=reason).inc()
 
-    def record_preemption(self, *, pool: str, job: SlurmJob, now: float) -> float:
+    def record_preemption(self, *, pool: str, job: SlurmJob, now: float, grace_s: float | None = None) -> float:
         """A job requeued by a reclaim; returns (and counts) the GPU-hours of work it loses:
-        since its last published checkpoint, or since its start when it published none."""
+        since its last published checkpoint, or since its start when it published none;
+        nothing if it checkpoints on the preemption signal within ``grace_s``."""
         self.preempted_jobs.labels(pool=pool).inc()
-        since = job.checkpoint_time if job.checkpoint_time is not None else job.start_time
         lost = 0.0
-        if since is not None and now > since:
+        saves = grace_s is not None and job.signal_save_s is not None and job.signal_save_s <= grace_s
+        since = job.checkpoint_time if job.checkpoint_time is not None else job.start_time
+        if not saves and since is not None and now > since:
             lost = (now - since) * job.gpus_per_node * max(1, len(job.nodes)) / 3600.0
         self.lost_gpu_hours.labels(pool=pool).inc(lost)
         return lost

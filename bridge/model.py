@@ -122,6 +122,7 @@ class SlurmJob:
     nodes: tuple[str, ...]  # expanded node names it holds (empty while pending)
     start_time: float | None  # unix seconds of the current run's start
     checkpoint_time: float | None = None  # published via comment "gpu-bridge:checkpoint=<t>"
+    signal_save_s: float | None = None  # comment "gpu-bridge:save-on-signal=<s>": checkpoints on the signal in s
     requeueable: bool = True
     gpus_per_node: int = 4
     restart_count: int = 0

@@ -37,6 +37,8 @@ SLURM_PREEMPT_PARTITION = "preempt"  # research jobs: PreemptMode=REQUEUE, Grace
 SLURM_HOLD_PARTITION = "gpu-bridge"  # high PriorityTier, only the bridge's user: placeholder jobs
 SLURM_HOLD_JOB_PREFIX = "gpu-bridge-hold:"  # job name of a placeholder holding a node for serving
 SLURM_CHECKPOINT_COMMENT = "gpu-bridge:checkpoint="  # jobs publish their last checkpoint time
+# jobs that checkpoint on the preemption signal publish how long that takes (seconds)
+SLURM_SIGNAL_SAVE_COMMENT = "gpu-bridge:save-on-signal="
 
 # --- Leader election -----------------------------------------------------------------------
 LEASE_NAME = "gpu-bridge"

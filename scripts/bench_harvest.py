@@ -158,6 +158,7 @@ def main() -> int:
         analyse(setup, results["bridge"], ctls["bridge"], results["oracle"], ctls["oracle"])
         frontier(setup, results["bridge"], results["oracle"])
         causal_frontier(setup, results["bridge"], results["oracle"], budget)
+        template_mix(setup, naive_cfg)
     return 0
 
 
@@ -249,6 +250,29 @@ def causal_frontier(setup: Setup, rb: Result, ro: Result, budget: float) -> None
         + (f"{best[2]}, {best[0] / ro.metrics.lent_gpu_hours:.1%} of oracle" if best else "none")
         + f"; bridge {rb.metrics.lent_gpu_hours / ro.metrics.lent_gpu_hours:.1%} at {rb.metrics.slo_violation_minutes} minutes"
     )
+
+
+TEMPLATE_CLASSES = ("small-ckpt", "medium")  # the checkpointing, publishing classes that adopt it
+TEMPLATE_SAVE_S = 60.0
+
+
+def template_mix(setup: Setup, naive_cfg: Config) -> None:
+    """The victim rules when some jobs use the shipped sbatch template (checkpoint on the
+    preemption signal, publish `gpu-bridge:save-on-signal=`): those cost nothing to preempt
+    and the policy prefers them; the naive rule does not know."""
+    mix = dataclasses.replace(setup.mix, classes=tuple(
+        dataclasses.replace(c, signal_save_s=TEMPLATE_SAVE_S) if c.name in TEMPLATE_CLASSES else c for c in setup.mix.classes
+    ))
+    share = sum(c.weight for c in mix.classes if c.signal_save_s is not None) / sum(c.weight for c in mix.classes)
+    s_b = dataclasses.replace(setup, mix=mix)
+    s_n = dataclasses.replace(setup, mix=mix, config=naive_cfg)
+    b = simulate(s_b, make_controller("bridge", s_b)).metrics
+    n = simulate(s_n, make_controller("bridge", s_n)).metrics
+    print()
+    print(f"victim rules when {share:.0%} of jobs ({', '.join(TEMPLATE_CLASSES)}) use the sbatch template "
+          f"(checkpoint on the signal in {TEMPLATE_SAVE_S:g} s, published):")
+    print(f"  least lost work {b.lost_gpu_hours:.0f} GPU-h lost vs newest first {n.lost_gpu_hours:.0f}: "
+          f"{b.lost_gpu_hours / max(n.lost_gpu_hours, 1e-9):.1%} (lent {b.lent_gpu_hours:.0f} vs {n.lent_gpu_hours:.0f} GPU-h)")
 
 
 def analyse(setup: Setup, rb: Result, bc: BridgeController, ro: Result, oc: OracleController) -> None:

@@ -114,6 +114,7 @@ def plan(view: ClusterView, config: Config) -> Plan:
             rule=config.policy.victims,
             min_runtime_s=config.slurm.min_runtime_s,
             allow_young=w.allow_young,
+            grace_s=config.slurm.grace_s,
         )
         budget -= len(choice.nodes)
         for i, name in enumerate(choice.nodes):

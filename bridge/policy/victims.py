@@ -38,8 +38,11 @@ class VictimChoice:
     short_because_young: int = 0  # of those, blocked only by min_runtime_s
 
 
-def job_loss_gpu_hours(job: SlurmJob, now: float) -> float:
-    """GPU-hours a preemption of ``job`` throws away (all its nodes)."""
+def job_loss_gpu_hours(job: SlurmJob, now: float, grace_s: float | None = None) -> float:
+    """GPU-hours a preemption of ``job`` throws away (all its nodes). A requeueable job that
+    checkpoints on the preemption signal within ``grace_s`` (``signal_save_s``) loses none."""
+    if grace_s is not None and job.signal_save_s is not None and job.requeueable and job.signal_save_s <= grace_s:
+        return 0.0
     since = job.checkpoint_time if job.checkpoint_time is not None and job.requeueable else job.start_time
     if since is None or not math.isfinite(since):
         return 0.0 if job.state == "pending" else UNKNOWN_JOB_HOURS * job.gpus_per_node * max(1, len(job.nodes))
@@ -56,6 +59,7 @@ def choose_victims(
     rule: VictimRule = VictimRule.LEAST_LOST_WORK,
     min_runtime_s: float = 0.0,
     allow_young: bool = False,
+    grace_s: float | None = None,
 ) -> VictimChoice:
     """Pick up to ``count`` nodes among ``candidates`` (already filtered: lent, not pinned)."""
     if count <= 0 or not candidates:
@@ -73,7 +77,7 @@ def choose_victims(
                 loss[j] = UNKNOWN_JOB_HOURS * 4
                 young.add(j)  # unknown: only as a last resort
                 continue
-            loss[j] = job_loss_gpu_hours(job, now)
+            loss[j] = job_loss_gpu_hours(job, now, grace_s)
             if job.start_time is None or now - job.start_time < min_runtime_s:
                 if job.state != "pending":
                     young.add(j)

@@ -76,6 +76,7 @@ class _Base:
             rule=self.config.policy.victims,
             min_runtime_s=self.config.slurm.min_runtime_s,
             allow_young=True,
+            grace_s=self.config.slurm.grace_s,
         )
         return [
             Action(ActionKind.RECLAIM, n, self.pool.name, "spike", f"{self.name}: {why}", urgent=True, jobs=choice.jobs.get(n, ()))

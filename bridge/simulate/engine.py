@@ -304,6 +304,7 @@ class Engine:
                     nodes=j.nodes,
                     start_time=base + j.run_start,
                     checkpoint_time=None if ck is None else base + ck,
+                    signal_save_s=j.cls.signal_save_s if j.cls.publishes else None,
                     requeueable=True,
                     gpus_per_node=self.s.gpus_per_node,
                     restart_count=j.restarts,

@@ -6,8 +6,10 @@ What a real job should copy from it:
     Slurm setup sends at the start of GraceTime) and on SIGTERM (end of GraceTime; SIGKILL
     follows KillWait seconds later);
   * write checkpoints atomically (temp file + rename), so a kill mid-write leaves the old one;
-  * publish the checkpoint time in the job's comment, `gpu-bridge:checkpoint=<unix time>`:
-    gpu-bridge preempts the jobs that lose the least work first;
+  * publish the checkpoint time in the job's comment, `gpu-bridge:checkpoint=<unix time>`,
+    and how long a checkpoint on the signal takes, `gpu-bridge:save-on-signal=<seconds>`:
+    gpu-bridge preempts the jobs that lose the least work first (one that saves within the
+    grace period loses nothing);
   * on start, resume from the checkpoint if there is one (after a requeue, SLURM_RESTART_COUNT
     is 1, 2, ...), so the result is the same as an uninterrupted run.
 
@@ -19,6 +21,7 @@ Only the standard library; configuration from the environment:
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 
 COMMENT_PREFIX = "gpu-bridge:checkpoint="  # bridge.wellknown.SLURM_CHECKPOINT_COMMENT
+SAVE_PREFIX = "gpu-bridge:save-on-signal="  # bridge.wellknown.SLURM_SIGNAL_SAVE_COMMENT
 MASK = (1 << 64) - 1
 
 
@@ -49,11 +53,13 @@ def save(ckpt: Path, step: int, state: int) -> float:
     return time.time()
 
 
-def publish(job_id: str | None, t: float) -> None:
-    """Tell gpu-bridge (through Slurm) how fresh our checkpoint is; failure is not fatal."""
+def publish(job_id: str | None, t: float, save_s: float) -> None:
+    """Tell gpu-bridge (through Slurm) how fresh our checkpoint is and how long saving on the
+    signal takes; failure is not fatal."""
     if not job_id:
         return
-    argv = ["scontrol", "update", f"JobId={job_id}", f"Comment={COMMENT_PREFIX}{int(t)}"]
+    comment = f"{COMMENT_PREFIX}{int(t)},{SAVE_PREFIX}{math.ceil(save_s)}"
+    argv = ["scontrol", "update", f"JobId={job_id}", f"Comment={comment}"]
     try:
         subprocess.run(argv, check=True, timeout=10, capture_output=True)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -88,8 +94,9 @@ def main() -> int:
         if pending:
             why = pending[-1]
             pending.clear()
+            t0 = time.monotonic()
             t = save(ckpt, step, state)
-            publish(job_id, t)
+            publish(job_id, t, step_s + (time.monotonic() - t0) + 1.0)
             log(f"checkpoint at step {step} on SIG{why}")
             if why == "TERM":
                 log("exiting; Slurm requeues the job and it resumes from this checkpoint")
@@ -98,7 +105,10 @@ def main() -> int:
         state = step_fn(state, step)
         step += 1
         if step % every == 0:
-            publish(job_id, save(ckpt, step, state))
+            t0 = time.monotonic()
+            t = save(ckpt, step, state)
+            # on a signal: noticed within one step, then one save like this one
+            publish(job_id, t, step_s + (time.monotonic() - t0) + 1.0)
             log(f"checkpoint at step {step}")
 
     result = f"{state:016x}"

@@ -173,7 +173,10 @@ def test_preempted_job_resumes_from_checkpoint_with_same_result(cluster: Cluster
     # The published checkpoint time, for the bridge's victim choice.
     comment = preempted.get("Comment", "")
     assert comment.startswith("gpu-bridge:checkpoint="), preempted
-    assert t_start - 1 <= int(comment.split("=", 1)[1]) <= time.time() + 1
+    ckpt, save = comment.split(",")
+    assert t_start - 1 <= int(ckpt.split("=", 1)[1]) <= time.time() + 1
+    # and how long a checkpoint on the signal takes: one step (STEP_S) + the save + 1 s, rounded up
+    assert save.startswith("gpu-bridge:save-on-signal=") and 1 <= int(save.split("=", 1)[1]) <= 5, comment
 
     result_a = (cluster.work / f"result-{ids['steady']}.txt").read_text().strip()
     result_b = (cluster.work / f"result-{victim}.txt").read_text().strip()

@@ -118,6 +118,12 @@ def test_record_preemption_counts_lost_work_since_checkpoint() -> None:
     assert m.record_preemption(pool="llama", job=no_ckpt, now=NOW) == pytest.approx(2.0)
     assert sample(m, "gpu_bridge_preempted_jobs_total", pool="llama") == 2
     assert sample(m, "gpu_bridge_lost_gpu_hours_total", pool="llama") == pytest.approx(3.0)
+    # a job that checkpoints on the signal within the grace loses nothing; beyond it, as usual
+    saver = SlurmJob(job_id="9", name="t", user="ana", partition="preempt", state="running", nodes=("n3",),
+                     start_time=NOW - 1800, signal_save_s=60.0)
+    assert m.record_preemption(pool="llama", job=saver, now=NOW, grace_s=120) == 0.0
+    assert m.record_preemption(pool="llama", job=saver, now=NOW, grace_s=30) == pytest.approx(2.0)
+    assert sample(m, "gpu_bridge_lost_gpu_hours_total", pool="llama") == pytest.approx(5.0)
 
 
 def test_api_call_counts_errors_and_reraises() -> None:

@@ -134,6 +134,19 @@ def test_victims_spare_young_jobs_unless_urgent() -> None:
     assert urgent.nodes == ("n2", "n1")
 
 
+def test_a_job_that_saves_on_the_signal_within_the_grace_is_free() -> None:
+    saver = dataclasses.replace(job("s", ("n1",), 6.0), signal_save_s=60.0)  # 24 GPU-h since start
+    cands = [lent("n1", "s"), lent("n2", "b")]
+    jobs = {"s": saver, "b": JOBS["b"]}  # b: 2 GPU-h since its checkpoint
+    assert job_loss_gpu_hours(saver, NOW, grace_s=120) == 0.0
+    assert job_loss_gpu_hours(saver, NOW) == pytest.approx(24.0)  # no grace known: not trusted
+    assert job_loss_gpu_hours(saver, NOW, grace_s=30) == pytest.approx(24.0)  # save longer than the grace
+    assert job_loss_gpu_hours(dataclasses.replace(saver, requeueable=False), NOW, grace_s=120) > 0
+    v = choose_victims(cands, 1, jobs, NOW, grace_s=120)
+    assert (v.nodes, v.lost_gpu_hours) == (("n1",), 0.0)
+    assert choose_victims(cands, 1, jobs, NOW, grace_s=30).nodes == ("n2",)
+
+
 def test_unknown_jobs_are_a_last_resort() -> None:
     cands = [lent("n1", "ghost"), lent("n2", "o")]
     v = choose_victims(cands, 1, {"o": job("o", ("n2",), 50.0)}, NOW)

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.adapters.slurm import checkpoint_time, expand, gpu_count, parse_jobs, parse_nodes
+from bridge.adapters.slurm.parse import signal_save_s
 from bridge.adapters.slurm.hostlist import validate_job_id, validate_node_name
 from bridge.adapters.slurm.parse import parse_ping
 from bridge.errors import AdapterError
@@ -195,3 +196,22 @@ def test_a_job_being_signalled_still_holds_its_nodes() -> None:
     (job,) = parse_jobs(json.dumps(doc))
     assert job.state == "signaling"
     assert job.nodes and job.start_time is not None and job.end_time is not None
+
+
+@pytest.mark.parametrize(
+    ("comment", "seconds"),
+    [
+        ("gpu-bridge:checkpoint=1796216700,gpu-bridge:save-on-signal=45", 45.0),
+        ("note gpu-bridge:save-on-signal=0", 0.0),
+        ("gpu-bridge:save-on-signal=-3", None),
+        ("gpu-bridge:save-on-signal=nan", None),
+        ("gpu-bridge:save-on-signal=1e9", None),  # more than a day: not believed
+        ("gpu-bridge:save-on-signal=", None),
+        ("gpu-bridge:checkpoint=1796216700", None),
+        ("", None),
+    ],
+)
+def test_save_on_signal_comment(comment: str, seconds: float | None) -> None:
+    assert signal_save_s(comment) == seconds
+    if "checkpoint=1796216700" in comment:
+        assert checkpoint_time(comment) == 1796216700.0

@@ -149,11 +149,12 @@ class FakeSlurm:
                     break
 
     def _info(self, j: _Job) -> SlurmJobInfo:
-        from .parse import checkpoint_time
+        from .parse import checkpoint_time, signal_save_s
 
         return SlurmJobInfo(
             job_id=j.job_id, name=j.name, user=j.user, partition=j.partition, state=j.state, nodes=j.nodes,
-            start_time=j.start_time, checkpoint_time=checkpoint_time(j.comment), requeueable=j.requeueable,
+            start_time=j.start_time, checkpoint_time=checkpoint_time(j.comment), signal_save_s=signal_save_s(j.comment),
+            requeueable=j.requeueable,
             gpus_per_node=j.gpus, restart_count=j.restart_count, preempt_time=j.preempt_time, end_time=j.end_time,
             batch_host=j.nodes[0] if j.nodes else "",
         )

@@ -230,15 +230,27 @@ def _parse_nodes(text: str) -> tuple[SlurmNode, ...]:
 def checkpoint_time(comment: str) -> float | None:
     """``gpu-bridge:checkpoint=<unix time>`` anywhere in the comment (comma/space separated);
     a malformed value -> None (a job's comment is user data, never trusted to parse)."""
-    if not comment or wellknown.SLURM_CHECKPOINT_COMMENT not in comment:
+    return _comment_number(comment, wellknown.SLURM_CHECKPOINT_COMMENT, lo=0.0)
+
+
+def signal_save_s(comment: str) -> float | None:
+    """``gpu-bridge:save-on-signal=<seconds>``: the job checkpoints when Slurm signals it
+    (at the start of GraceTime) and needs that long; malformed -> None (counts as not saving).
+    Claiming it only gets a job preempted first, so nobody gains by lying."""
+    return _comment_number(comment, wellknown.SLURM_SIGNAL_SAVE_COMMENT, lo=-1e-9, hi=86400.0)
+
+
+def _comment_number(comment: str, prefix: str, *, lo: float, hi: float = float("inf")) -> float | None:
+    """The number after ``prefix`` in a comment token, if finite and in (lo, hi]."""
+    if not comment or prefix not in comment:
         return None  # most jobs: no token to look for
     for tok in re.split(r"[\s,;]+", comment):
-        if tok.startswith(wellknown.SLURM_CHECKPOINT_COMMENT):
+        if tok.startswith(prefix):
             try:
-                v = float(tok[len(wellknown.SLURM_CHECKPOINT_COMMENT) :])
+                v = float(tok[len(prefix) :])
             except ValueError:
                 return None
-            return v if v > 0 and v == v and v != float("inf") else None
+            return v if lo < v <= hi and v != float("inf") else None
     return None
 
 
@@ -275,6 +287,7 @@ def _job(rec: Any, i: int) -> SlurmJobInfo:
         nodes=nodes if running else (),
         start_time=number(rec.get("start_time"), what + " start_time") if running else None,
         checkpoint_time=checkpoint_time(_str(rec, "comment", what, "")),
+        signal_save_s=signal_save_s(_str(rec, "comment", what, "")),
         requeueable=bool(rec.get("requeue", True)),
         gpus_per_node=gpus,
         restart_count=_int(rec.get("restart_cnt", 0), what + " restart_cnt"),

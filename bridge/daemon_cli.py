@@ -205,9 +205,28 @@ def status_rows(obs: Observation) -> list[dict[str, Any]]:
                 "serving_pods": pods,
                 "slurm_jobs": list(n.jobs),
                 "hold_job": facts.hold.job_id if facts and facts.hold else None,
+                "reason": n.reason,
             }
         )
     return rows
+
+
+WHY_WIDTH = 72  # the table's WHY column; --json has the whole reason
+
+
+def status_table(rows: list[dict[str, Any]]) -> str:
+    """The human table of ``gpu-bridge status``: who owns each node, since when, and why."""
+    headers = ("NODE", "POOL", "OWNER", "PHASE", "SINCE", "SLURM", "ON IT", "NOTE", "WHY")
+    table = []
+    for r in rows:
+        on_it = ", ".join(r["serving_pods"] + [f"job {j}" for j in r["slurm_jobs"]]) or "-"
+        note = r["problem"] or (f"pinned {r['pin']}" if r["pin"] else "") or (f"hold {r['hold_job']}" if r["hold_job"] else "")
+        why = r["reason"] or ""
+        if len(why) > WHY_WIDTH:
+            why = why[: WHY_WIDTH - 3] + "..."
+        table.append((r["node"], r["pool"], r["owner"], r["phase"], r["age"], r["slurm_state"], on_it, note, why))
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *table, strict=False)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in (headers, *table))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -226,15 +245,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    headers = ("NODE", "POOL", "OWNER", "PHASE", "SINCE", "SLURM", "ON IT", "NOTE")
-    table = []
-    for r in rows:
-        on_it = ", ".join(r["serving_pods"] + [f"job {j}" for j in r["slurm_jobs"]]) or "-"
-        note = r["problem"] or (f"pinned {r['pin']}" if r["pin"] else "") or (f"hold {r['hold_job']}" if r["hold_job"] else "")
-        table.append((r["node"], r["pool"], r["owner"], r["phase"], r["age"], r["slurm_state"], on_it, note))
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *table, strict=False)]
-    for row in (headers, *table):
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
+    print(status_table(rows))
     return 0
 
 

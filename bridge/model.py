@@ -145,6 +145,7 @@ class NodeState:
     # Fail closed: a node whose state could not be read or makes no sense (bad labels, an
     # administrator's drain, a lookup error) is held where it is and never lent.
     problem: str | None = None
+    reason: str = ""  # why it is in its phase (annotation gpu-bridge.io/reason): for people, not the policy
     # running + waiting requests on the replica(s) of this node; None = unknown. Used only to
     # pick which serving node to lend (least in-flight work first).
     inflight: float | None = None

@@ -217,6 +217,7 @@ def join(
                 slurm_state=_slurm_state(sn, kn.name in allocated, held=kn.name in holds and holds[kn.name].running),
                 jobs=on_node,
                 problem=problem,
+                reason=kn.reason or "",
             )
         )
 

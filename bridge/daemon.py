@@ -404,7 +404,7 @@ class Daemon:
                     n in obs.problems and (n not in obs.facts or obs.facts[n].phase is None) for n in obs.pool_of
                 ):  # a node without facts (unknown to Slurm): its share of the scale is unknown too
                     continue
-                want = desired_replicas(pool_facts)
+                want = wants[pool_cfg.name]  # same facts as the steps above: computed once per round
                 if obs.view.pools[pool_cfg.name].desired_replicas != want:
                     try:
                         progressed |= self.actuator.scale_pool(self.targets[pool_cfg.name], want)

@@ -23,6 +23,7 @@ from prometheus_client.exposition import start_http_server
 
 from bridge import __version__
 from bridge.model import ClusterView, NodeState, Phase, Plan, SlurmJob
+from bridge.policy.victims import saves_within_grace
 
 # Reclaim latency is seconds (a node whose jobs checkpoint fast and a warm vLLM start) to
 # many minutes (GraceTime plus a cold model load).
@@ -224,7 +225,7 @@ class BridgeMetrics:
         nothing if it checkpoints on the preemption signal within ``grace_s``."""
         self.preempted_jobs.labels(pool=pool).inc()
         lost = 0.0
-        saves = grace_s is not None and job.signal_save_s is not None and job.signal_save_s <= grace_s
+        saves = saves_within_grace(job, grace_s)
         since = job.checkpoint_time if job.checkpoint_time is not None else job.start_time
         if not saves and since is not None and now > since:
             lost = (now - since) * job.gpus_per_node * max(1, len(job.nodes)) / 3600.0

@@ -38,10 +38,16 @@ class VictimChoice:
     short_because_young: int = 0  # of those, blocked only by min_runtime_s
 
 
+def saves_within_grace(job: SlurmJob, grace_s: float | None) -> bool:
+    """A requeueable job that checkpoints on the preemption signal (``signal_save_s``) within
+    the grace period loses nothing to a preemption."""
+    return grace_s is not None and job.signal_save_s is not None and job.requeueable and job.signal_save_s <= grace_s
+
+
 def job_loss_gpu_hours(job: SlurmJob, now: float, grace_s: float | None = None) -> float:
-    """GPU-hours a preemption of ``job`` throws away (all its nodes). A requeueable job that
-    checkpoints on the preemption signal within ``grace_s`` (``signal_save_s``) loses none."""
-    if grace_s is not None and job.signal_save_s is not None and job.requeueable and job.signal_save_s <= grace_s:
+    """GPU-hours a preemption of ``job`` throws away (all its nodes); none if it saves on the
+    signal within ``grace_s``."""
+    if saves_within_grace(job, grace_s):
         return 0.0
     since = job.checkpoint_time if job.checkpoint_time is not None and job.requeueable else job.start_time
     if since is None or not math.isfinite(since):

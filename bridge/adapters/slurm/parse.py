@@ -17,10 +17,10 @@ import functools
 import gc
 import json
 import re
-
-import orjson
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+import orjson
 
 from bridge import wellknown
 from bridge.errors import AdapterError
@@ -359,10 +359,5 @@ def parse_scontrol_node(text: str) -> SlurmNode:
     if reason_m is not None:
         reason, user = reason_m.group(1).strip(), reason_m.group(2) or ""
     gres_m = _SC_GRES.search(line)
-    gpus = 0
-    if gres_m is not None:
-        for item in gres_m.group(1).split(","):
-            fields = item.split("(")[0].split(":")
-            if fields[0] == "gpu" and fields[-1].isdigit():
-                gpus = int(fields[-1])
+    gpus = gpu_count(gres_m.group(1)) if gres_m is not None else 0
     return SlurmNode(name=name, state=base, flags=frozenset(flags), reason=reason, gpus=gpus, reason_user=user)

@@ -216,14 +216,15 @@ class Daemon:
                 reading = self.prom.current(self.prom_pools[p.name], live_pods={pod.name for pod in pods[p.name]})
                 current: LoadSignals | None = reading.signals
                 problem = "; ".join(f"{k}: {v}" for k, v in reading.problems.items()) or None
+                inflight = reading.inflight_by_pod
             except AdapterError as exc:
                 self._count_error("prometheus")
                 log.warning("prometheus_unavailable", pool=p.name, error=str(exc))
-                current, problem = None, str(exc)
+                current, problem, inflight = None, str(exc), {}
             if current is not None and current.t > self._last_sample_t.get(p.name, float("-inf")):
                 rec.add(current)
                 self._last_sample_t[p.name] = current.t
-            readings[p.name] = Readings(current, rec.history(now), problem)
+            readings[p.name] = Readings(current, rec.history(now), problem, inflight)
         return join(
             now=now,
             config=self.config,
@@ -401,8 +402,10 @@ class Daemon:
             for pool_cfg in self.config.pools:
                 pool_facts = [f for n, f in obs.facts.items() if obs.pool_of[n] == pool_cfg.name]
                 if not pool_facts or any(
-                    n in obs.problems and (n not in obs.facts or obs.facts[n].phase is None) for n in obs.pool_of
-                ):  # a node without facts (unknown to Slurm): its share of the scale is unknown too
+                    n in obs.problems and (n not in obs.facts or obs.facts[n].phase is None)
+                    for n, pool_name in obs.pool_of.items()
+                    if pool_name == pool_cfg.name
+                ):  # a node of this pool without facts (unknown to Slurm): its share of the scale is unknown too
                     continue
                 want = wants[pool_cfg.name]  # same facts as the steps above: computed once per round
                 if obs.view.pools[pool_cfg.name].desired_replicas != want:

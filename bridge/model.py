@@ -110,6 +110,15 @@ class PoolState:
     desired_replicas: int = 0  # the Deployment's spec.replicas
 
 
+# Slurm job states (lowercase) in which a job holds its nodes: it has them allocated, is
+# starting on them (configuring: prolog, node boot), being signalled right after a preemption
+# (signaling), or is still cleaning up (completing, stage_out). The one list both the Slurm
+# adapter and the join use.
+JOB_STATES_HOLDING_NODES = frozenset(
+    {"running", "completing", "configuring", "suspended", "stopped", "signaling", "stage_out", "resizing"}
+)
+
+
 @dataclass(frozen=True, slots=True)
 class SlurmJob:
     """A research job as Slurm reports it (active jobs only: pending, running, completing)."""

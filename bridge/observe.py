@@ -18,12 +18,7 @@ from bridge.adapters.slurm.hostlist import validate_node_name
 from bridge.errors import AdapterError
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts
-from bridge.model import ClusterView, LoadSignals, NodeState, Phase, PoolState, SlurmJob
-
-# job states in which a job holds its nodes
-_ACTIVE_STATES = frozenset(
-    {"running", "completing", "configuring", "suspended", "stopped", "signaling", "stage_out", "resizing"}
-)
+from bridge.model import JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, PoolState, SlurmJob
 
 
 class KubeNode(Protocol):
@@ -63,6 +58,7 @@ class Readings:
     current: LoadSignals | None
     history: tuple[LoadSignals, ...] = ()
     problem: str | None = None  # why ``current`` is None, for logs
+    inflight_by_pod: Mapping[str, float] = field(default_factory=dict)  # pod -> running + waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +122,13 @@ def join(
                 if target in job.nodes:
                     allocated.add(target)
                 continue
-            running = job.state in _ACTIVE_STATES and target in job.nodes
+            running = job.state in JOB_STATES_HOLDING_NODES and target in job.nodes
             if job.state == "pending" or running:
                 holds[target] = HoldFacts(job.job_id, running=running)
             if running:
                 allocated.add(target)
             continue
-        if job.state in _ACTIVE_STATES:
+        if job.state in JOB_STATES_HOLDING_NODES:
             research_jobs[job.job_id] = job
             for n in job.nodes:
                 research_on.setdefault(n, []).append(job.job_id)
@@ -140,6 +136,9 @@ def join(
         elif job.state == "pending" and job.partition == config.slurm.preempt_partition:
             pending_nodes += max(1, len(job.nodes) or 1)
 
+    inflight_by_pod: dict[str, float] = {}
+    for r in readings.values():
+        inflight_by_pod.update(r.inflight_by_pod)
     pods_on: dict[str, list[KubePod]] = {}
     for pool_pods in pods.values():
         for pod in pool_pods:
@@ -218,6 +217,7 @@ def join(
                 jobs=on_node,
                 problem=problem,
                 reason=kn.reason or "",
+                inflight=_inflight(node_pods, inflight_by_pod),
             )
         )
 
@@ -240,6 +240,15 @@ def join(
         pending_research_nodes=pending_nodes,
     )
     return Observation(view=view, facts=facts, pool_of=pool_of, problems=problems, requests=requests)
+
+
+def _inflight(pods: Sequence[KubePod], by_pod: Mapping[str, float]) -> float | None:
+    """Requests running + waiting on a node's live serving pods; None when a pod has no
+    reading (unknown is never read as "idle")."""
+    live = [p for p in pods if not p.terminating]
+    if not live or any(p.name not in by_pod for p in live):
+        return None
+    return sum(by_pod[p.name] for p in live)
 
 
 def _slurm_state(sn: SlurmNodeLike | None, allocated: bool, *, held: bool = False) -> str:

@@ -357,8 +357,16 @@ class FakeProm:
     fail: bool = False
     live_pods: frozenset[str] | None = None  # what the last current() was told exists
 
-    def set(self, pool: str, signals: LoadSignals, problems: Mapping[str, str] | None = None) -> None:
-        self.readings[pool] = SignalsReading(pool=pool, signals=signals, problems=dict(problems or {}))
+    def set(
+        self,
+        pool: str,
+        signals: LoadSignals,
+        problems: Mapping[str, str] | None = None,
+        inflight_by_pod: Mapping[str, float] | None = None,
+    ) -> None:
+        self.readings[pool] = SignalsReading(
+            pool=pool, signals=signals, problems=dict(problems or {}), inflight_by_pod=dict(inflight_by_pod or {})
+        )
 
     def current(self, pool: PromPool, *, at: float | None = None, live_pods: Collection[str] | None = None) -> SignalsReading:
         from bridge.errors import AdapterError

@@ -81,6 +81,9 @@ class SignalsReading:
     signals: LoadSignals
     problems: Mapping[str, str] = field(default_factory=dict)  # signal field -> reason it is None
     ignored: tuple[str, ...] = ()  # series dropped because they are not the pool's model
+    # pod -> requests running + waiting on it (label ``pod``), to lend the least busy node
+    # first; only when both gauges are valid, and only pods whose series carry a ``pod`` label
+    inflight_by_pod: Mapping[str, float] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -212,6 +215,7 @@ def signals_from_step(
     check_timestamps: bool,
     live_pods: Collection[str] | None = None,
     dropped: list[str] | None = None,
+    inflight: dict[str, float] | None = None,
 ) -> tuple[LoadSignals, dict[str, str]]:
     """Validate and sum one instant's series into LoadSignals (pure).
 
@@ -219,7 +223,8 @@ def signals_from_step(
     series' ``pod`` label names none of them: a pod deleted while Prometheus could not
     scrape (or was down) gets no staleness marker, so its last sample lingers for the lookback
     delta (5 min). Such a series is dropped (named in ``dropped``); the pool's own pods still
-    have to report, or ``replicas_reporting < Ready`` blocks lending."""
+    have to report, or ``replicas_reporting < Ready`` blocks lending. ``inflight``, if given,
+    receives running + waiting per pod (see ``SignalsReading.inflight_by_pod``)."""
     problems: dict[str, str] = {}
 
     def gauge(metric: str, replicas: Iterable[frozenset[tuple[str, str]]], *, upper: float | None = None, sig: _Signal | None = None) -> _Signal:
@@ -270,6 +275,12 @@ def signals_from_step(
     for name, sig in (("running", running), ("waiting", waiting), ("kv_cache_usage_sum", kv), ("tokens_per_s", tokens)):
         if sig.problem is not None:
             problems[name] = sig.problem
+    if inflight is not None and r is not None and w is not None:
+        for sig in (running, waiting):
+            for key, values in sig.by_replica.items():
+                pod = dict(key).get(POD_LABEL)
+                if pod is not None:
+                    inflight[pod] = inflight.get(pod, 0.0) + sum(values)
     # How many replicas the sums cover: those in the KV sum when it is known, else those in running.
     reporting = kv.replicas if k is not None else (running.replicas if r is not None else 0)
     return LoadSignals(t=t, running=r, waiting=w, kv_cache_usage_sum=k, tokens_per_s=tok, replicas_reporting=reporting), problems
@@ -316,10 +327,13 @@ def parse_instant(
     if t is None:
         raise ValueError("an empty result needs the evaluation time")
     dropped: list[str] = []
+    inflight: dict[str, float] = {}
     signals, problems = signals_from_step(
-        step, t=t, staleness_s=staleness_s, check_timestamps=True, live_pods=live_pods, dropped=dropped
+        step, t=t, staleness_s=staleness_s, check_timestamps=True, live_pods=live_pods, dropped=dropped, inflight=inflight
     )
-    return SignalsReading(pool=pool.name, signals=signals, problems=problems, ignored=tuple(sorted(ignored | set(dropped))))
+    return SignalsReading(
+        pool=pool.name, signals=signals, problems=problems, ignored=tuple(sorted(ignored | set(dropped))), inflight_by_pod=inflight
+    )
 
 
 def parse_range(result: Sequence[Mapping[str, Any]], *, pool: PromPool, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:

@@ -207,3 +207,19 @@ def test_a_stale_series_without_a_pod_label_still_fails_closed() -> None:
             s["value"][1] = str(T - 200)
     r = parse_instant(result, pool=POOL, staleness_s=30, at=None, live_pods={"a"})
     assert r.signals.running is None and "is stale" in r.problems["running"]
+
+
+def test_inflight_per_pod_is_running_plus_waiting_over_its_engines() -> None:
+    result = replica("a", running=3, waiting=2) + replica("b", running=1, waiting=0)
+    for engine in ("0", "1"):  # pod c: data parallel, two engines
+        result += [series(f"value:{prom.RUNNING}", 4, "c", engine=engine), series(f"ts:{prom.RUNNING}", T - 1, "c", engine=engine)]
+        result += [series(f"value:{prom.WAITING}", 1, "c", engine=engine), series(f"ts:{prom.WAITING}", T - 1, "c", engine=engine)]
+    r = parse_instant(result, pool=POOL, staleness_s=30, at=None)
+    assert dict(r.inflight_by_pod) == {"a": 5, "b": 1, "c": 10}
+
+
+def test_no_inflight_when_a_gauge_cannot_be_trusted() -> None:
+    # waiting is NaN on pod b: per-pod numbers would understate b's work, so none are given
+    result = replica("a", running=3) + replica("b", running=1, waiting=float("nan"))
+    r = parse_instant(result, pool=POOL, staleness_s=30, at=None)
+    assert r.signals.waiting is None and dict(r.inflight_by_pod) == {}

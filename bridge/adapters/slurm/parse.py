@@ -24,6 +24,7 @@ import orjson
 
 from bridge import wellknown
 from bridge.errors import AdapterError
+from bridge.model import JOB_STATES_HOLDING_NODES
 
 from .hostlist import expand
 from .types import ACTIVE_JOB_STATES, BASE_STATES, SlurmJobInfo, SlurmNode
@@ -275,9 +276,7 @@ def _job(rec: Any, i: int) -> SlurmJobInfo:
     if not gpus:
         gd = rec.get("gres_detail") or []
         gpus = max((gpu_count(str(g)) for g in gd), default=0) if isinstance(gd, list) else 0
-    # states in which the job still holds its nodes ("signaling": Slurm is delivering the
-    # pre-preemption signal, seen right after a hold job preempts it)
-    running = state in ("running", "completing", "suspended", "signaling", "stage_out", "resizing", "stopped")
+    running = state in JOB_STATES_HOLDING_NODES
     return SlurmJobInfo(
         job_id=str(jid),
         name=_str(rec, "name", what),

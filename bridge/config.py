@@ -23,6 +23,7 @@ import difflib
 import enum
 import json
 import math
+import operator
 import re
 import types
 import typing
@@ -34,7 +35,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from bridge import wellknown
 from bridge.errors import ConfigError
-from bridge.lifecycle import EVICT_AFTER_S
+from bridge.model import EVICT_AFTER_S
 
 _MISSING = dataclasses.MISSING
 
@@ -408,7 +409,7 @@ def parse_config(data: Any, *, source: str = "bridge.yaml") -> Config:
     return cfg
 
 
-def _build_loader() -> tuple[type, type]:
+def _build_loader() -> tuple[type[Any], type[Exception]]:
     import yaml
 
     class DuplicateKey(Exception):
@@ -505,10 +506,10 @@ def _type_name(tp: Any) -> str:
 
 def _check_bounds(v: float, md: Mapping[str, Any], where: str, source: str, problems: list[str]) -> bool:
     for key, ok, op in (
-        ("gt", lambda a, b: a > b, ">"),
-        ("ge", lambda a, b: a >= b, ">="),
-        ("lt", lambda a, b: a < b, "<"),
-        ("le", lambda a, b: a <= b, "<="),
+        ("gt", operator.gt, ">"),
+        ("ge", operator.ge, ">="),
+        ("lt", operator.lt, "<"),
+        ("le", operator.le, "<="),
     ):
         bound = md.get(key)
         if bound is not None and not ok(v, bound):

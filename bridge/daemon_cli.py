@@ -302,7 +302,7 @@ def _writer(args: argparse.Namespace) -> tuple[Config, Any]:
 
 
 def _pool_node(adapters: Any, config: Config, name: str) -> Any:
-    from bridge.adapters.slurm.hostlist import validate_node_name
+    from bridge.names import validate_node_name
 
     validate_node_name(name)
     node = adapters.kube.read_node(name)

@@ -25,14 +25,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from bridge.model import Phase
+from bridge.model import EVICT_AFTER_S, Phase
 
 # The deletion cost put on the pod of a node being lent, so that the ReplicaSet removes
 # exactly that pod when the Deployment is scaled down (lower cost goes first).
 LENDING_POD_DELETION_COST = -10_000
-# Seconds a lending node's serving pod may outlive the Deployment's scale-down before it is
-# evicted instead (the ReplicaSet removed another pod).
-EVICT_AFTER_S = 20.0
 
 
 class Step(enum.StrEnum):

@@ -110,6 +110,11 @@ class PoolState:
     desired_replicas: int = 0  # the Deployment's spec.replicas
 
 
+# Seconds a lending node's serving pod may outlive the Deployment's scale-down before it is
+# evicted instead (the ReplicaSet removed another pod). Here, not in the lifecycle, because
+# the config's checks need it too.
+EVICT_AFTER_S = 20.0
+
 # Slurm job states (lowercase) in which a job holds its nodes: it has them allocated, is
 # starting on them (configuring: prolog, node boot), being signalled right after a preemption
 # (signaling), or is still cleaning up (completing, stage_out). The one list both the Slurm

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bridge import wellknown as wk
-from bridge.adapters.slurm.hostlist import validate_node_name
 from bridge.errors import AdapterError
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts
+from bridge.names import validate_node_name
 from bridge.model import JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, PoolState, SlurmJob
 
 
@@ -30,6 +30,7 @@ class KubeNode(Protocol):
     pin: object
     fenced: bool
     problem: str | None
+    reason: str | None
 
 
 class KubePod(Protocol):

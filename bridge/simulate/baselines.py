@@ -32,7 +32,7 @@ from bridge.policy.demand import demand, nodes_for
 from bridge.policy.forecast import Forecast, forecast, history_windows
 from bridge.policy.history import HistoryRecorder
 from bridge.policy.victims import choose_victims
-from bridge.simulate.engine import Setup
+from bridge.simulate.engine import Controller, Setup
 
 POLICIES = ("bridge", "fixed-window", "reactive", "oracle")
 NIGHT_START_S = 20 * 3600.0
@@ -265,7 +265,7 @@ def default_fixed_floor(setup: Setup) -> int:
     )
 
 
-def make_controller(name: str, setup: Setup, *, fixed_floor: int | None = None) -> _Base:
+def make_controller(name: str, setup: Setup, *, fixed_floor: int | None = None) -> Controller:
     """A fresh controller by its CLI name."""
     if name == "bridge":
         return BridgeController(setup)

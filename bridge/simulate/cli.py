@@ -98,12 +98,10 @@ def apply_overrides(
     pools = []
     for p in cfg.pools:
         if p.name == target:
-            kw: dict[str, float] = {}
             if cold_start_s is not None:
-                kw["cold_start_s"] = cold_start_s
+                p = dataclasses.replace(p, cold_start_s=cold_start_s)
             if drain_s is not None:
-                kw["drain_s"] = drain_s
-            p = dataclasses.replace(p, **kw)
+                p = dataclasses.replace(p, drain_s=drain_s)
         pools.append(p)
     pol = cfg.policy
     if tick_s is not None:

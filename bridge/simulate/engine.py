@@ -336,7 +336,7 @@ class Engine:
             if ph is Phase.SERVING:
                 states.append(
                     NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, n.ready,
-                              "drained", (), None, inflight if n.ready else None)
+                              "drained", (), inflight=inflight if n.ready else None)
                 )
             elif ph is Phase.LENDING:
                 states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained"))

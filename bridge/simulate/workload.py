@@ -131,11 +131,11 @@ def build_workload(
         pos = mean > 0
         shape = mean[pos] / cv2[pos]  # gamma: mean = shape * theta, var = shape * theta**2
         counts[pos] = rng.gamma(shape, mean[pos] / shape)
-        counts = counts.reshape(n_windows, k)
-        sums = counts.sum(axis=1, keepdims=True)
+        by_window = counts.reshape(n_windows, k)
+        sums = by_window.sum(axis=1, keepdims=True)
         target = (lam * MINUTE_S * k)[:, None]
-        counts = np.where(sums > 0, counts * np.divide(target, sums, out=np.zeros_like(sums), where=sums > 0), target / k)
-        load = counts.reshape(-1) / MINUTE_S * scale / replica_rps
+        by_window = np.where(sums > 0, by_window * np.divide(target, sums, out=np.zeros_like(sums), where=sums > 0), target / k)
+        load = by_window.reshape(-1) / MINUTE_S * scale / replica_rps
     else:
         load = np.repeat(window_load, k)
     if days is not None:

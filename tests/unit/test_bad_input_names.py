@@ -18,7 +18,7 @@ from bridge.adapters.fakes import FakeKube, FakeProm
 from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromPool
 from bridge.adapters.slurm.cli import CliSlurm
-from bridge.adapters.slurm.hostlist import validate_job_id, validate_node_name
+from bridge.names import validate_job_id, validate_node_name
 from bridge.config import default_config
 from bridge.daemon import Daemon
 from bridge.errors import AdapterError

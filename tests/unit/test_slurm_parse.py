@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bridge.adapters.slurm import checkpoint_time, expand, gpu_count, parse_jobs, parse_nodes
 from bridge.adapters.slurm.parse import signal_save_s
-from bridge.adapters.slurm.hostlist import validate_job_id, validate_node_name
+from bridge.names import validate_job_id, validate_node_name
 from bridge.adapters.slurm.parse import parse_ping
 from bridge.errors import AdapterError
 

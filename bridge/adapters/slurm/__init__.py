@@ -5,8 +5,10 @@
     slurm.submit_hold("gpu-node-03")
 """
 
+from bridge.names import validate_job_id, validate_node_name
+
 from .cli import CliSlurm, CommandResult, CommandRunner, NotOursError, SubprocessRunner, drain_reason, hold_job_name
-from .hostlist import expand, validate_job_id, validate_node_name
+from .hostlist import expand
 from .parse import checkpoint_time, gpu_count, parse_jobs, parse_nodes
 from .protocol import SlurmAdapterProtocol, SlurmReader, SlurmWriter
 from .types import SlurmJobInfo, SlurmNode

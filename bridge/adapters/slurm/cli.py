@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 from bridge import logs, wellknown
 from bridge.errors import AdapterError
+from bridge.names import validate_job_id, validate_node_name
 
-from .hostlist import validate_job_id, validate_node_name
 from .parse import parse_jobs, parse_nodes, parse_ping, parse_scontrol_node
 from .types import SlurmJobInfo, SlurmNode
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 
 from bridge import wellknown
 from bridge.errors import AdapterError
+from bridge.names import validate_job_id, validate_node_name
 
 from .cli import NotOursError, drain_reason, hold_job_name
-from .hostlist import validate_job_id, validate_node_name
 from .types import SlurmJobInfo, SlurmNode
 
 

@@ -1,4 +1,4 @@
-"""Slurm hostlists (``gpu-node-[01-03,07]``) and the validation of names put into argv."""
+"""Slurm hostlists (``gpu-node-[01-03,07]``)."""
 
 from __future__ import annotations
 
@@ -7,33 +7,11 @@ import re
 from bridge.errors import AdapterError
 
 MAX_EXPANDED = 100_000
-_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,9})?$")
-
-
-def validate_node_name(name: object) -> str:
-    """A node name safe to put in argv and in a job name; AdapterError naming the problem."""
-    if not isinstance(name, str):
-        raise AdapterError("slurm", f"node name: expected a string, got {type(name).__name__}")
-    if not _NODE_NAME.match(name):
-        shown = name[:80] + ("..." if len(name) > 80 else "")
-        raise AdapterError(
-            "slurm", f"node name {shown!r}: invalid (letters, digits, '.', '_', '-'; at most 63 characters)"
-        )
-    return name
-
-
-def validate_job_id(job_id: object) -> str:
-    if isinstance(job_id, int) and not isinstance(job_id, bool):
-        job_id = str(job_id)
-    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
-        raise AdapterError("slurm", f"job id {str(job_id)[:40]!r}: invalid (digits, optionally _TASK)")
-    return job_id
-
-
 def _split_top(text: str) -> list[str]:
     """Split on commas outside brackets."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "[":
             depth += 1

@@ -12,12 +12,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bridge import faults, logs
+from bridge import logs
 from bridge.errors import AdapterError
 from bridge.lifecycle import LENDING_POD_DELETION_COST, NodeFacts, Step
 from bridge.model import Action, ActionKind, Phase
 
 log = logs.get(__name__)
+
+# Write points reported to ``Actuator.after_write`` besides the lifecycle's own step names.
+SCALE_POINT = "scale"  # a pool's Deployment scale
+START_POINTS = {ActionKind.LEND: "start_lending", ActionKind.RECLAIM: "start_reclaiming"}  # a policy action's first mark
+
+
+def _no_hook(point: str) -> None:
+    """The product's default: nothing happens after a write."""
 
 
 class SlurmWrites(Protocol):
@@ -99,12 +107,15 @@ class Actuator:
     slurm: SlurmWrites
     clock: Callable[[], float]
     on_step: Callable[[StepRecord], None] = field(default=lambda record: None)
+    # Called with the write point (a Step value, SCALE_POINT or a START_POINTS value) after each
+    # write that changed something: the lab's crash injection hooks in here; nothing by default.
+    after_write: Callable[[str], None] = field(default=_no_hook)
 
     def start(self, action: Action, *, now: float) -> None:
         """Begin a policy action: record the first transit phase on the node."""
         phase = Phase.LENDING if action.kind is ActionKind.LEND else Phase.RECLAIMING
         if self._mark(action.node, phase, action.detail, now):
-            faults.after_write(f"start_{phase}")
+            self.after_write(START_POINTS[action.kind])
         log.info(
             "node_transition_started",
             node=action.node,
@@ -177,7 +188,7 @@ class Actuator:
             log.info("node_step", node=node, pool=pool.name, phase=str(facts.phase), step=str(step), changed=changed, detail=detail)
         self.on_step(record)
         if changed:
-            faults.after_write(str(step))
+            self.after_write(str(step))
         return changed
 
     def report(self, node: str, reason: str, message: str) -> None:
@@ -192,7 +203,7 @@ class Actuator:
         changed = self.kube.scale(pool.namespace, pool.deployment, replicas)
         if changed:
             log.info("pool_scaled", pool=pool.name, deployment=pool.deployment, replicas=replicas)
-            faults.after_write(faults.SCALE)
+            self.after_write(SCALE_POINT)
         return changed
 
     def _mark(self, node: str, phase: Phase, reason: str, now: float) -> bool:

@@ -133,6 +133,7 @@ class Daemon:
         dry_run: bool = False,
         transit_poll_s: float = 0.25,
         max_cache_age_s: float = 75.0,
+        after_write: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.kube = kube
@@ -147,6 +148,8 @@ class Daemon:
         self.max_cache_age_s = max_cache_age_s  # watch timeout (60 s) + request timeout + slack
         self.targets = {p.name: PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools}
         self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, on_step=self._on_step)
+        if after_write is not None:  # a lab's hook (crash injection); the product sets none
+            self.actuator.after_write = after_write
         self._recorders: dict[str, HistoryRecorder] = {}
         self._last_sample_t: dict[str, float] = {}
         self._reported_stuck: set[str] = set()

@@ -121,6 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         leader=adapters.leader,
         metrics=metrics,
         dry_run=dry_run,
+        after_write=getattr(args, "after_write", None),
     )
     stop = threading.Event()
 

@@ -1,6 +1,8 @@
 """Crash injection for the reliability tests: SIGKILL the daemon right after a chosen write.
 
-Off unless BOTH are set in the daemon's environment (read once, at the first write):
+The product's actuator has an ``after_write`` hook that does nothing; ``python -m bridge.faults
+run --config ...`` starts the daemon with this module's injector in it. Even then it is off
+unless BOTH are set in the daemon's environment (read once, at the first write):
 
     GPU_BRIDGE_FAULTS=1                 the explicit opt-in (never set in production units)
     GPU_BRIDGE_CRASH_AT=<point>:<n>     kill the process right after the n-th (1-based)
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 
 from bridge import logs
 
@@ -28,8 +31,8 @@ log = logs.get(__name__)
 
 ENABLE_ENV = "GPU_BRIDGE_FAULTS"
 CRASH_ENV = "GPU_BRIDGE_CRASH_AT"
-SCALE = "scale"
-START_LENDING = "start_lending"
+SCALE = "scale"  # = bridge.actuate.SCALE_POINT
+START_LENDING = "start_lending"  # = bridge.actuate.START_POINTS values
 START_RECLAIMING = "start_reclaiming"
 
 
@@ -76,12 +79,29 @@ class CrashInjector:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-_injector: CrashInjector | None = None
+class LazyInjector:
+    """The actuator's ``after_write`` hook: arms a CrashInjector from the environment at the
+    first write (after the daemon has configured its logs, so the armed/refused line is seen)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+        self._injector: CrashInjector | None = None
+
+    def __call__(self, point: str) -> None:
+        if self._injector is None:
+            self._injector = CrashInjector(self._env)
+        self._injector.after_write(point)
 
 
-def after_write(point: str) -> None:
-    """Called by the actuator after each write that changed something (cheap when unarmed)."""
-    global _injector
-    if _injector is None:
-        _injector = CrashInjector(os.environ)
-    _injector.after_write(point)
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bridge.faults run --config ...``: ``gpu-bridge`` with the crash injector
+    hooked into the daemon's actuator. Only the reliability harness starts the daemon so."""
+    from bridge.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    args.after_write = LazyInjector(os.environ)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,6 +27,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from bridge import faults
 from bridge import wellknown as wk
 from bridge.sandbox import serving
 from bridge.sandbox.cluster import slurm as sandbox_slurm
@@ -263,7 +264,9 @@ class DaemonProc:
         self.started_at = time.time()
         with open(self.log_path, "a") as log_file:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bridge", "run", "--config", str(self.config), "--log-format", "json"],
+                # with crash injection asked for, the daemon runs with the injector hooked in
+                [sys.executable, "-m", "bridge.faults" if faults.CRASH_ENV in self.extra_env else "bridge", "run",
+                 "--config", str(self.config), "--log-format", "json"],
                 stdout=log_file, stderr=subprocess.STDOUT, env=env,
             )
         return self

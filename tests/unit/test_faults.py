@@ -30,7 +30,7 @@ def test_malformed_value_is_refused() -> None:
 
 
 def _run(env: dict[str, str], writes: list[str]) -> int:
-    code = "from bridge import faults\n" + "".join(f"faults.after_write({w!r})\n" for w in writes)
+    code = "import os\nfrom bridge import faults\nhook = faults.LazyInjector(os.environ)\n" + "".join(f"hook({w!r})\n" for w in writes)
     return subprocess.run([sys.executable, "-c", code], env={**env, "PATH": "/usr/bin:/bin"}, timeout=60,
                           capture_output=True).returncode
 
@@ -40,3 +40,25 @@ def test_kills_itself_after_the_nth_write_only() -> None:
     assert _run(env, ["drain", "fence", "resume"]) == 0  # only one drain: alive
     assert _run(env, ["drain", "fence", "drain", "resume"]) == -9  # SIGKILL at the second drain
     assert _run({faults.CRASH_ENV: "drain:1"}, ["drain"]) == 0  # no opt-in: never
+
+
+def test_the_actuator_reports_each_changing_write_to_its_hook_and_the_product_sets_none() -> None:
+    from bridge.actuate import SCALE_POINT, Actuator, PoolTarget
+    from bridge.adapters.fakes import FakeKube
+    from bridge.adapters.kube.protocol import PoolTarget as KubePool
+    from bridge.adapters.slurm.fake import FakeSlurm
+    from bridge.daemon_cli import register_cli
+    import argparse
+
+    kube = FakeKube(now=0.0)
+    kube.add_node("gpu-node-01", "default")
+    kube.add_pool(KubePool("default", "serving", "vllm"), replicas=1)
+    seen: list[str] = []
+    act = Actuator(kube=kube, slurm=FakeSlurm(), clock=lambda: 0.0, after_write=seen.append)
+    target = PoolTarget("default", "serving", "vllm")
+    assert act.scale_pool(target, 0) and seen == [SCALE_POINT]
+    assert not act.scale_pool(target, 0) and seen == [SCALE_POINT]  # nothing written: not reported
+    # `gpu-bridge run` builds its daemon with no hook: the product never injects anything
+    sub = argparse.ArgumentParser().add_subparsers()
+    register_cli(sub)
+    assert getattr(sub.choices["run"].parse_args(["--config", "x"]), "after_write", None) is None

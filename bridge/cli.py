@@ -1,7 +1,8 @@
 """Command-line entry point: argparse only; each command lives in the module that owns it.
 
-Every module in COMMAND_MODULES defines ``register_cli(subparsers)``, which adds its
-subcommand(s) and sets ``func`` (``args -> int exit code``) on each parser.
+Every module in COMMAND_MODULES (and every entry point of the ``gpu_bridge.commands`` group)
+defines ``register_cli(subparsers)``, which adds its subcommand(s) and sets ``func``
+(``args -> int exit code``) on each parser.
 """
 
 from __future__ import annotations
@@ -10,17 +11,19 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 from bridge import __version__
 
-# Order is the order shown in --help.
+# The product's commands, in the order shown in --help.
 COMMAND_MODULES: tuple[str, ...] = (
-    "bridge.sandbox.cli",
     "bridge.simulate.cli",
     "bridge.config_cli",
     "bridge.daemon_cli",
-    "bridge.demo.cli",
 )
+# Commands of other installed distributions (the lab's ``sandbox`` and ``demo``): each entry
+# point names a ``register_cli(subparsers)``. None on a production host.
+COMMAND_GROUP = "gpu_bridge.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register_cli(subparsers)
+    for ep in sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name):
+        ep.load()(subparsers)
     return parser
 
 

@@ -15,10 +15,10 @@ import threading
 import time
 from typing import Any
 
-from bridge.sandbox.kube import KubeServer
-from bridge.sandbox.kube import resources as R
-from bridge.sandbox.kube.defaults import on_create
-from bridge.sandbox.kube.serving_model import node_object
+from gpu_bridge_lab.sandbox.kube import KubeServer
+from gpu_bridge_lab.sandbox.kube import resources as R
+from gpu_bridge_lab.sandbox.kube.defaults import on_create
+from gpu_bridge_lab.sandbox.kube.serving_model import node_object
 
 
 def _pod(i: int, node: str) -> dict[str, Any]:

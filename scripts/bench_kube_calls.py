@@ -41,7 +41,7 @@ def seed(api: k8s.ApiClient, n: int) -> None:
 
 
 def run(n: int, changes: int, ticks: int) -> None:
-    from bridge.sandbox.kube.server import KubeServer
+    from gpu_bridge_lab.sandbox.kube.server import KubeServer
 
     with tempfile.TemporaryDirectory() as tmp:
         server = KubeServer(port=0)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bridge import logs
 from bridge.adapters.slurm import CliSlurm
-from bridge.sandbox.cluster import Sandbox
+from gpu_bridge_lab.sandbox.cluster import Sandbox
 
 SCRIPT = """#!/bin/bash
 trap 'echo usr1 $(date +%s.%N) >> "$1"' USR1

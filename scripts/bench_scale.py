@@ -61,10 +61,10 @@ from bridge.adapters.slurm.cli import CliSlurm, CommandResult  # noqa: E402
 from bridge.config import default_config  # noqa: E402
 from bridge.daemon import Daemon  # noqa: E402
 from bridge.model import LoadSignals  # noqa: E402
-from bridge.sandbox.kube import KubeServer, ServingModel  # noqa: E402
-from bridge.sandbox.kube import resources as R  # noqa: E402
-from bridge.sandbox.kube.defaults import on_create  # noqa: E402
-from bridge.sandbox.kube.serving_model import deployment_object, node_object  # noqa: E402
+from gpu_bridge_lab.sandbox.kube import KubeServer, ServingModel  # noqa: E402
+from gpu_bridge_lab.sandbox.kube import resources as R  # noqa: E402
+from gpu_bridge_lab.sandbox.kube.defaults import on_create  # noqa: E402
+from gpu_bridge_lab.sandbox.kube.serving_model import deployment_object, node_object  # noqa: E402
 
 POOL = "bench"
 NS = "serving"

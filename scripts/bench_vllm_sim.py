@@ -14,9 +14,9 @@ import time
 
 from prometheus_client import generate_latest
 
-from bridge.sandbox.vllm.metrics import make_registry
-from bridge.sandbox.vllm.model import ReplicaParams
-from bridge.sandbox.vllm.sim import Simulation
+from gpu_bridge_lab.sandbox.vllm.metrics import make_registry
+from gpu_bridge_lab.sandbox.vllm.model import ReplicaParams
+from gpu_bridge_lab.sandbox.vllm.sim import Simulation
 from bridge.trace import load_trace
 
 

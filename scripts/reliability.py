@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bridge import logs  # noqa: E402
-from bridge.sandbox import outages as out  # noqa: E402
-from bridge.sandbox import reliability as rel  # noqa: E402
+from gpu_bridge_lab.sandbox import outages as out  # noqa: E402
+from gpu_bridge_lab.sandbox import reliability as rel  # noqa: E402
 
 
 def say(text: str) -> None:

@@ -41,10 +41,12 @@ if [ ! -x .venv/bin/python ]; then
     "$py" -m venv .venv
 fi
 stamp=.venv/.gpu-bridge-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    say "installing gpu-bridge and its test extras into .venv (pip)"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ lab/pyproject.toml -nt "$stamp" ]; then
+    say "installing gpu-bridge (with its test and plot extras) and its lab into .venv (pip)"
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -e '.[test]'
+    .venv/bin/python -m pip install -q -e '.[test,plot]'
+    # the lab (sandbox, demo, fakes, fault injection): tests and the demo need it, operators do not
+    .venv/bin/python -m pip install -q -e ./lab
     touch "$stamp"
 else
     say "virtualenv .venv is up to date"

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.adapters.fakes import FakeKube, FakeProm
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromPool
-from bridge.adapters.slurm.fake import FakeSlurm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import parse_config
 from bridge.daemon import Daemon
 from bridge.lifecycle import LENDING_POD_DELETION_COST

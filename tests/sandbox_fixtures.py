@@ -1,4 +1,4 @@
-"""pytest fixtures around the real sandbox (bridge.sandbox.cluster.Sandbox).
+"""pytest fixtures around the real sandbox (gpu_bridge_lab.sandbox.cluster.Sandbox).
 
 - ``slurm_sandbox`` (session): one sandbox (4 nodes, GraceTime 10 s, Prometheus, vLLM simulator
   when available) shared by every integration test of the session: start-up costs ~6 s.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.sandbox.cluster import Sandbox
+from gpu_bridge_lab.sandbox.cluster import Sandbox
 
 
 def _short_tmpdir(prefix: str) -> Path:

@@ -29,7 +29,7 @@ def kube(tmp_path: Path) -> Iterator[Kube]:
         finally:
             k.close()
         return
-    from bridge.sandbox.kube import KubeServer
+    from gpu_bridge_lab.sandbox.kube import KubeServer
 
     with KubeServer(port=0, pod_start_delay_s=0.3, pod_stop_s=0.5, bookmark_interval_s=0.3) as server:
         kc = server.write_kubeconfig(tmp_path / "kubeconfig")

@@ -367,7 +367,7 @@ def test_bearer_token_is_required_when_set(tmp_path: Any, kube: Kube) -> None:
         pytest.skip("the sandbox's own token switch")
     from kubernetes import client, config
 
-    from bridge.sandbox.kube import KubeServer
+    from gpu_bridge_lab.sandbox.kube import KubeServer
     with KubeServer(port=0, token="s3cret") as server:
         good = server.write_kubeconfig(tmp_path / "good")
         api = config.new_client_from_config(config_file=str(good))

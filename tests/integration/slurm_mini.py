@@ -3,7 +3,7 @@ N slurmd on 127.0.0.1 with free ports, in a temp dir, following
 /work/shared/notes/slurm-local-cluster.md. It carries gpu-bridge's two partitions (`preempt`,
 `gpu-bridge`), and optionally job_submit.lua and cli_filter.lua.
 
-Used when the project sandbox (bridge.sandbox.cluster) is not available, and by the
+Used when the project sandbox (gpu_bridge_lab.sandbox.cluster) is not available, and by the
 job_submit.lua test, which needs settings of its own (JobRequeue=0 proves the script sets it).
 Every process is started in the foreground by us and stopped by its pid.
 """

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from bridge import wellknown as wk
-from bridge.sandbox.kube import KubeServer, ServingModel, seed_serving
+from gpu_bridge_lab.sandbox.kube import KubeServer, ServingModel, seed_serving
 
 pytestmark = pytest.mark.integration
 

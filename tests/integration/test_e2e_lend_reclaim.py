@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from bridge.sandbox.daemon_config import sandbox_config, write_config
-from bridge.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, wait_until
-from bridge.sandbox.serving import serving_sandbox
+from gpu_bridge_lab.sandbox.daemon_config import sandbox_config, write_config
+from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, wait_until
+from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

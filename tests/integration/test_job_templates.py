@@ -66,7 +66,7 @@ class Cluster:
 
 def _sandbox_class():  # type: ignore[no-untyped-def]
     try:
-        from bridge.sandbox.cluster.sandbox import Sandbox
+        from gpu_bridge_lab.sandbox.cluster.sandbox import Sandbox
     except ImportError:
         return None
     return Sandbox

@@ -216,7 +216,7 @@ def test_watch_resumed_after_compaction_relists(tmp_path: Path) -> None:
     from bridge.adapters.kube.calls import ApiCalls
     from bridge.adapters.kube.informer import Informer
     from bridge.adapters.kube.objects import parse_node
-    from bridge.sandbox.kube.server import KubeServer
+    from gpu_bridge_lab.sandbox.kube.server import KubeServer
 
     with KubeServer(port=0, event_log_size=3) as server:
         kubeconfig = tmp_path / "kubeconfig"
@@ -248,7 +248,7 @@ def test_watch_resumed_after_compaction_relists(tmp_path: Path) -> None:
 
 def test_bearer_token_auth_and_no_token_in_errors_or_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bridge.errors import AdapterError
-    from bridge.sandbox.kube.server import KubeServer
+    from gpu_bridge_lab.sandbox.kube.server import KubeServer
 
     secret = "s3cr3t-t0ken-value"
     with KubeServer(port=0, token=secret) as server:
@@ -275,7 +275,7 @@ def test_bearer_token_auth_and_no_token_in_errors_or_logs(tmp_path: Path, capsys
 
 
 def test_pools_with_their_own_node_selector(tmp_path: Path) -> None:
-    from bridge.sandbox.kube.server import KubeServer
+    from gpu_bridge_lab.sandbox.kube.server import KubeServer
 
     with KubeServer(port=0) as server:
         kubeconfig = server.write_kubeconfig(tmp_path / "kc")

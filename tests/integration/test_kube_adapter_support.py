@@ -16,14 +16,14 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from bridge import wellknown as wk
-from bridge.sandbox.faultproxy import pipe
+from gpu_bridge_lab.sandbox.faultproxy import pipe
 
 
 def kube_server_class() -> Any:
     try:
-        from bridge.sandbox.kube.server import KubeServer
+        from gpu_bridge_lab.sandbox.kube.server import KubeServer
     except ImportError:
-        pytest.skip("the sandbox KubeServer (bridge.sandbox.kube.server) is not available yet")
+        pytest.skip("the sandbox KubeServer (gpu_bridge_lab.sandbox.kube.server) is not available yet")
     return KubeServer
 
 

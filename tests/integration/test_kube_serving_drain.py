@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from bridge.sandbox.kube import KubeServer, ServingModel, seed_serving, wait_serving_ready
-from bridge.sandbox.vllm.follow_kube import KubeFollower, PodTracker
-from bridge.sandbox.vllm.model import SERVING
-from bridge.sandbox.vllm.sim import Simulation
+from gpu_bridge_lab.sandbox.kube import KubeServer, ServingModel, seed_serving, wait_serving_ready
+from gpu_bridge_lab.sandbox.vllm.follow_kube import KubeFollower, PodTracker
+from gpu_bridge_lab.sandbox.vllm.model import SERVING
+from gpu_bridge_lab.sandbox.vllm.sim import Simulation
 from bridge.trace import Trace
 
 FLAT = Trace((0.0, 600.0), (20.0, 20.0), (1.0, 1.0), 600.0, "flat")

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge.sandbox import outages as out
-from bridge.sandbox import reliability as rel
+from gpu_bridge_lab.sandbox import outages as out
+from gpu_bridge_lab.sandbox import reliability as rel
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

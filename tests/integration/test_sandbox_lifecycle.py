@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bridge.errors import SandboxError
-from bridge.sandbox.cluster import Sandbox
-from bridge.sandbox.cluster.procs import find_leftovers
+from gpu_bridge_lab.sandbox.cluster import Sandbox
+from gpu_bridge_lab.sandbox.cluster.procs import find_leftovers
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from prometheus_api_client import PrometheusConnect
 
-from bridge.sandbox.cluster import Sandbox
+from gpu_bridge_lab.sandbox.cluster import Sandbox
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bridge import wellknown
-from bridge.sandbox.cluster import Sandbox
+from gpu_bridge_lab.sandbox.cluster import Sandbox
 
 pytestmark = pytest.mark.integration
 

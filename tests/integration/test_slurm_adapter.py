@@ -14,7 +14,7 @@ import pytest
 from bridge import wellknown
 from bridge.adapters.slurm import CliSlurm, NotOursError, SlurmJobInfo
 from bridge.errors import AdapterError
-from bridge.sandbox.cluster import Sandbox
+from gpu_bridge_lab.sandbox.cluster import Sandbox
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.sandbox.vllm.metrics import V0_FAMILIES, V1_FAMILIES
+from gpu_bridge_lab.sandbox.vllm.metrics import V0_FAMILIES, V1_FAMILIES
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-kube_server = pytest.importorskip("bridge.sandbox.kube.server", reason="the sandbox KubeServer is not available")
-serving_model = pytest.importorskip("bridge.sandbox.kube.serving_model")
+kube_server = pytest.importorskip("gpu_bridge_lab.sandbox.kube.server", reason="the sandbox KubeServer is not available")
+serving_model = pytest.importorskip("gpu_bridge_lab.sandbox.kube.serving_model")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bridge import wellknown as wk
-from bridge.adapters.fakes import FakeKube, FakeProm
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.kube.objects import DeploymentInfo, parse_deployment, parse_node, parse_pod
 from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromPool
@@ -22,7 +22,7 @@ from bridge.adapters.slurm.cli import CliSlurm, CommandResult
 from bridge.config import default_config
 from bridge.daemon import Daemon
 from bridge.model import HoldReason, LoadSignals
-from bridge.sandbox.kube.serving_model import node_object
+from gpu_bridge_lab.sandbox.kube.serving_model import node_object
 
 NOW = 1_767_225_600.0
 NODES = [f"gpu-node-0{i}" for i in range(1, 5)]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bridge import wellknown as wk
-from bridge.adapters.fakes import FakeKube, FakeProm
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromPool
 from bridge.adapters.slurm.cli import CliSlurm

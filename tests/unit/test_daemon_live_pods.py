@@ -4,10 +4,10 @@ series of a pod deleted during a Prometheus outage is dropped instead of blockin
 
 from __future__ import annotations
 
-from bridge.adapters.fakes import FakeKube, FakeProm
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromPool
-from bridge.adapters.slurm.fake import FakeSlurm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import parse_config
 from bridge.daemon import Daemon
 from bridge.model import LoadSignals

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from bridge import wellknown as wk
-from bridge.adapters.slurm.fake import FakeSlurm
-from bridge.adapters.fakes import FakeKube, FakeProm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromPool
 from bridge.config import Config, parse_config

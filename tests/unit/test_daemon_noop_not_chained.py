@@ -5,10 +5,10 @@ MAX_CHAINED_STEPS times per iteration: ~50 evictions a second against a PDB in t
 
 from __future__ import annotations
 
-from bridge.adapters.fakes import FakeKube, FakeProm
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromPool
-from bridge.adapters.slurm.fake import FakeSlurm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import parse_config
 from bridge.daemon import MAX_CHAINED_STEPS, Daemon
 from bridge.model import LoadSignals

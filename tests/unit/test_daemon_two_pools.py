@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from bridge.adapters.fakes import FakeKube, FakeProm
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromPool
-from bridge.adapters.slurm.fake import FakeSlurm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import Config, parse_config
 from bridge.daemon import Daemon
 from bridge.model import LoadSignals, Phase

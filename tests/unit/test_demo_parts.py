@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from bridge.adapters.slurm.types import SlurmJobInfo
-from bridge.demo import report
-from bridge.demo.jobs import JobSubmitter, job_plan
-from bridge.demo.shape import clock, day_shape, parse_clock, replica_rps_at_target
-from bridge.demo.timeline import Display, daemon_event, progress_text
-from bridge.demo.watch import JobTracker, LogTail, Sample
+from gpu_bridge_lab.demo import report
+from gpu_bridge_lab.demo.jobs import JobSubmitter, job_plan
+from gpu_bridge_lab.demo.shape import clock, day_shape, parse_clock, replica_rps_at_target
+from gpu_bridge_lab.demo.timeline import Display, daemon_event, progress_text
+from gpu_bridge_lab.demo.watch import JobTracker, LogTail, Sample
 from bridge.trace import load_trace
 
 

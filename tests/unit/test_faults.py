@@ -1,4 +1,4 @@
-"""bridge.faults: crash injection is inert unless explicitly enabled, and kills for real."""
+"""gpu_bridge_lab.faults: crash injection is inert unless explicitly enabled, and kills for real."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bridge import faults
+from gpu_bridge_lab import faults
 
 
 def test_parse() -> None:
@@ -30,7 +30,7 @@ def test_malformed_value_is_refused() -> None:
 
 
 def _run(env: dict[str, str], writes: list[str]) -> int:
-    code = "import os\nfrom bridge import faults\nhook = faults.LazyInjector(os.environ)\n" + "".join(f"hook({w!r})\n" for w in writes)
+    code = "import os\nfrom gpu_bridge_lab import faults\nhook = faults.LazyInjector(os.environ)\n" + "".join(f"hook({w!r})\n" for w in writes)
     return subprocess.run([sys.executable, "-c", code], env={**env, "PATH": "/usr/bin:/bin"}, timeout=60,
                           capture_output=True).returncode
 
@@ -44,9 +44,9 @@ def test_kills_itself_after_the_nth_write_only() -> None:
 
 def test_the_actuator_reports_each_changing_write_to_its_hook_and_the_product_sets_none() -> None:
     from bridge.actuate import SCALE_POINT, Actuator, PoolTarget
-    from bridge.adapters.fakes import FakeKube
+    from gpu_bridge_lab.fakes.kube import FakeKube
     from bridge.adapters.kube.protocol import PoolTarget as KubePool
-    from bridge.adapters.slurm.fake import FakeSlurm
+    from gpu_bridge_lab.fakes.slurm import FakeSlurm
     from bridge.daemon_cli import register_cli
     import argparse
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bridge import wellknown as wk
-from bridge.adapters.fakes import FakeKube, FakeLeader, FakeProm
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeLeader, FakeProm
 from bridge.adapters.kube import EvictOutcome, KubeApiError, KubeConflictError, KubeReader, KubeWriter, PoolTarget
 from bridge.adapters.prom import PromPool, PromReader
 from bridge.model import LoadSignals, Phase

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.cli import build_parser, main
-from bridge.sandbox.kube import ServingModel, cli_args
+from gpu_bridge_lab.sandbox.kube import ServingModel, cli_args
 
 
 def test_cli_args_round_trip_through_the_parser() -> None:

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from bridge.sandbox.kube import resources as R
-from bridge.sandbox.kube.api import delete_object
-from bridge.sandbox.kube.controllers import Controllers
-from bridge.sandbox.kube.ranking import victim_order
-from bridge.sandbox.kube.scheduling import fit_problem, tolerates
-from bridge.sandbox.kube.defaults import on_create
-from bridge.sandbox.kube.eviction import evict
-from bridge.sandbox.kube.serving_model import ServingModel, node_object, seed_serving, wait_serving_ready
-from bridge.sandbox.kube.store import ApiError, Store
+from gpu_bridge_lab.sandbox.kube import resources as R
+from gpu_bridge_lab.sandbox.kube.api import delete_object
+from gpu_bridge_lab.sandbox.kube.controllers import Controllers
+from gpu_bridge_lab.sandbox.kube.ranking import victim_order
+from gpu_bridge_lab.sandbox.kube.scheduling import fit_problem, tolerates
+from gpu_bridge_lab.sandbox.kube.defaults import on_create
+from gpu_bridge_lab.sandbox.kube.eviction import evict
+from gpu_bridge_lab.sandbox.kube.serving_model import ServingModel, node_object, seed_serving, wait_serving_ready
+from gpu_bridge_lab.sandbox.kube.store import ApiError, Store
 
 PODS, NODES = R.core("pods"), R.core("nodes")
 DEPLOY, PDBS = R.get("apps", "deployments"), R.get("policy", "poddisruptionbudgets")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.sandbox.kube.patch import PatchError, apply, json_merge_patch, json_patch, strategic_merge_patch
+from gpu_bridge_lab.sandbox.kube.patch import PatchError, apply, json_merge_patch, json_patch, strategic_merge_patch
 
 SMP = "application/strategic-merge-patch+json"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.sandbox.kube.selectors import (SelectorError, fields_match, from_label_selector_object, labels_match,
+from gpu_bridge_lab.sandbox.kube.selectors import (SelectorError, fields_match, from_label_selector_object, labels_match,
                                            parse_field_selector, parse_label_selector)
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from bridge.sandbox.kube import resources as R
-from bridge.sandbox.kube.api import Api, Request, Settings, parse_target
-from bridge.sandbox.kube.store import ApiError, Store
+from gpu_bridge_lab.sandbox.kube import resources as R
+from gpu_bridge_lab.sandbox.kube.api import Api, Request, Settings, parse_target
+from gpu_bridge_lab.sandbox.kube.store import ApiError, Store
 
 NODES = R.core("nodes")
 CMS = R.core("configmaps")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bridge.sandbox.kube import resources as R
-from bridge.sandbox.kube.serving_model import node_object
-from bridge.sandbox.kube.tables import human_duration, table, wants_table
+from gpu_bridge_lab.sandbox.kube import resources as R
+from gpu_bridge_lab.sandbox.kube.serving_model import node_object
+from gpu_bridge_lab.sandbox.kube.tables import human_duration, table, wants_table
 
 KUBECTL_ACCEPT = ("application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;"
                   "g=meta.k8s.io,application/json")

@@ -22,7 +22,7 @@ FORBIDDEN_CALLS = {
 
 
 def python_files() -> list[Path]:
-    files = sorted((ROOT / "bridge").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py"))
+    files = [f for top in ("bridge", "lab", "scripts") for f in sorted((ROOT / top).rglob("*.py"))]
     return [f for f in files if "__pycache__" not in f.parts]
 
 

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from bridge import wellknown
-from bridge.sandbox.cluster import procs
-from bridge.sandbox.cluster.procs import ProcRecord
-from bridge.sandbox.cluster.prometheus import ScrapeTarget, parse_target, render_config
-from bridge.sandbox.cluster.slurm import SlurmLayout, node_names, render_gres_conf, render_slurm_conf
+from gpu_bridge_lab.sandbox.cluster import procs
+from gpu_bridge_lab.sandbox.cluster.procs import ProcRecord
+from gpu_bridge_lab.sandbox.cluster.prometheus import ScrapeTarget, parse_target, render_config
+from gpu_bridge_lab.sandbox.cluster.slurm import SlurmLayout, node_names, render_gres_conf, render_slurm_conf
 
 
 def layout(**kw: object) -> SlurmLayout:
@@ -197,7 +197,7 @@ def test_sweep_spares_a_user_reading_the_logs_and_a_shell_with_the_env(tmp_path:
 
 
 def test_slurm_version_and_cgroup_conf() -> None:
-    from bridge.sandbox.cluster.slurm import installed_version, parse_version, render_cgroup_conf
+    from gpu_bridge_lab.sandbox.cluster.slurm import installed_version, parse_version, render_cgroup_conf
 
     assert parse_version("slurm-wlm 22.05.8") == (22, 5)
     assert parse_version("slurm 24.11.5") == (24, 11)

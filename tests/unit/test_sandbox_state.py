@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from bridge.errors import SandboxError
-from bridge.sandbox.cluster import Sandbox
-from bridge.sandbox.cluster import procs
-from bridge.sandbox.cluster.procs import ProcRecord
-from bridge.sandbox.cluster.sandbox import MungeComponent, PrometheusComponent, SlurmComponent
+from gpu_bridge_lab.sandbox.cluster import Sandbox
+from gpu_bridge_lab.sandbox.cluster import procs
+from gpu_bridge_lab.sandbox.cluster.procs import ProcRecord
+from gpu_bridge_lab.sandbox.cluster.sandbox import MungeComponent, PrometheusComponent, SlurmComponent
 
 
 def fake_sandbox(d: Path, pid: int, ticks: int) -> Sandbox:

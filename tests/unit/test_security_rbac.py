@@ -22,8 +22,8 @@ from bridge import wellknown as wk
 from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config
 from bridge.leader import LeaderElector
 from bridge.model import Phase
-from bridge.sandbox.kube import KubeServer, ServingModel, seed_serving, wait_serving_ready
-from bridge.sandbox.kube import resources as R
+from gpu_bridge_lab.sandbox.kube import KubeServer, ServingModel, seed_serving, wait_serving_ready
+from gpu_bridge_lab.sandbox.kube import resources as R
 
 ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"

@@ -21,10 +21,10 @@ from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config
 from bridge.errors import AdapterError
 from bridge.leader import LeaderElector
 from bridge.model import Phase
-from bridge.sandbox.kube import KubeServer, ServingModel, seed_serving, wait_serving_ready
-from bridge.sandbox.kube import resources as R
-from bridge.sandbox.kube.api import Response
-from bridge.sandbox.kube.store import ApiError
+from gpu_bridge_lab.sandbox.kube import KubeServer, ServingModel, seed_serving, wait_serving_ready
+from gpu_bridge_lab.sandbox.kube import resources as R
+from gpu_bridge_lab.sandbox.kube.api import Response
+from gpu_bridge_lab.sandbox.kube.store import ApiError
 
 TOKEN = "gb-tok.Zx9Qm2LrT7vK4pW8sN1c_secret-value"
 WRONG = "gb-wrong.Aa1Bb2Cc3Dd4Ee5Ff6_other-secret"

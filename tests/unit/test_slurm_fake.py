@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.adapters.slurm import NotOursError, SlurmAdapterProtocol, SlurmReader, SlurmWriter
-from bridge.adapters.slurm.fake import FakeSlurm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.errors import AdapterError
 
 

@@ -7,8 +7,8 @@ import statistics
 import numpy as np
 import pytest
 
-from bridge.sandbox.vllm.arrivals import ArrivalProcess, sample_sizes
-from bridge.sandbox.vllm.model import ReplicaParams
+from gpu_bridge_lab.sandbox.vllm.arrivals import ArrivalProcess, sample_sizes
+from gpu_bridge_lab.sandbox.vllm.model import ReplicaParams
 
 
 def counts(cv: float, rate: float = 100.0, windows: int = 2000, seed: int = 3) -> list[int]:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from bridge.sandbox.vllm.follow_kube import MODEL_LABEL, Action, PodTracker, PodView, plan, pod_view
-from bridge.sandbox.vllm.model import DRAINING, SERVING
-from bridge.sandbox.vllm.sim import Simulation
+from gpu_bridge_lab.sandbox.vllm.follow_kube import MODEL_LABEL, Action, PodTracker, PodView, plan, pod_view
+from gpu_bridge_lab.sandbox.vllm.model import DRAINING, SERVING
+from gpu_bridge_lab.sandbox.vllm.sim import Simulation
 from bridge.trace import Trace
 
 FLAT = Trace((0.0, 600.0), (20.0, 20.0), (1.0, 1.0), 600.0, "flat")

@@ -14,9 +14,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from bridge.sandbox.vllm.follow_kube import KubeFollower, PodTracker
-from bridge.sandbox.vllm.model import DRAINING, SERVING
-from bridge.sandbox.vllm.sim import Simulation
+from gpu_bridge_lab.sandbox.vllm.follow_kube import KubeFollower, PodTracker
+from gpu_bridge_lab.sandbox.vllm.model import DRAINING, SERVING
+from gpu_bridge_lab.sandbox.vllm.sim import Simulation
 from bridge.trace import Trace
 
 FLAT = Trace((0.0, 600.0), (5.0, 5.0), (1.0, 1.0), 600.0, "flat")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.sandbox.vllm.metrics import LABELS, V0_FAMILIES, V1_FAMILIES, make_registry
-from bridge.sandbox.vllm.model import REQUEST_LATENCY_BUCKETS_S, TTFT_BUCKETS_S
-from bridge.sandbox.vllm.sim import Simulation
+from gpu_bridge_lab.sandbox.vllm.metrics import LABELS, V0_FAMILIES, V1_FAMILIES, make_registry
+from gpu_bridge_lab.sandbox.vllm.model import REQUEST_LATENCY_BUCKETS_S, TTFT_BUCKETS_S
+from gpu_bridge_lab.sandbox.vllm.sim import Simulation
 from bridge.trace import Trace
 
 FLAT = Trace((0.0, 600.0), (20.0, 20.0), (1.0, 1.0), 600.0, "flat")

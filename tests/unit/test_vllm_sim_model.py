@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from bridge.sandbox.vllm.model import (
+from gpu_bridge_lab.sandbox.vllm.model import (
     DRAINING,
     REQUEST_LATENCY_BUCKETS_S,
     SERVING,
@@ -17,7 +17,7 @@ from bridge.sandbox.vllm.model import (
     ReplicaParams,
     Request,
 )
-from bridge.sandbox.vllm.sim import SimError, Simulation
+from gpu_bridge_lab.sandbox.vllm.sim import SimError, Simulation
 from bridge.trace import Trace
 
 FLAT = Trace((0.0, 600.0), (10.0, 10.0), (1.0, 1.0), 600.0, "flat")

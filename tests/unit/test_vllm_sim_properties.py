@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bridge.sandbox.vllm.model import Replica, ReplicaParams
-from bridge.sandbox.vllm.sim import Simulation
+from gpu_bridge_lab.sandbox.vllm.model import Replica, ReplicaParams
+from gpu_bridge_lab.sandbox.vllm.sim import Simulation
 from bridge.trace import Trace
 
 FLAT = Trace((0.0, 600.0), (10.0, 30.0), (2.0, 4.0), 600.0, "flat")

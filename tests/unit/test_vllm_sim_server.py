@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.sandbox.vllm.server import SimServer
-from bridge.sandbox.vllm.sim import Simulation
+from gpu_bridge_lab.sandbox.vllm.server import SimServer
+from gpu_bridge_lab.sandbox.vllm.sim import Simulation
 from bridge.trace import Trace
 
 FLAT = Trace((0.0, 600.0), (5.0, 5.0), (1.0, 1.0), 600.0, "flat")

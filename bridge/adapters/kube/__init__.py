@@ -1,7 +1,7 @@
 """Kubernetes adapter: watch-cache reads and intent-level writes over the official client.
 
 ``KubeReader``/``KubeWriter`` are the contract; ``KubeAdapter`` the real implementation;
-``bridge.adapters.fakes.FakeKube`` an in-memory one that enforces the same rules.
+``gpu_bridge_lab.fakes.kube.FakeKube`` an in-memory one that enforces the same rules.
 """
 
 from .calls import ApiCalls, KubeApiError, KubeConflictError

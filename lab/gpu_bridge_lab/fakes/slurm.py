@@ -1,0 +1,276 @@
+"""An in-memory Slurm implementing SlurmReader + SlurmWriter with the real one's rules, for
+the daemon's tests (no MagicMock of our own code): drains carry reasons and only ours are
+lifted; a hold job cannot start on a drained node or while research jobs run there; a hold
+preempts research jobs with GraceTime, after which they are requeued (pending, restart+1);
+lookups can be made to fail. Time is driven by the caller (``now``/``advance``).
+
+Behaviour mirrored from the sandbox (Slurm 22.05): preemption is decided at once; the victim is
+requeued when the grace is over and slurmctld notices (``requeue_lag_s``, up to 30 s there;
+0 by default), or at once by ``requeue``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from bridge import wellknown
+from bridge.errors import AdapterError
+from bridge.names import validate_job_id, validate_node_name
+
+from bridge.adapters.slurm.cli import NotOursError, drain_reason, hold_job_name
+from bridge.adapters.slurm.types import SlurmJobInfo, SlurmNode
+
+
+@dataclass
+class _Node:
+    name: str
+    gpus: int = 4
+    drained: bool = False
+    down: bool = False
+    responding: bool = True
+    reason: str = ""
+    reason_user: str = ""
+
+
+@dataclass
+class _Job:
+    job_id: str
+    name: str
+    user: str
+    partition: str
+    state: str  # pending | running
+    node: str | None  # pinned node (-w) or None
+    nodes: tuple[str, ...] = ()
+    start_time: float | None = None
+    preempt_time: float | None = None
+    end_time: float | None = None
+    restart_count: int = 0
+    requeueable: bool = True
+    comment: str = ""
+    gpus: int = 4
+
+
+@dataclass
+class FakeSlurm:
+    grace_s: float = 10.0
+    now: float = 1_000_000.0
+    requeue_lag_s: float = 0.0
+    bridge_user: str = "root"
+    _nodes: dict[str, _Node] = field(default_factory=dict)
+    _jobs: dict[str, _Job] = field(default_factory=dict)
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))  # type: ignore[type-arg]
+    fail: dict[str, AdapterError] = field(default_factory=dict)  # method name -> error raised (until removed)
+    writes: list[tuple[str, str]] = field(default_factory=list)  # (intent, node or job) actually written
+
+    # ---- set-up helpers (the test's "outside world") -----------------------------------
+    def add_node(self, name: str, gpus: int = 4) -> None:
+        self._nodes[validate_node_name(name)] = _Node(name, gpus)
+
+    def add_job(self, node: str | None = None, *, name: str = "research", user: str = "alice",
+                requeueable: bool = True, comment: str = "") -> str:
+        """A research job in the preempt partition, started at once on ``node`` if given and free."""
+        jid = str(next(self._ids))
+        self._jobs[jid] = _Job(jid, name, user, wellknown.SLURM_PREEMPT_PARTITION, "pending", node,
+                               requeueable=requeueable, comment=comment)
+        self._schedule()
+        return jid
+
+    def admin_drain(self, node: str, reason: str, user: str = "admin") -> None:
+        n = self._nodes[node]
+        n.drained, n.reason, n.reason_user = True, reason, user
+
+    def set_responding(self, node: str, responding: bool) -> None:
+        """A dead slurmd: its running jobs are requeued, as slurmctld does for a DOWN node."""
+        n = self._nodes[node]
+        n.responding = responding
+        if not responding:
+            n.reason = n.reason if n.drained else "Not responding"
+            for j in self._running_on(node):
+                self._requeue(j)
+        elif not n.drained:
+            n.reason = ""
+        self._schedule()
+
+    def finish(self, job_id: str) -> None:
+        self._jobs.pop(job_id)
+        self._schedule()
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self._tick()
+
+    # ---- internals ---------------------------------------------------------------------
+    def _check(self, method: str) -> None:
+        if method in self.fail:
+            raise self.fail[method]
+
+    def _running_on(self, node: str) -> list[_Job]:
+        return [j for j in self._jobs.values() if j.state == "running" and node in j.nodes]
+
+    def _is_hold(self, j: _Job) -> bool:
+        return j.partition == wellknown.SLURM_HOLD_PARTITION and j.name.startswith(wellknown.SLURM_HOLD_JOB_PREFIX)
+
+    def _requeue(self, j: _Job) -> None:
+        j.state, j.nodes, j.start_time, j.preempt_time, j.end_time = "pending", (), None, None, None
+        j.restart_count += 1
+
+    def _tick(self) -> None:
+        for j in list(self._jobs.values()):
+            if j.state == "running" and j.end_time is not None and self.now >= j.end_time + self.requeue_lag_s:
+                self._requeue(j)
+        self._schedule()
+
+    def _usable(self, n: _Node) -> bool:
+        return not n.drained and not n.down and n.responding
+
+    def _schedule(self) -> None:
+        # holds first (higher PriorityTier): preempt research jobs on their node
+        for h in [j for j in self._jobs.values() if self._is_hold(j) and j.state == "pending"]:
+            n = self._nodes[h.node or ""]
+            if not self._usable(n):
+                continue  # ReqNodeNotAvail
+            busy = self._running_on(n.name)
+            if busy:
+                for v in busy:
+                    if v.preempt_time is None:
+                        v.preempt_time, v.end_time = self.now, self.now + self.grace_s
+                continue
+            h.state, h.nodes, h.start_time = "running", (n.name,), self.now
+        for j in sorted((j for j in self._jobs.values() if not self._is_hold(j) and j.state == "pending"),
+                        key=lambda j: int(j.job_id)):
+            cands = [j.node] if j.node else sorted(self._nodes)
+            for c in cands:
+                n = self._nodes[c]
+                held = any(self._is_hold(h) and h.node == c for h in self._jobs.values())
+                if self._usable(n) and not self._running_on(c) and not held:
+                    j.state, j.nodes, j.start_time = "running", (c,), self.now
+                    break
+
+    def _info(self, j: _Job) -> SlurmJobInfo:
+        from bridge.adapters.slurm.parse import checkpoint_time, signal_save_s
+
+        return SlurmJobInfo(
+            job_id=j.job_id, name=j.name, user=j.user, partition=j.partition, state=j.state, nodes=j.nodes,
+            start_time=j.start_time, checkpoint_time=checkpoint_time(j.comment), signal_save_s=signal_save_s(j.comment),
+            requeueable=j.requeueable,
+            gpus_per_node=j.gpus, restart_count=j.restart_count, preempt_time=j.preempt_time, end_time=j.end_time,
+            batch_host=j.nodes[0] if j.nodes else "",
+        )
+
+    def _node_info(self, n: _Node) -> SlurmNode:
+        busy = self._running_on(n.name)
+        state = "down" if (n.down or not n.responding) else ("allocated" if busy else "idle")
+        flags = set()
+        if n.drained:
+            flags.add("DRAIN")
+        if not n.responding:
+            flags.add("NOT_RESPONDING")
+        return SlurmNode(name=n.name, state=state, flags=frozenset(flags), reason=n.reason, gpus=n.gpus,
+                         gpus_used=n.gpus if busy else 0,
+                         partitions=(wellknown.SLURM_PREEMPT_PARTITION, wellknown.SLURM_HOLD_PARTITION),
+                         reason_user=n.reason_user)
+
+    # ---- SlurmReader -------------------------------------------------------------------
+    def ping(self) -> None:
+        self._check("ping")
+
+    def nodes(self, names: Iterable[str] | None = None) -> tuple[SlurmNode, ...]:
+        self._check("nodes")
+        wanted = sorted(self._nodes) if names is None else sorted({validate_node_name(n) for n in names})
+        missing = [n for n in wanted if n not in self._nodes]
+        if missing:
+            raise AdapterError("slurm", f"sinfo --json: unknown node(s) {', '.join(missing)}")
+        return tuple(self._node_info(self._nodes[n]) for n in wanted)
+
+    def node(self, name: str) -> SlurmNode:
+        return self.nodes([name])[0]
+
+    def jobs(self, *, partition: str | None = None, node: str | None = None,
+             states: Iterable[str] | None = None) -> tuple[SlurmJobInfo, ...]:
+        self._check("jobs")
+        if node is not None:
+            validate_node_name(node)
+        want = None if states is None else {s.lower() for s in states}
+        out = [self._info(j) for j in sorted(self._jobs.values(), key=lambda j: int(j.job_id))]
+        return tuple(j for j in out if (partition is None or j.partition == partition)
+                     and (node is None or node in j.nodes) and (want is None or j.state in want))
+
+    def holds(self) -> dict[str, SlurmJobInfo]:
+        out: dict[str, SlurmJobInfo] = {}
+        for j in self.jobs(partition=wellknown.SLURM_HOLD_PARTITION):
+            if j.is_hold and j.hold_node and j.hold_node not in out:
+                out[j.hold_node] = j
+        return out
+
+    # ---- SlurmWriter -------------------------------------------------------------------
+    def drain(self, node: str, reason: str) -> bool:
+        self._check("drain")
+        cur = self.node(node)
+        text = drain_reason(reason)
+        if cur.drained and (cur.reason == text or not cur.reason_ours):
+            return False
+        if not cur.drained and cur.state == "down" and cur.responding and cur.reason and not cur.reason_ours:
+            return False
+        n = self._nodes[node]
+        n.drained, n.reason, n.reason_user = True, text, self.bridge_user
+        self.writes.append(("drain", node))
+        return True
+
+    def resume(self, node: str) -> bool:
+        self._check("resume")
+        cur = self.node(node)
+        if not cur.drained:
+            return False
+        if not cur.reason_ours:
+            raise NotOursError("slurm", f"resume {node}: drained by someone else ({cur.reason!r}): refusing")
+        n = self._nodes[node]
+        n.drained, n.reason, n.reason_user = False, "", ""
+        self.writes.append(("resume", node))
+        self._schedule()
+        return True
+
+    def submit_hold(self, node: str) -> str:
+        self._check("submit_hold")
+        name = hold_job_name(node)
+        if node not in self._nodes:
+            raise AdapterError("slurm", f"sbatch failed (rc 1): invalid node name specified {node}")
+        existing = self.holds().get(node)
+        if existing is not None:
+            return existing.job_id
+        jid = str(next(self._ids))
+        self._jobs[jid] = _Job(jid, name, self.bridge_user, wellknown.SLURM_HOLD_PARTITION, "pending", node, gpus=0)
+        self.writes.append(("submit_hold", node))
+        self._schedule()
+        return jid
+
+    def cancel_hold(self, node: str) -> tuple[str, ...]:
+        self._check("cancel_hold")
+        name = hold_job_name(node)
+        ids = tuple(j.job_id for j in self._jobs.values() if self._is_hold(j) and j.name == name)
+        for jid in ids:
+            del self._jobs[jid]
+        if ids:
+            self.writes.append(("cancel_hold", node))
+        self._schedule()
+        return ids
+
+    def requeue(self, job_id: str) -> bool:
+        self._check("requeue")
+        jid = validate_job_id(job_id)
+        j = self._jobs.get(jid)
+        if j is not None and self._is_hold(j):
+            raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
+        if j is None or j.state != "running":
+            return False
+        if not j.requeueable:
+            raise AdapterError("slurm", "scontrol requeue failed (rc 1): Requested operation is presently disabled")
+        self._requeue(j)
+        self.writes.append(("requeue", jid))
+        self._schedule()
+        return True
+
+    def snapshot(self) -> dict[str, SlurmJobInfo]:
+        """Every job by id (tests)."""
+        return {j.job_id: replace(self._info(j)) for j in self._jobs.values()}

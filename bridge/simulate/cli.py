@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 import sys
 from typing import Any
@@ -161,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError([f"--fixed-floor: must be 0..{args.nodes} (--nodes), got {args.fixed_floor}"])
         if args.days is not None and not args.days > 0:
             raise ConfigError([f"--days: must be > 0, got {args.days:g}"])
+        if args.plot and importlib.util.find_spec("matplotlib") is None:
+            raise ConfigError(["--plot: needs matplotlib, the [plot] extra: pip install 'gpu-bridge[plot]'"])
         if args.max_cv is not None and not (args.max_cv > 0 and math.isfinite(args.max_cv)):
             raise ConfigError([f"--max-cv: must be > 0, got {args.max_cv:g}"])
         trace = load_trace(args.trace)

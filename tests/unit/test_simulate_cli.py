@@ -158,3 +158,12 @@ def test_the_replica_capacity_is_a_unit_not_a_change_of_burstiness() -> None:
     b = build_workload(t, peak_replicas=20, replica_rps=40.0, seed=1, days=2)
     np.testing.assert_allclose(a.load, b.load, rtol=1e-12)
     assert b.scale == pytest.approx(10 * a.scale)
+
+
+def test_plot_without_matplotlib_says_which_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["simulate", "--days", "0.1", "--policy", "reactive", "--plot", str(tmp_path / "p.png")]) == 2
+    assert "--plot: needs matplotlib, the [plot] extra: pip install 'gpu-bridge[plot]'" in capsys.readouterr().err

@@ -417,6 +417,11 @@ class PromAdapter:
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
 
+    def request_history(self, pool: PromPool, *, start: float, end: float, step_s: float = 60.0) -> RequestHistory:
+        """The pool's request history (completions, requests in the system, KV usage, e2e
+        latency) from ``start`` to ``end`` at ``step_s``; see ``build_request_query``."""
+        return request_history(self, pool, start=start, end=end, step_s=step_s)
+
     def _run(self, kind: Literal["query", "query_range"], pool: PromPool, fn: Any) -> Any:
         with self._lock:
             self._queries[kind] += 1
@@ -436,3 +441,121 @@ class PromAdapter:
     def _fail(self, kind: str) -> None:
         with self._lock:
             self._failures[kind] += 1
+
+
+# --- request history (``gpu-bridge simulate --prometheus``) ------------------------------------
+
+SUCCESS = "vllm:request_success_total"
+E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
+E2E_COUNT = "vllm:e2e_request_latency_seconds_count"
+# Prometheus refuses a range query of more than 11,000 points per series.
+MAX_RANGE_POINTS = 10_000
+REQUEST_SIGNALS = ("completed", "running", "waiting", "kv", "e2e_sum", "e2e_count")
+
+
+def build_request_query(pool: PromPool, *, step_s: float) -> str:
+    """One range query of a pool's request history, each term tagged with ``bridge_q``:
+
+    - ``completed``: requests finished in (t - step, t], every ``finished_reason`` together,
+      per replica (``increase`` handles counter restarts);
+    - ``running``, ``waiting``: the gauges at t (requests in the system);
+    - ``kv``: KV-cache usage at t, V1 name and V0 name (a replica exports one of them);
+    - ``e2e_sum`` / ``e2e_count``: increase of the end-to-end latency histogram's sum and count.
+    """
+    sel = selector(pool)
+    w = _window(step_s)
+    terms = [
+        _tag(f"sum without (finished_reason) (increase({SUCCESS}{{{sel}}}[{w}]))", "completed"),
+        _tag(f"{RUNNING}{{{sel}}}", "running"),
+        _tag(f"{WAITING}{{{sel}}}", "waiting"),
+        _tag(f"{KV_V1}{{{sel}}}", "kv"),
+        _tag(f"{KV_V0}{{{sel}}}", "kv0"),
+        _tag(f"increase({E2E_SUM}{{{sel}}}[{w}])", "e2e_sum"),
+        _tag(f"increase({E2E_COUNT}{{{sel}}}[{w}])", "e2e_count"),
+    ]
+    return "\n  or ".join(terms)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHistory:
+    """A pool's request history at a fixed step, per replica (pure data).
+
+    ``series[signal][replica][i]`` is the value at ``start + i * step_s`` (signals in
+    ``REQUEST_SIGNALS``; ``kv`` holds the V1 name, or V0 where a replica has no V1 series).
+    A step missing from a replica's mapping had no sample: missing, never zero."""
+
+    pool: str
+    start: float
+    step_s: float
+    steps: int
+    series: Mapping[str, Mapping[str, Mapping[int, float]]]
+    ignored: tuple[str, ...] = ()
+
+    def t(self, i: int) -> float:
+        return self.start + i * self.step_s
+
+
+def parse_request_range(
+    results: Iterable[Sequence[Mapping[str, Any]]], *, pool: PromPool, start: float, step_s: float, steps: int
+) -> RequestHistory:
+    """Range-query results (matrices, one per chunk) -> RequestHistory (pure). Values that
+    are NaN, infinite or negative are dropped (missing); series of another model are ignored."""
+    out: dict[str, dict[str, dict[int, float]]] = {s: {} for s in REQUEST_SIGNALS}
+    kv0: dict[str, dict[int, float]] = {}
+    ignored: set[str] = set()
+    for result in results:
+        for item in result:
+            metric = item.get("metric") or {}
+            tag = metric.get(TAG, "")
+            key = _pod_key(_replica_key(metric))
+            if metric.get("model_name") != pool.model:
+                ignored.add(f"{tag} {_describe(key)}: model_name is not {pool.model!r}")
+                continue
+            if tag not in REQUEST_SIGNALS and tag != "kv0":
+                continue
+            dest = (kv0 if tag == "kv0" else out[tag]).setdefault(_describe(key), {})
+            for ts, raw in item.get("values") or ():
+                i = round((float(ts) - start) / step_s)
+                v = _float(raw)
+                if 0 <= i < steps and _bad(v) is None:
+                    # engines of one replica (data parallelism): counts add up; KV usage is a
+                    # fraction per engine, the fullest engine's is kept
+                    dest[i] = max(dest.get(i, 0.0), v) if tag in ("kv", "kv0") else dest.get(i, 0.0) + v
+    for rep, vals in kv0.items():
+        out["kv"].setdefault(rep, vals)
+    return RequestHistory(pool.name, start, step_s, steps, out, tuple(sorted(ignored)))
+
+
+def request_history(
+    adapter: PromAdapter, pool: PromPool, *, start: float, end: float, step_s: float = 60.0
+) -> RequestHistory:
+    """The pool's request history from ``start`` to ``end`` (unix s, aligned to ``step_s``),
+    in range queries of at most ``MAX_RANGE_POINTS`` steps. A failed query raises AdapterError."""
+    if not (step_s > 0 and end > start):
+        raise ValueError(f"request_history: need step_s > 0 and end > start, got start={start} end={end} step_s={step_s}")
+    start = math.floor(start / step_s) * step_s
+    steps = int(math.floor((end - start) / step_s + 1e-9)) + 1
+    query = build_request_query(pool, step_s=step_s)
+    results = []
+    i = 0
+    while i < steps:
+        n = min(MAX_RANGE_POINTS, steps - i)
+        a, b = start + i * step_s, start + (i + n - 1) * step_s
+        results.append(
+            adapter._run(
+                "query_range",
+                pool,
+                lambda a=a, b=b: adapter._client.custom_query_range(
+                    query,
+                    start_time=datetime.fromtimestamp(a, UTC),
+                    end_time=datetime.fromtimestamp(b, UTC),
+                    step=f"{step_s:g}",
+                    timeout=adapter.timeout_s,
+                ),
+            )
+        )
+        i += n
+    try:
+        return parse_request_range(results, pool=pool, start=start, step_s=step_s, steps=steps)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None

@@ -163,7 +163,7 @@ def _minutes(h: RequestHistory) -> tuple[np.ndarray, np.ndarray, np.ndarray, lis
     for i in range(n):
         if not any_data[i]:
             ok[i] = False
-            why[i] = "no series"
+            why[i] = why[i] or "no series"
     return comp, insys, ok, why, seen
 
 

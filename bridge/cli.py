@@ -17,6 +17,7 @@ from bridge import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "bridge.sandbox.cli",
     "bridge.simulate.cli",
+    "bridge.forecast_cli",
     "bridge.config_cli",
     "bridge.daemon_cli",
     "bridge.demo.cli",

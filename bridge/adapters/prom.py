@@ -417,6 +417,17 @@ class PromAdapter:
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
 
+    def pool_nodes(self, pool: PromPool) -> int | None:
+        """Nodes of the pool as the daemon last exported them (``gpu_bridge_nodes``, summed
+        over phases; the largest instance), or None when Prometheus does not have it."""
+        q = f'max(sum by (instance) (gpu_bridge_nodes{{pool="{_escape(pool.name)}"}}))'
+        result = self._run("query", pool, lambda: self._client.custom_query(q, params={}, timeout=self.timeout_s))
+        try:
+            v = float(result[0]["value"][1]) if result else math.nan
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
+        return int(v) if math.isfinite(v) and v >= 1 else None
+
     def request_history(self, pool: PromPool, *, start: float, end: float, step_s: float = 60.0) -> RequestHistory:
         """The pool's request history (completions, requests in the system, KV usage, e2e
         latency) from ``start`` to ``end`` at ``step_s``; see ``build_request_query``."""
@@ -454,24 +465,32 @@ REQUEST_SIGNALS = ("completed", "running", "waiting", "kv", "e2e_sum", "e2e_coun
 
 
 def build_request_query(pool: PromPool, *, step_s: float) -> str:
-    """One range query of a pool's request history, each term tagged with ``bridge_q``:
+    """One range query of a pool's request history, each term tagged with ``bridge_q``, every
+    one the last sample of the step (``last_over_time(...[step])``: a series not scraped
+    during the step is missing there, not its old value for Prometheus' 5-minute lookback):
 
-    - ``completed``: requests finished in (t - step, t], every ``finished_reason`` together,
-      per replica (``increase`` handles counter restarts);
-    - ``running``, ``waiting``: the gauges at t (requests in the system);
-    - ``kv``: KV-cache usage at t, V1 name and V0 name (a replica exports one of them);
-    - ``e2e_sum`` / ``e2e_count``: increase of the end-to-end latency histogram's sum and count.
+    - ``completed``: the request counter of each series (every ``finished_reason``), whose
+      differences from step to step are the completions (``parse_request_range``; a drop is a
+      counter restart, counted from 0 as PromQL's ``increase`` does, but without its
+      extrapolation, so consecutive steps add up exactly);
+    - ``running``, ``waiting``: the gauges (requests in the system);
+    - ``kv``: KV-cache usage, V1 name, and ``kv0`` the V0 name (a replica exports one of them);
+    - ``e2e_sum`` / ``e2e_count``: the end-to-end latency histogram's sum and count counters.
     """
     sel = selector(pool)
     w = _window(step_s)
+
+    def last(metric: str) -> str:
+        return f"last_over_time({metric}{{{sel}}}[{w}])"
+
     terms = [
-        _tag(f"sum without (finished_reason) (increase({SUCCESS}{{{sel}}}[{w}]))", "completed"),
-        _tag(f"{RUNNING}{{{sel}}}", "running"),
-        _tag(f"{WAITING}{{{sel}}}", "waiting"),
-        _tag(f"{KV_V1}{{{sel}}}", "kv"),
-        _tag(f"{KV_V0}{{{sel}}}", "kv0"),
-        _tag(f"increase({E2E_SUM}{{{sel}}}[{w}])", "e2e_sum"),
-        _tag(f"increase({E2E_COUNT}{{{sel}}}[{w}])", "e2e_count"),
+        _tag(last(SUCCESS), "completed"),
+        _tag(last(RUNNING), "running"),
+        _tag(last(WAITING), "waiting"),
+        _tag(last(KV_V1), "kv"),
+        _tag(last(KV_V0), "kv0"),
+        _tag(last(E2E_SUM), "e2e_sum"),
+        _tag(last(E2E_COUNT), "e2e_count"),
     ]
     return "\n  or ".join(terms)
 
@@ -495,32 +514,56 @@ class RequestHistory:
         return self.start + i * self.step_s
 
 
+COUNTERS = ("completed", "e2e_sum", "e2e_count")
+
+
 def parse_request_range(
     results: Iterable[Sequence[Mapping[str, Any]]], *, pool: PromPool, start: float, step_s: float, steps: int
 ) -> RequestHistory:
-    """Range-query results (matrices, one per chunk) -> RequestHistory (pure). Values that
-    are NaN, infinite or negative are dropped (missing); series of another model are ignored."""
+    """Range-query results (matrices, one per chunk) -> RequestHistory (pure).
+
+    Gauges are summed per replica (its engines). Counters are differenced per series first:
+    the increase at step i needs the series' value at i - 1 (else it is missing there); a
+    drop is a restart and counts the new value. Values that are NaN, infinite or negative
+    are dropped (missing); series of another model are ignored."""
     out: dict[str, dict[str, dict[int, float]]] = {s: {} for s in REQUEST_SIGNALS}
     kv0: dict[str, dict[int, float]] = {}
+    raw: dict[tuple[str, str, frozenset[tuple[str, str]]], dict[int, float]] = {}
     ignored: set[str] = set()
     for result in results:
         for item in result:
             metric = item.get("metric") or {}
             tag = metric.get(TAG, "")
-            key = _pod_key(_replica_key(metric))
+            full = _replica_key(metric)
+            key = _pod_key(frozenset((k, v) for k, v in full if k != "finished_reason"))
             if metric.get("model_name") != pool.model:
                 ignored.add(f"{tag} {_describe(key)}: model_name is not {pool.model!r}")
                 continue
             if tag not in REQUEST_SIGNALS and tag != "kv0":
                 continue
-            dest = (kv0 if tag == "kv0" else out[tag]).setdefault(_describe(key), {})
-            for ts, raw in item.get("values") or ():
+            rep = _describe(key)
+            if tag in COUNTERS:
+                dest = raw.setdefault((tag, rep, full), {})
+            else:
+                dest = (kv0 if tag == "kv0" else out[tag]).setdefault(rep, {})
+            for ts, rv in item.get("values") or ():
                 i = round((float(ts) - start) / step_s)
-                v = _float(raw)
-                if 0 <= i < steps and _bad(v) is None:
-                    # engines of one replica (data parallelism): counts add up; KV usage is a
-                    # fraction per engine, the fullest engine's is kept
-                    dest[i] = max(dest.get(i, 0.0), v) if tag in ("kv", "kv0") else dest.get(i, 0.0) + v
+                v = _float(rv)
+                if not (0 <= i < steps and _bad(v) is None):
+                    continue
+                if tag in COUNTERS:
+                    dest[i] = v
+                elif tag in ("kv", "kv0"):  # a fraction per engine: the fullest engine's
+                    dest[i] = max(dest.get(i, 0.0), v)
+                else:  # engines of one replica (data parallelism) add up
+                    dest[i] = dest.get(i, 0.0) + v
+    for (tag, rep, _), vals in raw.items():
+        dest = out[tag].setdefault(rep, {})
+        for i, v in vals.items():
+            prev = vals.get(i - 1)
+            if prev is None:
+                continue
+            dest[i] = dest.get(i, 0.0) + (v - prev if v >= prev else v)
     for rep, vals in kv0.items():
         out["kv"].setdefault(rep, vals)
     return RequestHistory(pool.name, start, step_s, steps, out, tuple(sorted(ignored)))

@@ -314,3 +314,108 @@ def _fit(points: list[tuple[float, float]], now: float) -> tuple[float, float]:
         return 0.0, md
     slope = sum((t - now - mt) * (d - md) for t, d in points) / sxx
     return slope, md - slope * mt
+
+
+# --- the lendable-capacity outlook (``gpu-bridge forecast``, gpu_bridge_pool_*_forecast) -----
+
+HOUR_S = 3600.0
+OUTLOOK_STEP_S = 300.0  # resolution of the history the outlook reads (max per step keeps peaks)
+
+
+@dataclass(frozen=True, slots=True)
+class HourOutlook:
+    """One hour ahead: what serving may need then and what that leaves to lend.
+    ``None`` = the history says nothing about that hour (too young a pool)."""
+
+    start: float  # unix s
+    demand: float | None  # replicas: the forecast peak of the hour
+    serving_nodes: int | None  # nodes serving keeps, with the policy's margin and floors
+    lendable_nodes: int | None
+    basis: str  # what the demand came from: "now" (the policy's forecast), "1d", "7d"
+
+
+def outlook_span_s(config: Config, hours: int) -> float:
+    """How far back the outlook reads: the longest seasonal lag plus its compare window (the
+    hours ahead of ``now - lag`` lie inside it as long as ``hours`` <= the lag)."""
+    f = config.policy.forecast
+    lags = f.seasonal_lags_s if f.enabled else ()
+    return max((lag + f.compare_window_s for lag in lags), default=0.0) + max(recent_span_s(config), lend_span_s(config), f.burst_history_s)
+
+
+def lendable_outlook(
+    history: Sequence[LoadSignals],
+    now: float,
+    *,
+    config: Config,
+    pool: PoolConfig,
+    nodes: int,
+    hours: int = 24,
+) -> tuple[HourOutlook, ...]:
+    """Per clock hour ahead (hour 0 holds ``now``), the serving demand the policy's forecast
+    expects and the nodes left to lend (pure; read-only callers: ``gpu-bridge forecast`` and
+    the daemon's metric).
+
+    Hour 0 is the policy's own forecast now (``forecast(...).lend_peak``: recent peak x burst
+    factor, trend, seasonal). Each hour h is the seasonal part of the same forecast stretched
+    over the hours: for each lag L (1 d, 7 d) the peak of [now + h - L, now + h + 1 h - L],
+    times how today compares with then (the policy's clamped ratio); the highest lag wins.
+    Serving nodes = the policy's margin on that demand (``nodes_for`` with the pool's headroom)
+    and floors (``min_serving``, calendar rules over the hour); lendable = the rest of
+    ``nodes``, at most ``max_lent``. The margin is applied here and only here, so a
+    calibrated margin replaces it in one place."""
+    from bridge.policy import calendar
+    from bridge.policy.demand import nodes_for
+
+    if hours < 1:
+        raise ValueError(f"hours: must be >= 1, got {hours}")
+    f = config.policy.forecast
+    series = _Series(history, None, pool.target)
+    now_fc = forecast(history, None, now, config=config, pool=pool)
+    now_vals = _vals(series.window(now - f.compare_window_s, now))
+    now_mean = sum(now_vals) / len(now_vals) if now_vals else None
+    ratios: dict[float, float] = {}
+    if f.enabled and now_mean is not None:
+        for lag in f.seasonal_lags_s:
+            then = _vals(series.window(now - lag - f.compare_window_s, now - lag))
+            if len(then) >= 2:
+                then_mean = sum(then) / len(then)
+                ratios[lag] = min(max((now_mean + 1.0) / (then_mean + 1.0), f.ratio_min), f.ratio_max)
+    out: list[HourOutlook] = []
+    base = math.floor(now / HOUR_S) * HOUR_S  # clock hours; hour 0 holds now
+    for k in range(hours):
+        lo, hi = base + k * HOUR_S, base + (k + 1) * HOUR_S
+        demand: float | None = None
+        basis = ""
+        if k == 0 and now_fc.lend_peak is not None:
+            demand, basis = now_fc.lend_peak, "now"
+        for lag, ratio in ratios.items():
+            if hi - lag > now:  # that part of the profile is in the future itself
+                continue
+            vals = _vals(series.window(lo - lag, hi - lag))
+            if vals:
+                v = max(vals) * ratio
+                if demand is None or v > demand:
+                    demand, basis = v, f"{lag / 86400:g}d"
+        if demand is None:
+            out.append(HourOutlook(lo, None, None, None, ""))
+            continue
+        need = nodes_for(demand, headroom=pool.headroom, headroom_replicas=pool.headroom_replicas, replicas_per_node=pool.replicas_per_node)
+        cal, _ = calendar.floor(config.policy.calendar, pool.name, lo, hi)
+        serving = min(nodes, max(need, pool.min_serving, cal))
+        lendable = nodes - serving
+        if pool.max_lent is not None:
+            lendable = min(lendable, pool.max_lent)
+        out.append(HourOutlook(lo, demand, serving, max(0, lendable), basis))
+    return tuple(out)
+
+
+def first_free_window(outlook: Sequence[HourOutlook], nodes: int, hours: float) -> HourOutlook | None:
+    """The first hour from which ``nodes`` are expected lendable for ``hours`` hours in a row
+    (every hour of it known), or None within the outlook."""
+    need = max(1, math.ceil(hours - 1e-9))
+    run = 0
+    for i, h in enumerate(outlook):
+        run = run + 1 if h.lendable_nodes is not None and h.lendable_nodes >= nodes else 0
+        if run >= need:
+            return outlook[i - need + 1]
+    return None

@@ -4,11 +4,14 @@
 sample per minute and replica) and this module turns it into a ``Workload``:
 
 - **arrivals.** vLLM has no arrivals counter. Requests that arrived in a minute = requests
-  that finished in it (``increase(vllm:request_success_total[1m])``, every finished_reason,
-  aborts included) + the change of requests in the system (``vllm:num_requests_running`` +
-  ``_waiting`` at the minute's end minus at its start). A minute below 0 (scrape jitter at
-  near-zero load) counts as 0.
-- **counter restarts** are handled by PromQL's ``increase`` (a drop restarts the count).
+  that finished in it (the change of ``vllm:request_success_total``, every finished_reason,
+  aborts included, between the last samples of consecutive minutes) + the change of requests
+  in the system (``vllm:num_requests_running`` + ``_waiting``, last samples likewise). Both
+  are differences of the same sample instants, so minutes add up exactly to windows (no
+  ``increase()`` extrapolation). A minute below 0 (a restart losing its in-flight requests)
+  counts as 0.
+- **counter restarts**: a counter that drops restarted; its new value is the increase (the
+  rule of PromQL's ``increase``).
 - **missing pods.** A replica is expected from its first to its last sample in the range
   (a pod that starts or is deleted simply begins or ends). A minute inside that life in which
   it has no completion count or no gauges lost its requests: the minute is *unusable*, never

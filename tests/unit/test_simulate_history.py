@@ -150,15 +150,19 @@ def test_cv_is_the_index_of_dispersion_and_export_reads_back(tmp_path: Path) -> 
 def test_parse_request_range_sums_engines_keeps_v0_kv_and_drops_other_models() -> None:
     pool = PromPool("llama", "llama")
     res = [
-        {"metric": {"bridge_q": "completed", "model_name": "llama", "pod": "a", "engine": "0"}, "values": [[T0, "5"], [T0 + 60, "7"]]},
-        {"metric": {"bridge_q": "completed", "model_name": "llama", "pod": "a", "engine": "1"}, "values": [[T0, "1"]]},
+        {"metric": {"bridge_q": "completed", "model_name": "llama", "pod": "a", "engine": "0", "finished_reason": "stop"},
+         "values": [[T0, "5"], [T0 + 60, "7"], [T0 + 120, "3"]]},  # restarted between 1 and 2
+        {"metric": {"bridge_q": "completed", "model_name": "llama", "pod": "a", "engine": "1", "finished_reason": "stop"},
+         "values": [[T0, "1"], [T0 + 60, "4"]]},
+        {"metric": {"bridge_q": "completed", "model_name": "llama", "pod": "a", "engine": "1", "finished_reason": "length"},
+         "values": [[T0 + 60, "9"]]},  # first sample: no increase
         {"metric": {"bridge_q": "kv0", "model_name": "llama", "pod": "a"}, "values": [[T0, "0.5"]]},
         {"metric": {"bridge_q": "running", "model_name": "other", "pod": "b"}, "values": [[T0, "3"]]},
         {"metric": {"bridge_q": "running", "model_name": "llama", "pod": "a"}, "values": [[T0, "NaN"], [T0 + 60, "-1"]]},
     ]
-    h = parse_request_range([res], pool=pool, start=T0, step_s=60.0, steps=2)
+    h = parse_request_range([res[:2], res[2:]], pool=pool, start=T0, step_s=60.0, steps=3)  # two chunks
     rep = '{model_name="llama",pod="a"}'
-    assert h.series["completed"][rep] == {0: 6.0, 1: 7.0}
+    assert h.series["completed"][rep] == {1: 2.0 + 3.0, 2: 3.0}  # per series, then summed; a drop counts anew
     assert h.series["kv"][rep] == {0: 0.5}
     assert h.series["running"].get(rep, {}) == {}  # NaN and negative are missing, not values
     assert h.ignored and "other" in h.ignored[0]
@@ -169,7 +173,7 @@ def test_request_query_reads_v1_and_v0_names_with_the_pool_selector() -> None:
     for name in ("vllm:request_success_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:e2e_request_latency_seconds_sum"):
         assert f'{name}{{model_name="llama",namespace="serving"}}' in q
-    assert "increase(vllm:request_success_total" in q and "[60s]" in q
+    assert "last_over_time(vllm:request_success_total" in q and "[60s]" in q
 
 
 def test_durations_and_times() -> None:

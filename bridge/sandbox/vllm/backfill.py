@@ -69,14 +69,19 @@ class Backfill:
     replicas: tuple[str, ...] = field(default_factory=tuple)
     arrived: tuple[tuple[float, int], ...] = ()  # (unix s, requests arrived so far) at each scrape time
 
-    def arrivals_between(self, a: float, b: float) -> int:
-        """Requests that really arrived in [a, b) (to the scrape grid), the ground truth."""
+    def arrivals_between(self, a: float, b: float, *, scraped: bool = False) -> int:
+        """Requests that really arrived from ``a`` to ``b`` (the ground truth), to the scrape
+        instants: the first at or after each (``scraped=False``), or the last at or before
+        each (``scraped=True``: the samples a query at ``a`` and ``b`` sees)."""
         import bisect
 
         ts = [t for t, _ in self.arrived]
-        i, j = bisect.bisect_left(ts, a), bisect.bisect_left(ts, b)
-        if j >= len(ts):
-            raise ValueError(f"{b} is after the history")
+        if scraped:
+            i, j = bisect.bisect_right(ts, a) - 1, bisect.bisect_right(ts, b) - 1
+        else:
+            i, j = bisect.bisect_left(ts, a), bisect.bisect_left(ts, b)
+        if j >= len(ts) or i < 0:
+            raise ValueError(f"[{a}, {b}] is not inside the history")
         return self.arrived[j][1] - self.arrived[i][1]
 
 
@@ -104,10 +109,12 @@ def write_history(
     max_cv: float | None = None,
     version: str = "v1",
     faults: Faults = Faults(),
+    scrape_offset_s: float = 7.0,
 ) -> Backfill:
     """Run the simulator over ``[start_unix, start_unix + duration_s)`` and write what a
     Prometheus scraping every ``scrape_s`` would hold, as OpenMetrics (families grouped, as
-    promtool needs)."""
+    promtool needs). Scrapes fall ``scrape_offset_s`` after the minute, as a real Prometheus
+    offsets each target, so minute windows do not line up with samples."""
     if replicas < 1:
         raise ValueError(f"replicas: need at least 1, got {replicas}")
     if not (scrape_s > 0 and duration_s > scrape_s):
@@ -125,7 +132,7 @@ def write_history(
     arrived: list[tuple[float, int]] = []
     k = 0
     while True:
-        t = k * scrape_s
+        t = scrape_offset_s + k * scrape_s
         if t >= duration_s:
             break
         k += 1
@@ -232,27 +239,28 @@ def build(
     workdir: Path,
     trace: Trace,
     *,
-    days: float,
+    start_unix: float,
+    end_unix: float,
     replicas: int,
     model: str,
     params: ReplicaParams | None = None,
-    end_unix: float | None = None,
+    trace_zero_unix: float | None = None,
     seed: int = 0,
     max_cv: float | None = None,
     scrape_s: float = 15.0,
     faults: Faults = Faults(),
     version: str = "v1",
 ) -> Backfill:
-    """Write ``days`` of history ending at ``end_unix`` (default: the last whole hour), trace
-    day 0 midnight at the first UTC midnight of the span, and create the TSDB blocks in
-    ``workdir/data``. The trace starts at its own time of day matching the UTC clock."""
-    end = end_unix if end_unix is not None else math.floor(time.time() / 3600.0) * 3600.0
-    start = end - days * 86400.0
-    tod = start % 86400.0  # the trace's t = 0 is a UTC midnight
+    """Write the history of [start_unix, end_unix) and create its TSDB blocks in
+    ``workdir/data``. The trace's t = 0 is ``trace_zero_unix`` (default: the UTC midnight at or
+    before the start), so the trace's time of day is the UTC clock's; before it, the trace
+    wraps around (its last day)."""
+    zero = trace_zero_unix if trace_zero_unix is not None else math.floor(start_unix / 86400.0) * 86400.0
     om = workdir / "history.om"
     bf = write_history(
-        om, trace, start_unix=start, duration_s=days * 86400.0, replicas=replicas, model=model, params=params,
-        trace_start_s=tod, scrape_s=scrape_s, seed=seed, max_cv=max_cv, faults=faults, version=version,
+        om, trace, start_unix=start_unix, duration_s=end_unix - start_unix, replicas=replicas, model=model,
+        params=params, trace_start_s=start_unix - zero, scrape_s=scrape_s, seed=seed, max_cv=max_cv, faults=faults,
+        version=version,
     )
     create_blocks(om, workdir / "data")
     om.unlink()

@@ -19,12 +19,10 @@ from typing import Any
 
 from bridge.config import Config, PoolConfig, default_config, load_config
 from bridge.errors import AdapterError, ConfigError
-from bridge.model import LoadSignals
 
 # Exit codes (docs/researcher-guide.md): 0 done; 1 no usable history for the pool;
 # 2 bad input; 3 Prometheus unreachable or answering an error.
 EXIT_NO_DATA, EXIT_BAD_INPUT, EXIT_PROMETHEUS = 1, 2, 3
-MAX_STEPS = 10_000
 
 
 def register_cli(subparsers: Any) -> None:
@@ -48,18 +46,6 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--at", metavar="TIME", help="forecast as of TIME (ISO 8601 or unix s; default now)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
-
-
-def fetch_history(adapter: Any, pool: Any, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
-    """The policy's signals over [start, end] at ``step_s`` (peaks per step), in range
-    queries of at most ``MAX_STEPS`` points."""
-    out: list[LoadSignals] = []
-    a = start
-    while a <= end:
-        b = min(end, a + (MAX_STEPS - 1) * step_s)
-        out.extend(adapter.history(pool, start=a, end=b, step_s=step_s))
-        a = b + step_s
-    return tuple(out)
 
 
 def _fmt_t(t: float) -> str:
@@ -87,7 +73,7 @@ def sentence(outlook: Sequence[Any], nodes: int, hours: float, now: float) -> st
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.adapters.prom import PromAdapter, PromPool, selector
+    from bridge.adapters.prom import PromAdapter, PromPool, history_chunked, selector
     from bridge.policy.forecast import OUTLOOK_STEP_S, lendable_outlook, outlook_span_s
     from bridge.policy.demand import replicas_needed
     from bridge.simulate.cli import parse_duration, parse_time
@@ -128,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     step = OUTLOOK_STEP_S
     start = math.floor((now - outlook_span_s(cfg, args.hours)) / step) * step
     try:
-        hist = fetch_history(adapter, ppool, start=start, end=now, step_s=step)
+        hist = history_chunked(adapter, ppool, start=start, end=now, step_s=step)
         nodes = args.pool_nodes
         nodes_src = "--pool-nodes"
         if nodes is None:

@@ -602,3 +602,15 @@ def request_history(
         return parse_request_range(results, pool=pool, start=start, step_s=step_s, steps=steps)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
+
+
+def history_chunked(reader: Any, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
+    """``reader.history`` over [start, end] in range queries of at most ``MAX_RANGE_POINTS``
+    steps (the policy's signals, peaks per step)."""
+    out: list[LoadSignals] = []
+    a = start
+    while a <= end:
+        b = min(end, a + (MAX_RANGE_POINTS - 1) * step_s)
+        out.extend(reader.history(pool, start=a, end=b, step_s=step_s))
+        a = b + step_s
+    return tuple(out)

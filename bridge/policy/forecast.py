@@ -320,6 +320,7 @@ def _fit(points: list[tuple[float, float]], now: float) -> tuple[float, float]:
 
 HOUR_S = 3600.0
 OUTLOOK_STEP_S = 300.0  # resolution of the history the outlook reads (max per step keeps peaks)
+OUTLOOK_HOURS = 24  # hours the daemon's metric covers
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,3 +189,35 @@ def test_bad_input(history: History) -> None:
     assert "only 6.0 h of usable data" in r.stderr and "need at least 24 h" in r.stderr
     r = _cli("--prometheus", url, "--config", str(history.config), "--pool", "nosuch")
     assert r.returncode == 2 and "--pool: no pool named 'nosuch'" in r.stderr
+
+
+def test_forecast_reads_the_same_history(history: History, replay: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    """`gpu-bridge forecast` as of the history's end: every hour known from yesterday's
+    profile, following yesterday's load hour by hour (the replay's recovered load)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "bridge", "forecast", "--prometheus", history.prom.url, "--config", str(history.config),
+         "--pool-nodes", str(REPLICAS), "--at", f"{history.end:.0f}", "--nodes", "2", "--for", "4h", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    hours = doc["hours"]
+    assert len(hours) == 24 and all(h["lendable_nodes"] is not None for h in hours)
+    assert all(0 <= h["lendable_nodes"] <= REPLICAS for h in hours)
+    rec = load_trace(replay[1])
+    yesterday = np.array(rec.rates[-144:]).reshape(24, 6).mean(axis=1)  # req/s per hour, day 1
+    demand = np.array([h["demand_replicas"] for h in hours])
+    print("hourly load yesterday", np.round(yesterday, 2), "\nforecast demand", np.round(demand, 2))
+    corr = float(np.corrcoef(yesterday[1:], demand[1:])[0, 1])  # hour 0 is the policy's "now"
+    assert corr > 0.5, corr
+    lend = np.array([h["lendable_nodes"] for h in hours])
+    assert lend[int(np.argmax(demand))] == lend.min()
+    assert doc["answer"]
+    wrong = history.root / "wrong-forecast.yaml"
+    wrong.write_text("pools:\n  - name: mistral\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "bridge", "forecast", "--prometheus", history.prom.url, "--config", str(wrong),
+         "--at", f"{history.end:.0f}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 1 and "no usable vLLM series" in r.stderr and 'model_name="mistral"' in r.stderr

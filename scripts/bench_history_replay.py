@@ -11,7 +11,7 @@
    against the trace.
 3. `gpu-bridge simulate --trace` on the same span (the trace as replayed) with the measured
    per-replica capacity.
-4. `gpu-bridge forecast --nodes 3 --for 6h` as of now.
+4. `gpu-bridge forecast --nodes 2 --for 6h` as of now.
 
     .venv/bin/python scripts/bench_history_replay.py [--days 3] [--keep]
 """
@@ -110,7 +110,7 @@ def main() -> int:
         print(r.stdout + r.stderr + f"(exit {r.returncode})")
 
         cmd = ["forecast", "--prometheus", prom.url, "--config", str(cfg), "--pool-nodes", str(a.replicas),
-               "--nodes", "3", "--for", "6h"]
+               "--nodes", "2", "--for", "6h"]
         print("\n$ gpu-bridge " + " ".join(cmd))
         r = cli(*cmd)
         print(r.stdout + r.stderr + f"(exit {r.returncode})")

@@ -461,6 +461,9 @@ E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
 E2E_COUNT = "vllm:e2e_request_latency_seconds_count"
 # Prometheus refuses a range query of more than 11,000 points per series.
 MAX_RANGE_POINTS = 10_000
+# A day of minutes per query: a large pool returns (replicas x finished reasons x signals)
+# series per step, so shorter queries keep each answer a few tens of MB at most.
+REQUEST_CHUNK_STEPS = 1440
 REQUEST_SIGNALS = ("completed", "running", "waiting", "kv", "e2e_sum", "e2e_count")
 
 
@@ -573,7 +576,7 @@ def request_history(
     adapter: PromAdapter, pool: PromPool, *, start: float, end: float, step_s: float = 60.0
 ) -> RequestHistory:
     """The pool's request history from ``start`` to ``end`` (unix s, aligned to ``step_s``),
-    in range queries of at most ``MAX_RANGE_POINTS`` steps. A failed query raises AdapterError."""
+    in range queries of at most ``REQUEST_CHUNK_STEPS`` steps. A failed query raises AdapterError."""
     if not (step_s > 0 and end > start):
         raise ValueError(f"request_history: need step_s > 0 and end > start, got start={start} end={end} step_s={step_s}")
     start = math.floor(start / step_s) * step_s
@@ -582,7 +585,7 @@ def request_history(
     results = []
     i = 0
     while i < steps:
-        n = min(MAX_RANGE_POINTS, steps - i)
+        n = min(REQUEST_CHUNK_STEPS, steps - i)
         a, b = start + i * step_s, start + (i + n - 1) * step_s
         results.append(
             adapter._run(

@@ -332,11 +332,16 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
     except HistoryError as exc:
         return fail(EXIT_NO_DATA, [str(exc), f"series selected by {{{selector(ppool)}}} from {url}"])
     nodes = args.nodes
+    nodes_src = "--nodes"
+    if nodes is None:
+        try:
+            nodes = adapter.pool_nodes(ppool)  # the daemon's own gpu_bridge_nodes, if it runs
+            nodes_src = "gpu_bridge_nodes (the daemon's metric)"
+        except AdapterError:
+            nodes = None
     if nodes is None:
         nodes = max(1, math.ceil(hl.replicas_seen / pool.replicas_per_node))
         nodes_src = f"{hl.replicas_seen} replicas seen at most / {pool.replicas_per_node} per node"
-    else:
-        nodes_src = "--nodes"
     for line in hl.describe():
         print(line, file=info)
     setup = Setup(cfg, hl.workload, nodes, args.gpus_per_node, pool.name, mix, args.seed, start_unix=hl.start_unix)

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -216,3 +217,36 @@ def test_bad_input_exits_2(args: tuple[str, ...], msg: str) -> None:
     r = _cli(*args)
     assert r.returncode == 2, r.stderr
     assert msg in r.stderr
+
+
+class _FakeClient:
+    """custom_query_range over a synthetic counter (10 requests a minute) and a gauge."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float]] = []
+
+    def custom_query_range(self, query: str, *, start_time: Any, end_time: Any, step: str, timeout: float) -> Any:
+        a, b, st = start_time.timestamp(), end_time.timestamp(), float(step)
+        self.calls.append((a, b))
+        ts = np.arange(a, b + 1e-9, st)
+        lab = {"model_name": "llama", "pod": "p0"}
+        return [
+            {"metric": {**lab, "bridge_q": "completed", "finished_reason": "stop"},
+             "values": [[t, str((t - T0) / 6.0)] for t in ts]},
+            {"metric": {**lab, "bridge_q": "running"}, "values": [[t, "3"] for t in ts]},
+            {"metric": {**lab, "bridge_q": "waiting"}, "values": [[t, "0"] for t in ts]},
+        ]
+
+
+def test_request_history_reads_day_chunks_that_join_without_a_gap() -> None:
+    from bridge.adapters.prom import PromAdapter
+
+    client = _FakeClient()
+    adapter = PromAdapter("http://127.0.0.1:1", client=client)  # type: ignore[arg-type]
+    h = adapter.request_history(PromPool("llama", "llama"), start=T0, end=T0 + 3 * 86400.0)
+    assert len(client.calls) == 4  # 4321 steps: three days of 1440 and the closing step
+    assert client.calls[1][0] == client.calls[0][1] + 60
+    done = h.series["completed"]['{model_name="llama",pod="p0"}']
+    assert len(done) == h.steps - 1 and all(v == pytest.approx(10.0) for v in done.values())
+    hl = build_history_load(h, TARGET, replica_rps=1.0)
+    assert hl.usable_minutes == 3 * 1440 and np.allclose(hl.workload.load * 60, 10.0)

@@ -228,7 +228,7 @@ class _FakeClient:
     def custom_query_range(self, query: str, *, start_time: Any, end_time: Any, step: str, timeout: float) -> Any:
         a, b, st = start_time.timestamp(), end_time.timestamp(), float(step)
         self.calls.append((a, b))
-        ts = np.arange(a, b + 1e-9, st)
+        ts = a + st * np.arange(round((b - a) / st) + 1)
         lab = {"model_name": "llama", "pod": "p0"}
         return [
             {"metric": {**lab, "bridge_q": "completed", "finished_reason": "stop"},

@@ -194,7 +194,7 @@ class Daemon:
         read-only range queries, the same ``lendable_outlook`` as ``gpu-bridge forecast``.
         A failed read sets NaN (never 0) and never fails the tick."""
         from bridge.adapters.prom import history_chunked
-        from bridge.policy.forecast import OUTLOOK_HOURS, OUTLOOK_STEP_S, lendable_outlook, outlook_span_s
+        from bridge.policy.outlook import OUTLOOK_HOURS, OUTLOOK_STEP_S, lendable_outlook, outlook_span_s
 
         for pool in self.config.pools:
             last = self._outlook_at.get(pool.name)

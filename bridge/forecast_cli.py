@@ -2,7 +2,7 @@
 policy's forecast expects and the nodes expected to be lendable, from Prometheus only.
 
 Read-only: it needs the daemon's config and read access to Prometheus (no Kubernetes, no
-Slurm, no Lease). The numbers come from ``bridge.policy.forecast.lendable_outlook``, the same
+Slurm, no Lease). The numbers come from ``bridge.policy.outlook.lendable_outlook``, the same
 function behind the daemon's ``gpu_bridge_pool_lendable_nodes_forecast`` metric.
 """
 
@@ -54,7 +54,7 @@ def _fmt_t(t: float) -> str:
 
 def sentence(outlook: Sequence[Any], nodes: int, hours: float, now: float) -> str:
     """The plain answer for ``--nodes N --for H``."""
-    from bridge.policy.forecast import first_free_window
+    from bridge.policy.outlook import first_free_window
 
     w = first_free_window(outlook, nodes, hours)
     span = f"{hours:g} h"
@@ -74,7 +74,7 @@ def sentence(outlook: Sequence[Any], nodes: int, hours: float, now: float) -> st
 
 def run(args: argparse.Namespace) -> int:
     from bridge.adapters.prom import PromAdapter, PromPool, history_chunked, selector
-    from bridge.policy.forecast import OUTLOOK_STEP_S, lendable_outlook, outlook_span_s
+    from bridge.policy.outlook import OUTLOOK_STEP_S, lendable_outlook, outlook_span_s
     from bridge.policy.demand import replicas_needed
     from bridge.simulate.cli import parse_duration, parse_time
 

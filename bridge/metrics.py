@@ -205,7 +205,7 @@ class BridgeMetrics:
             self.decisions.labels(action="hold", reason=_reason_code(why)).inc()
 
     def record_outlook(self, pool: str, outlook: Iterable[Any] | None, hours: int) -> None:
-        """The lendable-capacity outlook (``bridge.policy.forecast.lendable_outlook``); None
+        """The lendable-capacity outlook (``bridge.policy.outlook.lendable_outlook``); None
         (history unavailable) sets every hour to NaN, never to 0 nodes or 0 demand."""
         rows = list(outlook) if outlook is not None else []
         for k in range(hours):

@@ -1,4 +1,4 @@
-"""The lendable-capacity outlook (bridge.policy.forecast.lendable_outlook), its sentence,
+"""The lendable-capacity outlook (bridge.policy.outlook.lendable_outlook), its sentence,
 `gpu-bridge forecast`'s bad input, and the daemon's gpu_bridge_pool_*_forecast metric."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bridge.daemon import Daemon
 from bridge.forecast_cli import sentence
 from bridge.metrics import BridgeMetrics
 from bridge.model import LoadSignals
-from bridge.policy.forecast import HourOutlook, first_free_window, lendable_outlook
+from bridge.policy.outlook import HourOutlook, first_free_window, lendable_outlook
 
 DAY = 86400.0
 T0 = 1_800_000_000.0 - 1_800_000_000.0 % DAY  # a UTC midnight

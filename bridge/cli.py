@@ -18,6 +18,7 @@ from bridge import __version__
 # The product's commands, in the order shown in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "bridge.simulate.cli",
+    "bridge.forecast_cli",
     "bridge.config_cli",
     "bridge.daemon_cli",
 )

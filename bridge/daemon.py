@@ -15,6 +15,7 @@ latency breakdown) only makes it faster or better informed.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -156,6 +157,7 @@ class Daemon:
         self._tick_records: list[StepRecord] = []
         self._backoff: dict[str, tuple[Step, float, float]] = {}  # node -> (step, next try, delay)
         self._last_plan_at: float | None = None
+        self._outlook_at: dict[str, float] = {}  # pool -> when its outlook metric was last refreshed
         self._reclaims: dict[str, ReclaimTimes] = {}
         self.completed_reclaims: list[ReclaimTimes] = []
         self.last_plan: Plan | None = None
@@ -189,6 +191,28 @@ class Daemon:
             self._last_sample_t[pool.name] = last
             self._recorders[pool.name] = rec
         return rec
+
+    def _refresh_outlook(self, now: float, obs: Observation) -> None:
+        """The lendable-capacity outlook for the metric, every ``OUTLOOK_STEP_S`` per pool:
+        read-only range queries, the same ``lendable_outlook`` as ``gpu-bridge forecast``.
+        A failed read sets NaN (never 0) and never fails the tick."""
+        from bridge.adapters.prom import history_chunked
+        from bridge.policy.outlook import OUTLOOK_HOURS, OUTLOOK_STEP_S, lendable_outlook, outlook_span_s
+
+        for pool in self.config.pools:
+            last = self._outlook_at.get(pool.name)
+            if last is not None and now - last < OUTLOOK_STEP_S:
+                continue
+            self._outlook_at[pool.name] = now
+            nodes = sum(1 for n in obs.view.nodes if n.pool == pool.name)
+            try:
+                start = math.floor((now - outlook_span_s(self.config, OUTLOOK_HOURS)) / OUTLOOK_STEP_S) * OUTLOOK_STEP_S
+                hist = history_chunked(self.prom, self.prom_pools[pool.name], start=start, end=now, step_s=OUTLOOK_STEP_S)
+                outlook = lendable_outlook(hist, now, config=self.config, pool=pool, nodes=nodes, hours=OUTLOOK_HOURS)
+            except AdapterError as exc:
+                log.warning("outlook_unavailable", pool=pool.name, error=str(exc))
+                outlook = None
+            self.metrics.record_outlook(pool.name, outlook, OUTLOOK_HOURS)
 
     # --- one iteration ------------------------------------------------------------------------
 
@@ -279,6 +303,7 @@ class Daemon:
             result.planned = plan
             if self.metrics is not None:
                 self.metrics.record_plan(plan)
+                self._refresh_outlook(now, obs)
             for d in plan.pools:
                 log.info(
                     "pool_decision",

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
@@ -59,6 +60,16 @@ class BridgeMetrics:
         self.forecast = Gauge(
             "gpu_bridge_pool_forecast_peak_replicas", "Serving replicas needed at the peak of the forecast horizon.",
             ["pool"], registry=r,
+        )
+        self.lendable_forecast = Gauge(
+            "gpu_bridge_pool_lendable_nodes_forecast",
+            "Nodes expected lendable in the clock hour hours_ahead from now (0 = this hour); NaN: no history for it.",
+            ["pool", "hours_ahead"], registry=r,
+        )
+        self.demand_forecast = Gauge(
+            "gpu_bridge_pool_demand_forecast_replicas",
+            "Serving replicas the forecast expects at the peak of the clock hour hours_ahead; NaN: no history for it.",
+            ["pool", "hours_ahead"], registry=r,
         )
         self.serving_ready = Gauge(
             "gpu_bridge_pool_serving_ready_replicas", "Ready serving replicas of the pool's Deployment.", ["pool"], registry=r,
@@ -192,6 +203,17 @@ class BridgeMetrics:
             self.decisions.labels(action=action.kind.value, reason=action.reason).inc()
         for _node, why in plan.held.items():
             self.decisions.labels(action="hold", reason=_reason_code(why)).inc()
+
+    def record_outlook(self, pool: str, outlook: Iterable[Any] | None, hours: int) -> None:
+        """The lendable-capacity outlook (``bridge.policy.outlook.lendable_outlook``); None
+        (history unavailable) sets every hour to NaN, never to 0 nodes or 0 demand."""
+        rows = list(outlook) if outlook is not None else []
+        for k in range(hours):
+            h = rows[k] if k < len(rows) else None
+            lend = h.lendable_nodes if h is not None and h.lendable_nodes is not None else float("nan")
+            dem = h.demand if h is not None and h.demand is not None else float("nan")
+            self.lendable_forecast.labels(pool=pool, hours_ahead=str(k)).set(lend)
+            self.demand_forecast.labels(pool=pool, hours_ahead=str(k)).set(dem)
 
     def record_settings(self, *, pool: str, min_serving: int, reclaim_budget_s: float) -> None:
         """Configured thresholds, exported so alert rules need no copy of the config."""

@@ -432,6 +432,22 @@ class PromAdapter:
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
 
+    def pool_nodes(self, pool: PromPool) -> int | None:
+        """Nodes of the pool as the daemon last exported them (``gpu_bridge_nodes``, summed
+        over phases; the largest instance), or None when Prometheus does not have it."""
+        q = f'max(sum by (instance) (gpu_bridge_nodes{{pool="{_escape(pool.name)}"}}))'
+        result = self._run("query", pool, lambda: self._client.custom_query(q, params={}, timeout=self.timeout_s))
+        try:
+            v = float(result[0]["value"][1]) if result else math.nan
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
+        return int(v) if math.isfinite(v) and v >= 1 else None
+
+    def request_history(self, pool: PromPool, *, start: float, end: float, step_s: float = 60.0) -> RequestHistory:
+        """The pool's request history (completions, requests in the system, KV usage, e2e
+        latency) from ``start`` to ``end`` at ``step_s``; see ``build_request_query``."""
+        return request_history(self, pool, start=start, end=end, step_s=step_s)
+
     def _run(self, kind: Literal["query", "query_range"], pool: PromPool, fn: Any) -> Any:
         with self._lock:
             self._queries[kind] += 1
@@ -451,3 +467,168 @@ class PromAdapter:
     def _fail(self, kind: str) -> None:
         with self._lock:
             self._failures[kind] += 1
+
+
+# --- request history (``gpu-bridge simulate --prometheus``) ------------------------------------
+
+SUCCESS = "vllm:request_success_total"
+E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
+E2E_COUNT = "vllm:e2e_request_latency_seconds_count"
+# Prometheus refuses a range query of more than 11,000 points per series.
+MAX_RANGE_POINTS = 10_000
+# A day of minutes per query: a large pool returns (replicas x finished reasons x signals)
+# series per step, so shorter queries keep each answer a few tens of MB at most.
+REQUEST_CHUNK_STEPS = 1440
+REQUEST_SIGNALS = ("completed", "running", "waiting", "kv", "e2e_sum", "e2e_count")
+
+
+def build_request_query(pool: PromPool, *, step_s: float) -> str:
+    """One range query of a pool's request history, each term tagged with ``bridge_q``, every
+    one the last sample of the step (``last_over_time(...[step])``: a series not scraped
+    during the step is missing there, not its old value for Prometheus' 5-minute lookback):
+
+    - ``completed``: the request counter of each series (every ``finished_reason``), whose
+      differences from step to step are the completions (``parse_request_range``; a drop is a
+      counter restart, counted from 0 as PromQL's ``increase`` does, but without its
+      extrapolation, so consecutive steps add up exactly);
+    - ``running``, ``waiting``: the gauges (requests in the system);
+    - ``kv``: KV-cache usage, V1 name, and ``kv0`` the V0 name (a replica exports one of them);
+    - ``e2e_sum`` / ``e2e_count``: the end-to-end latency histogram's sum and count counters.
+    """
+    sel = selector(pool)
+    w = _window(step_s)
+
+    def last(metric: str) -> str:
+        return f"last_over_time({metric}{{{sel}}}[{w}])"
+
+    terms = [
+        _tag(last(SUCCESS), "completed"),
+        _tag(last(RUNNING), "running"),
+        _tag(last(WAITING), "waiting"),
+        _tag(last(KV_V1), "kv"),
+        _tag(last(KV_V0), "kv0"),
+        _tag(last(E2E_SUM), "e2e_sum"),
+        _tag(last(E2E_COUNT), "e2e_count"),
+    ]
+    return "\n  or ".join(terms)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHistory:
+    """A pool's request history at a fixed step, per replica (pure data).
+
+    ``series[signal][replica][i]`` is the value at ``start + i * step_s`` (signals in
+    ``REQUEST_SIGNALS``; ``kv`` holds the V1 name, or V0 where a replica has no V1 series).
+    A step missing from a replica's mapping had no sample: missing, never zero."""
+
+    pool: str
+    start: float
+    step_s: float
+    steps: int
+    series: Mapping[str, Mapping[str, Mapping[int, float]]]
+    ignored: tuple[str, ...] = ()
+
+    def t(self, i: int) -> float:
+        return self.start + i * self.step_s
+
+
+COUNTERS = ("completed", "e2e_sum", "e2e_count")
+
+
+def parse_request_range(
+    results: Iterable[Sequence[Mapping[str, Any]]], *, pool: PromPool, start: float, step_s: float, steps: int
+) -> RequestHistory:
+    """Range-query results (matrices, one per chunk) -> RequestHistory (pure).
+
+    Gauges are summed per replica (its engines). Counters are differenced per series first:
+    the increase at step i needs the series' value at i - 1 (else it is missing there); a
+    drop is a restart and counts the new value. Values that are NaN, infinite or negative
+    are dropped (missing); series of another model are ignored."""
+    out: dict[str, dict[str, dict[int, float]]] = {s: {} for s in REQUEST_SIGNALS}
+    kv0: dict[str, dict[int, float]] = {}
+    raw: dict[tuple[str, str, frozenset[tuple[str, str]]], dict[int, float]] = {}
+    ignored: set[str] = set()
+    for result in results:
+        for item in result:
+            metric = item.get("metric") or {}
+            tag = metric.get(TAG, "")
+            full = _replica_key(metric)
+            key = _pod_key(frozenset((k, v) for k, v in full if k != "finished_reason"))
+            if metric.get("model_name") != pool.model:
+                ignored.add(f"{tag} {_describe(key)}: model_name is not {pool.model!r}")
+                continue
+            if tag not in REQUEST_SIGNALS and tag != "kv0":
+                continue
+            rep = _describe(key)
+            if tag in COUNTERS:
+                dest = raw.setdefault((tag, rep, full), {})
+            else:
+                dest = (kv0 if tag == "kv0" else out[tag]).setdefault(rep, {})
+            for ts, rv in item.get("values") or ():
+                i = round((float(ts) - start) / step_s)
+                v = _float(rv)
+                if not (0 <= i < steps and _bad(v) is None):
+                    continue
+                if tag in COUNTERS:
+                    dest[i] = v
+                elif tag in ("kv", "kv0"):  # a fraction per engine: the fullest engine's
+                    dest[i] = max(dest.get(i, 0.0), v)
+                else:  # engines of one replica (data parallelism) add up
+                    dest[i] = dest.get(i, 0.0) + v
+    for (tag, rep, _), vals in raw.items():
+        dest = out[tag].setdefault(rep, {})
+        for i, v in vals.items():
+            prev = vals.get(i - 1)
+            if prev is None:
+                continue
+            dest[i] = dest.get(i, 0.0) + (v - prev if v >= prev else v)
+    for rep, vals in kv0.items():
+        out["kv"].setdefault(rep, vals)
+    return RequestHistory(pool.name, start, step_s, steps, out, tuple(sorted(ignored)))
+
+
+def request_history(
+    adapter: PromAdapter, pool: PromPool, *, start: float, end: float, step_s: float = 60.0
+) -> RequestHistory:
+    """The pool's request history from ``start`` to ``end`` (unix s, aligned to ``step_s``),
+    in range queries of at most ``REQUEST_CHUNK_STEPS`` steps. A failed query raises AdapterError."""
+    if not (step_s > 0 and end > start):
+        raise ValueError(f"request_history: need step_s > 0 and end > start, got start={start} end={end} step_s={step_s}")
+    start = math.floor(start / step_s) * step_s
+    steps = int(math.floor((end - start) / step_s + 1e-9)) + 1
+    query = build_request_query(pool, step_s=step_s)
+    results = []
+    i = 0
+    while i < steps:
+        n = min(REQUEST_CHUNK_STEPS, steps - i)
+        a, b = start + i * step_s, start + (i + n - 1) * step_s
+        results.append(
+            adapter._run(
+                "query_range",
+                pool,
+                lambda a=a, b=b: adapter._client.custom_query_range(
+                    query,
+                    start_time=datetime.fromtimestamp(a, UTC),
+                    end_time=datetime.fromtimestamp(b, UTC),
+                    step=f"{step_s:g}",
+                    timeout=adapter.timeout_s,
+                ),
+            )
+        )
+        i += n
+    try:
+        return parse_request_range(results, pool=pool, start=start, step_s=step_s, steps=steps)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
+
+
+def history_chunked(reader: Any, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
+    """``reader.history`` over [start, end] in range queries of at most ``MAX_RANGE_POINTS``
+    steps (the policy's signals, peaks per step)."""
+    out: list[LoadSignals] = []
+    a = start
+    while a <= end:
+        b = min(end, a + (MAX_RANGE_POINTS - 1) * step_s)
+        out.extend(reader.history(pool, start=a, end=b, step_s=step_s))
+        a = b + step_s
+    return tuple(out)

@@ -232,7 +232,7 @@ class FixedWindowController(ReactiveController):
         return tod >= NIGHT_START_S or tod < NIGHT_END_S
 
     def decide(self, view: ClusterView) -> Sequence[Action]:
-        t = view.now - self.setup.start_unix
+        t = view.now  # the real clock (UTC): a trace's t = 0 is mapped to a UTC midnight
         up, down = self._wanted(view)
         nodes = _pool_nodes(view, self.pool.name)
         ready, lent, committed = _counts(nodes)
@@ -253,7 +253,7 @@ def default_fixed_floor(setup: Setup) -> int:
     with the pool's headroom (the published practice keeps a fixed floor, not a forecast)."""
     w = setup.workload
     wl = w.window_load
-    tod = (np.arange(wl.size) * w.window_s) % 86400.0
+    tod = (setup.start_unix + np.arange(wl.size) * w.window_s) % 86400.0
     night = wl[(tod >= NIGHT_START_S) | (tod < NIGHT_END_S)]
     p95 = float(np.percentile(night, 95)) if night.size else float(wl.max())
     return min(

@@ -10,11 +10,13 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import re
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 from bridge.config import Config, VictimRule, default_config, load_config
-from bridge.errors import BridgeError, ConfigError
+from bridge.errors import AdapterError, BridgeError, ConfigError
 
 VICTIMS = {"bridge": VictimRule.LEAST_LOST_WORK, "naive": VictimRule.NEWEST_FIRST}
 
@@ -28,10 +30,26 @@ def register_cli(subparsers: Any) -> None:
         "grace) and a research backlog; report lent/useful/lost GPU-hours, preemptions and "
         "SLO-violation minutes per policy. See docs/simulator.md.",
     )
-    p.add_argument("--trace", metavar="FILE", help="load trace CSV (ServeGen format); default: the shipped 14-day trace")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--trace", metavar="FILE", help="load trace CSV (ServeGen format); default: the shipped 14-day trace")
+    src.add_argument(
+        "--prometheus",
+        metavar="URL",
+        nargs="?",
+        const="",
+        help="replay the pool's own vLLM history from this Prometheus instead of a trace "
+        "(no URL: prometheus.url of the config); see docs/simulator.md",
+    )
+    p.add_argument("--since", metavar="DUR", help="with --prometheus: the last DUR (7d, 36h, 90m; default 7d)")
+    p.add_argument("--start", metavar="TIME", help="with --prometheus: range start (ISO 8601, UTC unless it says; or unix seconds)")
+    p.add_argument("--end", metavar="TIME", help="with --prometheus: range end (default now)")
+    p.add_argument("--export-trace", metavar="FILE", help="with --prometheus: write the load built as a trace CSV (--trace reads it)")
     p.add_argument("--config", metavar="FILE", help="the daemon's YAML config (delays, targets, policy settings)")
     p.add_argument("--pool", help="pool of the config to simulate (default: its first)")
-    p.add_argument("--nodes", type=int, default=24, help="nodes in the pool (default 24)")
+    p.add_argument(
+        "--nodes", type=int, default=None,
+        help="nodes in the pool (default 24; with --prometheus: the most replicas seen / replicas per node)",
+    )
     p.add_argument("--gpus-per-node", type=int, default=4, help="GPUs per node (default 4)")
     p.add_argument(
         "--policy",
@@ -45,7 +63,10 @@ def register_cli(subparsers: Any) -> None:
         default=None,
         help="replicas the trace's busiest 10-minute window needs (default 0.8 x nodes x replicas per node)",
     )
-    p.add_argument("--replica-rps", type=float, default=4.0, help="requests/s one replica carries at its target (default 4)")
+    p.add_argument(
+        "--replica-rps", type=float, default=None,
+        help="requests/s one replica carries at its target (default 4; with --prometheus: measured, Little's law)",
+    )
     p.add_argument("--max-cv", type=float, default=None, help="cap the trace's within-window cv (default: as measured)")
     p.add_argument("--days", type=float, default=None, help="simulate only the first DAYS of the trace")
     p.add_argument("--seed", type=int, default=1, help="seed of the within-window bursts and the job mix (default 1)")
@@ -124,34 +145,20 @@ def run(args: argparse.Namespace) -> int:
 
     out = sys.stdout
     info = sys.stderr if args.json else sys.stdout
+    if args.prometheus is not None:
+        return run_history(args, out, info)
+    for flag in ("since", "start", "end", "export_trace"):
+        if getattr(args, flag) is not None:
+            print(f"gpu-bridge simulate: --{flag.replace('_', '-')}: only with --prometheus", file=sys.stderr)
+            return 2
+    args.nodes = 24 if args.nodes is None else args.nodes
+    args.replica_rps = 4.0 if args.replica_rps is None else args.replica_rps
     try:
         if args.nodes < 1:
             raise ConfigError([f"--nodes: must be >= 1, got {args.nodes}"])
         if args.gpus_per_node < 1:
             raise ConfigError([f"--gpus-per-node: must be >= 1, got {args.gpus_per_node}"])
-        cfg = load_config(args.config) if args.config else default_config()
-        cfg = apply_overrides(
-            cfg,
-            pool=args.pool,
-            cold_start_s=args.cold_start_s,
-            drain_s=args.drain_s,
-            grace_s=args.grace_s,
-            tick_s=args.tick_s,
-            scrape_s=args.scrape_s,
-            victims=args.victims,
-        )
-        mix = JobMix()
-        if args.job_mix:
-            import yaml
-
-            try:
-                with open(args.job_mix, encoding="utf-8") as fh:
-                    data = yaml.safe_load(fh)
-            except OSError as exc:
-                raise ConfigError([f"{args.job_mix}: cannot read: {exc.strerror or exc}"]) from exc
-            except yaml.YAMLError as exc:
-                raise ConfigError([f"{args.job_mix}: invalid YAML: {exc}"]) from exc
-            mix = parse_job_mix(data, args.job_mix)
+        cfg, mix = _config_and_mix(args)
         pool = cfg.pool(args.pool) if args.pool else cfg.pools[0]
         peak = args.peak_replicas if args.peak_replicas is not None else 0.8 * args.nodes * pool.replicas_per_node
         if not (peak > 0 and math.isfinite(peak)):
@@ -199,4 +206,179 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(results, workload, args.plot, nodes=args.nodes, replicas_per_node=setup.replicas_per_node)
         print(f"plot written to {args.plot}", file=info)
+    return 0
+
+
+def _config_and_mix(args: argparse.Namespace) -> tuple[Config, Any]:
+    """The config with the overrides applied, and the research job mix (ConfigError)."""
+    from bridge.simulate.research import JobMix, parse_job_mix
+
+    cfg = load_config(args.config) if args.config else default_config()
+    cfg = apply_overrides(
+        cfg,
+        pool=args.pool,
+        cold_start_s=args.cold_start_s,
+        drain_s=args.drain_s,
+        grace_s=args.grace_s,
+        tick_s=args.tick_s,
+        scrape_s=args.scrape_s,
+        victims=args.victims,
+    )
+    mix = JobMix()
+    if args.job_mix:
+        import yaml
+
+        try:
+            with open(args.job_mix, encoding="utf-8") as fh:
+                data = yaml.safe_load(fh)
+        except OSError as exc:
+            raise ConfigError([f"{args.job_mix}: cannot read: {exc.strerror or exc}"]) from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError([f"{args.job_mix}: invalid YAML: {exc}"]) from exc
+        mix = parse_job_mix(data, args.job_mix)
+    return cfg, mix
+
+
+# --- simulate --prometheus -----------------------------------------------------------------------
+
+# Exit codes of ``simulate --prometheus`` (docs/simulator.md): 0 done; 1 the history cannot
+# say anything (no series for the pool, too little usable data); 2 bad input (flags, config,
+# pool); 3 Prometheus unreachable or answering an error.
+EXIT_NO_DATA, EXIT_BAD_INPUT, EXIT_PROMETHEUS = 1, 2, 3
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """``7d``, ``36h``, ``90m``, ``3600s`` or plain seconds -> seconds (ConfigError naming ``flag``)."""
+    m = _DURATION.match(text or "")
+    if not m or not float(m.group(1)) > 0:
+        raise ConfigError([f"{flag}: expected a duration like 7d, 36h, 90m or seconds, got {text!r}"])
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_time(text: str, flag: str) -> float:
+    """ISO 8601 (UTC unless an offset is given) or unix seconds -> unix seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError([f"{flag}: expected ISO 8601 (2026-11-02T00:00, UTC unless it says) or unix seconds, got {text!r}"]) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def history_range(args: argparse.Namespace, now: float) -> tuple[float, float]:
+    """(start, end) unix seconds from --since / --start / --end (ConfigError)."""
+    if args.since is not None and args.start is not None:
+        raise ConfigError(["--since and --start: give one of them"])
+    end = parse_time(args.end, "--end") if args.end is not None else now
+    if args.start is not None:
+        start = parse_time(args.start, "--start")
+    else:
+        start = end - parse_duration(args.since if args.since is not None else "7d", "--since")
+    if not end > start:
+        raise ConfigError([f"--start/--end: the range is empty ({start:.0f} .. {end:.0f})"])
+    if end > now + 60:
+        raise ConfigError([f"--end: lies in the future ({args.end})"])
+    return start, end
+
+
+def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
+    """``simulate --prometheus``: the pool's own vLLM history through the same comparison."""
+    import time as _time
+
+    from bridge.adapters.prom import PromAdapter, PromPool, selector
+    from bridge.simulate.baselines import POLICIES, make_controller
+    from bridge.simulate.engine import Setup, simulate
+    from bridge.simulate.history import HistoryError, build_history_load, trace_csv
+    from bridge.simulate.report import plot, table, to_json
+
+    def fail(code: int, lines: list[str]) -> int:
+        for line in lines:
+            print(f"gpu-bridge simulate: {line}", file=sys.stderr)
+        return code
+
+    try:
+        for flag in ("days", "peak_replicas", "max_cv"):
+            if getattr(args, flag) is not None:
+                raise ConfigError([f"--{flag.replace('_', '-')}: not with --prometheus (the history sets the load)"])
+        if args.nodes is not None and args.nodes < 1:
+            raise ConfigError([f"--nodes: must be >= 1, got {args.nodes}"])
+        if args.gpus_per_node < 1:
+            raise ConfigError([f"--gpus-per-node: must be >= 1, got {args.gpus_per_node}"])
+        if args.replica_rps is not None and not (args.replica_rps > 0 and math.isfinite(args.replica_rps)):
+            raise ConfigError([f"--replica-rps: must be > 0, got {args.replica_rps:g}"])
+        cfg, mix = _config_and_mix(args)
+        pool = cfg.pool(args.pool) if args.pool else cfg.pools[0]
+        url = args.prometheus or cfg.prometheus.url
+        if not re.match(r"^https?://[^\s/]+", url):
+            raise ConfigError([f"--prometheus: expected an http(s) URL, got {url!r}"])
+        start, end = history_range(args, _time.time())
+    except ConfigError as exc:
+        return fail(EXIT_BAD_INPUT, exc.problems)
+    ppool = PromPool.from_config(pool)
+    adapter = PromAdapter(url, timeout_s=max(cfg.prometheus.timeout_s, 60.0), scrape_interval_s=cfg.prometheus.scrape_interval_s)
+    try:
+        hist = adapter.request_history(ppool, start=start, end=end, step_s=60.0)
+    except AdapterError as exc:
+        return fail(EXIT_PROMETHEUS, [f"Prometheus at {url}: {exc}"])
+    source = f"prometheus {url}, pool {pool.name} (model_name={pool.model!r})"
+    try:
+        hl = build_history_load(hist, pool.target, replica_rps=args.replica_rps, source=source)
+    except HistoryError as exc:
+        return fail(EXIT_NO_DATA, [str(exc), f"series selected by {{{selector(ppool)}}} from {url}"])
+    nodes = args.nodes
+    nodes_src = "--nodes"
+    if nodes is None:
+        try:
+            nodes = adapter.pool_nodes(ppool)  # the daemon's own gpu_bridge_nodes, if it runs
+            nodes_src = "gpu_bridge_nodes (the daemon's metric)"
+        except AdapterError:
+            nodes = None
+    if nodes is None:
+        nodes = max(1, math.ceil(hl.replicas_seen / pool.replicas_per_node))
+        nodes_src = f"{hl.replicas_seen} replicas seen at most / {pool.replicas_per_node} per node"
+    for line in hl.describe():
+        print(line, file=info)
+    setup = Setup(cfg, hl.workload, nodes, args.gpus_per_node, pool.name, mix, args.seed, start_unix=hl.start_unix)
+    print(
+        f"{nodes} nodes ({nodes_src}) x {args.gpus_per_node} GPUs; tick {setup.tick_s:g} s, scrape {setup.scrape_s:g} s, "
+        f"drain {setup.drain_s:g} s, grace {setup.grace_s:g} s, cold start {setup.cold_start_s:g} s; "
+        f"victims {cfg.policy.victims.value}",
+        file=info,
+    )
+    if hl.workload.load.max() > nodes * pool.replicas_per_node:
+        print(
+            f"note: the busiest minute needs {hl.workload.load.max():.1f} replicas, more than the pool's "
+            f"{nodes * pool.replicas_per_node}: those minutes violate under every policy",
+            file=info,
+        )
+    if args.export_trace:
+        try:
+            with open(args.export_trace, "w", encoding="utf-8") as fh:
+                fh.write(trace_csv(hl.trace))
+        except OSError as exc:
+            return fail(EXIT_BAD_INPUT, [f"--export-trace: cannot write {args.export_trace}: {exc.strerror or exc}"])
+        print(
+            f"trace written to {args.export_trace} ({len(hl.trace.rates)} windows of 600 s; replay: gpu-bridge simulate "
+            f"--trace {args.export_trace} --nodes {nodes} --replica-rps {hl.replica_rps:.4g} "
+            f"--peak-replicas {hl.workload.peak_replicas:.4g})",
+            file=info,
+        )
+    names = POLICIES if args.policy == "all" else (args.policy,)
+    results = []
+    for name in names:
+        r = simulate(setup, make_controller(name, setup, fixed_floor=args.fixed_floor))
+        results.append(r)
+        if args.json:
+            print(f"{name}: {r.wall_s:.1f} s wall", file=info)
+    out.write((to_json(results) if args.json else table(results)) + "\n")
+    png = args.plot or f"gpu-bridge-replay-{pool.name}.png"
+    plot(results, hl.workload, png, nodes=nodes, replicas_per_node=setup.replicas_per_node)
+    print(f"plot written to {png}", file=info)
     return 0

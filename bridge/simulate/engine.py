@@ -401,7 +401,10 @@ class Engine:
         self.research.finish(end)
         ready_min = minute_minimum(self.ready_t, self.ready_v, s.workload.minutes, s.workload.minute_s)
         cap = ready_min * self.rpn
-        viol = np.nonzero(s.workload.load > cap + 1e-9)[0]
+        over = s.workload.load > cap + 1e-9
+        if s.workload.usable is not None:  # bridged gaps of a history are not judged
+            over &= s.workload.usable
+        viol = np.nonzero(over)[0]
         acct = self.research.acct
         g = s.gpus_per_node
         m = Metrics(
@@ -413,7 +416,7 @@ class Engine:
             lends=self.lends,
             reclaims=self.reclaims,
             slo_violation_minutes=int(viol.size),
-            trace_minutes=s.workload.minutes,
+            trace_minutes=s.workload.minutes if s.workload.usable is None else int(s.workload.usable.sum()),
         )
         return Result(
             metrics=m,

@@ -95,6 +95,7 @@ def plot(results: Sequence[Result], workload: Workload, path: str | Path, *, nod
     ax2.set_xlabel("day of the trace")
     ax2.set_ylim(0, nodes)
     ax2.legend(loc="upper right", fontsize=7, ncol=2)
-    fig.suptitle(f"gpu-bridge simulate: {Path(workload.source).name or 'trace'}, {nodes} nodes")
+    name = workload.source if workload.source.startswith("prometheus ") else (Path(workload.source).name or "trace")
+    fig.suptitle(f"gpu-bridge simulate: {name}, {nodes} nodes")
     fig.savefig(str(path), dpi=110)
     plt.close(fig)

@@ -59,6 +59,7 @@ class Workload:
     peak_rate: float  # busiest window of the trace, req/s (before scaling)
     peak_replicas: float
     source: str = ""
+    usable: np.ndarray | None = None  # per minute: measured (True) or a bridged gap (history)
 
     @property
     def minutes(self) -> int:

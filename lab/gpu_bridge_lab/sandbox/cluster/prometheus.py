@@ -76,14 +76,15 @@ def binary() -> str:
     raise SandboxError("prometheus not found: install the Debian package 'prometheus' (scripts/setup.sh)")
 
 
-def argv(config: Path, data_dir: Path, port: int) -> list[str]:
+def argv(config: Path, data_dir: Path, port: int, *, retention: str = "1d") -> list[str]:
+    """``retention``: how long the TSDB keeps data (a backfilled history needs more than 1d)."""
     return [
         binary(),
         f"--config.file={config}",
         f"--storage.tsdb.path={data_dir}",
         f"--web.listen-address=127.0.0.1:{port}",
         "--web.enable-lifecycle",
-        "--storage.tsdb.retention.time=1d",
+        f"--storage.tsdb.retention.time={retention}",
         "--log.level=warn",
     ]
 

@@ -1,0 +1,135 @@
+"""The lendable-capacity outlook: per clock hour ahead, the serving demand the policy's
+forecast expects and the nodes left to lend (``gpu-bridge forecast`` and the daemon's
+``gpu_bridge_pool_lendable_nodes_forecast``). Pure, read-only, over the same history as the
+policy (``LoadSignals``) and the daemon's config.
+
+Kept apart from ``forecast.py`` on purpose: it only calls the policy's public ``forecast()``
+and window spans, and it applies the serving margin in one place (``lendable_outlook``), so a
+calibrated margin replaces it there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bridge.config import Config, PoolConfig
+from bridge.model import LoadSignals
+from bridge.policy.demand import replicas_needed
+from bridge.policy.forecast import forecast, lend_span_s, recent_span_s
+
+
+def _window(history: Sequence[LoadSignals], lo: float, hi: float, pool: PoolConfig) -> list[float]:
+    """Usable demand (replicas) of the samples in [lo, hi] (history sorted by time)."""
+    i = bisect.bisect_left(history, lo, key=lambda s: s.t)
+    j = bisect.bisect_right(history, hi, key=lambda s: s.t)
+    out = []
+    for s in history[i:j]:
+        d = replicas_needed(s, pool.target)
+        if d is not None:
+            out.append(d)
+    return out
+
+HOUR_S = 3600.0
+OUTLOOK_STEP_S = 300.0  # resolution of the history the outlook reads (max per step keeps peaks)
+OUTLOOK_HOURS = 24  # hours the daemon's metric covers
+
+
+@dataclass(frozen=True, slots=True)
+class HourOutlook:
+    """One hour ahead: what serving may need then and what that leaves to lend.
+    ``None`` = the history says nothing about that hour (too young a pool)."""
+
+    start: float  # unix s
+    demand: float | None  # replicas: the forecast peak of the hour
+    serving_nodes: int | None  # nodes serving keeps, with the policy's margin and floors
+    lendable_nodes: int | None
+    basis: str  # what the demand came from: "now" (the policy's forecast), "1d", "7d"
+
+
+def outlook_span_s(config: Config, hours: int) -> float:
+    """How far back the outlook reads: the longest seasonal lag plus its compare window (the
+    hours ahead of ``now - lag`` lie inside it as long as ``hours`` <= the lag)."""
+    f = config.policy.forecast
+    lags = f.seasonal_lags_s if f.enabled else ()
+    return max((lag + f.compare_window_s for lag in lags), default=0.0) + max(recent_span_s(config), lend_span_s(config), f.burst_history_s)
+
+
+def lendable_outlook(
+    history: Sequence[LoadSignals],
+    now: float,
+    *,
+    config: Config,
+    pool: PoolConfig,
+    nodes: int,
+    hours: int = 24,
+) -> tuple[HourOutlook, ...]:
+    """Per clock hour ahead (hour 0 holds ``now``), the serving demand the policy's forecast
+    expects and the nodes left to lend (pure; read-only callers: ``gpu-bridge forecast`` and
+    the daemon's metric).
+
+    Hour 0 is the policy's own forecast now (``forecast(...).lend_peak``: recent peak x burst
+    factor, trend, seasonal). Each hour h is the seasonal part of the same forecast stretched
+    over the hours: for each lag L (1 d, 7 d) the peak of [now + h - L, now + h + 1 h - L],
+    times how today compares with then (the policy's clamped ratio); the highest lag wins.
+    Serving nodes = the policy's margin on that demand (``nodes_for`` with the pool's headroom)
+    and floors (``min_serving``, calendar rules over the hour); lendable = the rest of
+    ``nodes``, at most ``max_lent``. The margin is applied here and only here, so a
+    calibrated margin replaces it in one place."""
+    from bridge.policy import calendar
+    from bridge.policy.demand import nodes_for
+
+    if hours < 1:
+        raise ValueError(f"hours: must be >= 1, got {hours}")
+    f = config.policy.forecast
+    now_fc = forecast(history, None, now, config=config, pool=pool)
+    now_vals = _window(history, now - f.compare_window_s, now, pool)
+    now_mean = sum(now_vals) / len(now_vals) if now_vals else None
+    ratios: dict[float, float] = {}
+    if f.enabled and now_mean is not None:
+        for lag in f.seasonal_lags_s:
+            then = _window(history, now - lag - f.compare_window_s, now - lag, pool)
+            if len(then) >= 2:
+                then_mean = sum(then) / len(then)
+                ratios[lag] = min(max((now_mean + 1.0) / (then_mean + 1.0), f.ratio_min), f.ratio_max)
+    out: list[HourOutlook] = []
+    base = math.floor(now / HOUR_S) * HOUR_S  # clock hours; hour 0 holds now
+    for k in range(hours):
+        lo, hi = base + k * HOUR_S, base + (k + 1) * HOUR_S
+        demand: float | None = None
+        basis = ""
+        if k == 0 and now_fc.lend_peak is not None:
+            demand, basis = now_fc.lend_peak, "now"
+        for lag, ratio in ratios.items():
+            if hi - lag > now:  # that part of the profile is in the future itself
+                continue
+            vals = _window(history, lo - lag, hi - lag, pool)
+            if vals:
+                v = max(vals) * ratio
+                if demand is None or v > demand:
+                    demand, basis = v, f"{lag / 86400:g}d"
+        if demand is None:
+            out.append(HourOutlook(lo, None, None, None, ""))
+            continue
+        need = nodes_for(demand, headroom=pool.headroom, headroom_replicas=pool.headroom_replicas, replicas_per_node=pool.replicas_per_node)
+        cal, _ = calendar.floor(config.policy.calendar, pool.name, lo, hi)
+        serving = min(nodes, max(need, pool.min_serving, cal))
+        lendable = nodes - serving
+        if pool.max_lent is not None:
+            lendable = min(lendable, pool.max_lent)
+        out.append(HourOutlook(lo, demand, serving, max(0, lendable), basis))
+    return tuple(out)
+
+
+def first_free_window(outlook: Sequence[HourOutlook], nodes: int, hours: float) -> HourOutlook | None:
+    """The first hour from which ``nodes`` are expected lendable for ``hours`` hours in a row
+    (every hour of it known), or None within the outlook."""
+    need = max(1, math.ceil(hours - 1e-9))
+    run = 0
+    for i, h in enumerate(outlook):
+        run = run + 1 if h.lendable_nodes is not None and h.lendable_nodes >= nodes else 0
+        if run >= need:
+            return outlook[i - need + 1]
+    return None

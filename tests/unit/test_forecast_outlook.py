@@ -1,0 +1,172 @@
+"""The lendable-capacity outlook (bridge.policy.outlook.lendable_outlook), its sentence,
+`gpu-bridge forecast`'s bad input, and the daemon's gpu_bridge_pool_*_forecast metric."""
+
+from __future__ import annotations
+
+import math
+import socket
+import subprocess
+import sys
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
+from bridge.adapters.kube.protocol import PoolTarget
+from bridge.adapters.prom import PromPool
+from gpu_bridge_lab.fakes.slurm import FakeSlurm
+from bridge.config import parse_config
+from bridge.daemon import Daemon
+from bridge.forecast_cli import sentence
+from bridge.metrics import BridgeMetrics
+from bridge.model import LoadSignals
+from bridge.policy.outlook import HourOutlook, first_free_window, lendable_outlook
+
+DAY = 86400.0
+T0 = 1_800_000_000.0 - 1_800_000_000.0 % DAY  # a UTC midnight
+CFG = parse_config({"pools": [{"name": "llama", "min_serving": 1, "target": {"concurrency_per_replica": 10}}]})
+POOL = CFG.pools[0]
+
+
+def daily(days: int, level: callable, step: float = 300.0) -> list[LoadSignals]:  # type: ignore[valid-type]
+    """``days`` days of history before T0 + days * DAY; demand = level(hour of day) replicas."""
+    out = []
+    t = T0
+    while t <= T0 + days * DAY:
+        d = level(int((t % DAY) // 3600))
+        out.append(LoadSignals(t, d * 10.0, 0.0, None, None, 8))
+        t += step
+    return out
+
+
+def night_low(hour: int) -> float:
+    return 1.0 if hour < 8 else 5.0
+
+
+def test_outlook_follows_yesterday_with_the_policys_margin() -> None:
+    now = T0 + 8 * DAY - 3 * 3600.0 + 60  # 21:01, seven days of profile behind
+    hist = [s for s in daily(8, night_low) if s.t <= now]
+    out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24)
+    assert len(out) == 24 and out[0].start == now - 60  # clock hours, hour 0 holds now
+    by_hour = {int((h.start % DAY) // 3600): h for h in out}
+    # night (00-07): 1 replica -> nodes_for(1, 0.2, 0.5) = ceil(1.7) = 2 serving, 6 lendable
+    assert by_hour[3].demand == pytest.approx(1.0) and by_hour[3].serving_nodes == 2 and by_hour[3].lendable_nodes == 6
+    # day: 5 replicas -> ceil(6.5) = 7 serving, 1 lendable
+    assert by_hour[12].serving_nodes == 7 and by_hour[12].lendable_nodes == 1
+    assert by_hour[3].basis in ("1d", "7d") and out[0].basis == "now"
+
+
+def test_outlook_peak_of_the_hour_counts_not_its_mean() -> None:
+    def spiky(hour: int) -> float:
+        return 1.0
+
+    now = T0 + 2 * DAY + 2 * 3600.0  # 02:00 on day 2
+    hist = [s for s in daily(3, spiky) if s.t <= now]
+    # a 5-minute spike at 03:30 yesterday
+    hist = [LoadSignals(s.t, 60.0 if abs(s.t - (T0 + DAY + 3.5 * 3600)) < 1 else s.running, 0.0, None, None, 8) for s in hist]
+    out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=4)
+    h3 = next(h for h in out if int((h.start % DAY) // 3600) == 3)
+    assert h3.demand == pytest.approx(6.0, rel=0.2)
+
+
+def test_young_pool_says_unknown_not_zero() -> None:
+    hist = [s for s in daily(1, night_low) if s.t >= T0 + DAY - 3 * 3600]  # three hours of history
+    now = T0 + DAY
+    out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24)
+    assert out[0].demand is not None  # the policy's forecast now
+    assert all(h.demand is None and h.lendable_nodes is None for h in out[1:])
+
+
+def test_max_lent_and_calendar_floor_limit_the_outlook() -> None:
+    cfg = parse_config({
+        "pools": [{"name": "llama", "min_serving": 1, "max_lent": 3, "target": {"concurrency_per_replica": 10}}],
+        "policy": {"calendar": [{"name": "no-lend-at-4", "effect": "no_lend", "start": "04:00", "end": "05:00"}]},
+    })
+    now = T0 + 8 * DAY + 60
+    hist = [s for s in daily(8, night_low) if s.t <= now]
+    out = lendable_outlook(hist, now, config=cfg, pool=cfg.pools[0], nodes=8, hours=8)
+    by_hour = {int((h.start % DAY) // 3600): h for h in out}
+    assert by_hour[2].lendable_nodes == 3  # max_lent
+    assert by_hour[4].lendable_nodes == 0  # calendar
+
+
+def _o(lend: list[int | None]) -> list[HourOutlook]:
+    return [HourOutlook(T0 + k * 3600, None if v is None else 1.0, None, v, "1d") for k, v in enumerate(lend)]
+
+
+def test_first_free_window_needs_every_hour_known_and_free() -> None:
+    assert first_free_window(_o([4, 4, 2, 4, 4, 4]), 3, 3) is not None
+    assert first_free_window(_o([4, 4, 2, 4, 4, 4]), 3, 3).start == T0 + 3 * 3600  # type: ignore[union-attr]
+    assert first_free_window(_o([4, None, 4, 4]), 3, 3) is None
+    assert first_free_window(_o([4, 4]), 3, 1.5).start == T0  # type: ignore[union-attr]
+    s = sentence(_o([1, 1, 5, 5, 5]), 4, 3, T0 + 10)
+    assert "4 node(s) are expected free for 3 h from" in s and "in about 2 h" in s and "requeued" in s
+    assert sentence(_o([1, 1]), 4, 2, T0).startswith("No window of 2 h with 4 node(s) free")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bridge", "forecast", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_forecast_cli_unreachable_prometheus_exits_3() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = _cli("--prometheus", f"http://127.0.0.1:{port}")
+    assert r.returncode == 3 and f"Prometheus at http://127.0.0.1:{port}" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (("--nodes", "4"), "--nodes and --for: give both"),
+        (("--nodes", "4", "--for", "a while"), "--for: expected a duration"),
+        (("--hours", "30"), "--hours: must be 1..24"),
+        (("--nodes", "2", "--for", "30h"), "longer than the outlook"),
+        (("--pool", "nosuch"), "--pool: no pool named 'nosuch'"),
+        (("--at", "tomorrow"), "--at: expected ISO 8601"),
+    ],
+)
+def test_forecast_cli_bad_input_exits_2(args: tuple[str, ...], msg: str) -> None:
+    r = _cli("--prometheus", "http://127.0.0.1:1", *args)
+    assert r.returncode == 2, r.stderr
+    assert msg in r.stderr
+
+
+def _daemon(prom: FakeProm, metrics: BridgeMetrics, now: float) -> Daemon:
+    cfg = parse_config({"pools": [{"name": "llama", "namespace": "serving", "deployment": "vllm", "min_serving": 1,
+                                   "cold_start_s": 3, "target": {"concurrency_per_replica": 10}}]})
+    kube = FakeKube(now=now)
+    slurm = FakeSlurm(grace_s=5, now=now)
+    for n in ("gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"):
+        kube.add_node(n, "llama")
+        slurm.add_node(n)
+    kube.add_pool(PoolTarget("llama", "serving", "vllm"), replicas=4)
+    return Daemon(cfg, kube=kube, slurm=slurm, prom=prom, prom_pools={"llama": PromPool("llama", "llama")},
+                  metrics=metrics, clock=lambda: now)
+
+
+def _gauge(m: BridgeMetrics, name: str, hours_ahead: str) -> float | None:
+    v = m.registry.get_sample_value(name, {"pool": "llama", "hours_ahead": hours_ahead})
+    return v
+
+
+def test_daemon_exports_the_outlook_and_nan_when_prometheus_fails() -> None:
+    now = T0 + 8 * DAY + 3600.0 + 30
+    prom = FakeProm()
+    prom.histories["llama"] = tuple(s for s in daily(9, night_low) if s.t <= now)
+    prom.set("llama", LoadSignals(now - 5, 10.0, 0.0, None, None, 4))
+    m = BridgeMetrics(CollectorRegistry(auto_describe=True))
+    d = _daemon(prom, m, now)
+    d.tick()
+    # 01:00-02:00: 1 replica -> 2 serving of 4 nodes, 2 lendable; 12:00 (11 h ahead): 5 replicas -> all serve
+    assert _gauge(m, "gpu_bridge_pool_lendable_nodes_forecast", "1") == 2
+    assert _gauge(m, "gpu_bridge_pool_lendable_nodes_forecast", "11") == 0
+    assert _gauge(m, "gpu_bridge_pool_demand_forecast_replicas", "11") == pytest.approx(5.0)
+    for fail in (False, True):  # no history for the hours ahead; Prometheus failing
+        prom2 = FakeProm(fail=fail)
+        prom2.set("llama", LoadSignals(now - 5, 10.0, 0.0, None, None, 4))
+        m2 = BridgeMetrics(CollectorRegistry(auto_describe=True))
+        _daemon(prom2, m2, now).tick()
+        v = _gauge(m2, "gpu_bridge_pool_lendable_nodes_forecast", "5")
+        assert v is not None and math.isnan(v)  # NaN, never 0

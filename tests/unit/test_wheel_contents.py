@@ -5,6 +5,7 @@ dependencies), listing no lab command."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -20,7 +21,14 @@ LAB_PATHS = ("bridge/sandbox/", "bridge/demo/", "bridge/faults.py", "bridge/adap
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+    # from the tracked files only: a stale build/ directory in a work tree would leak old modules
+    src = tmp_path_factory.mktemp("src")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60).stdout
+    for rel in filter(None, tracked.decode().split("\0")):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
                    check=True, timeout=300, capture_output=True)
     (whl,) = out.glob("gpu_bridge-*.whl")
     return whl

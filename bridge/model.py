@@ -66,6 +66,7 @@ class Reason(enum.StrEnum):
     MIN_RUNTIME = "min_runtime"  # reclaim wanted, remaining victims run jobs younger than min_runtime_s
     NO_CANDIDATES = "no_candidates"  # nothing that may be moved
     RATE_LIMITED = "rate_limited"  # max lends/reclaims per tick spent
+    CALIBRATING = "calibrating"  # too little history to calibrate the safety margin: no lending yet
 
 
 class HoldReason(enum.StrEnum):
@@ -100,6 +101,35 @@ class LoadSignals:
 
 
 @dataclass(frozen=True, slots=True)
+class Calibration:
+    """The pool's safety margin, calibrated on its own history (``bridge.policy.calibrate``).
+
+    Capacity kept for a base forecast ``b`` replicas is ``margin * (b + smoothing) - smoothing``.
+    ``margin`` is None while there is too little history (``samples < needed``): no lending.
+    Rebuilt from history, never kept: the daemon recomputes it from Prometheus after a restart.
+    """
+
+    margin: float | None
+    level: float  # quantile level of the score the margin is (1 - adjusted miss rate)
+    samples: int  # scores (history steps) it rests on
+    needed: int  # scores needed before lending
+    spent: int  # realised violation steps in the window (demand above Ready replicas, avoidable)
+    allowed: float  # violation steps the budget allows over the same window
+    budget: float  # pools[].slo_budget
+    horizon_s: float  # reclaim horizon the scores were taken over
+    smoothing: float = 1.0  # replicas added to both sides of the score's ratio
+    at: float = 0.0  # when it was computed (unix s)
+
+    def describe(self) -> str:
+        """For reasons: the margin and the budget spent so far."""
+        m = "none yet" if self.margin is None else f"x{self.margin:.2f}"
+        return (
+            f"calibrated margin {m} (q{self.level:.4f} over {self.samples} min); "
+            f"budget spent {self.spent} of {self.allowed:.1f} min ({self.budget:.2%})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PoolState:
     """One serving pool (one model's Deployment) as observed now."""
 
@@ -108,6 +138,8 @@ class PoolState:
     history: tuple[LoadSignals, ...] = ()  # older samples, oldest first (forecast, stabilization)
     ready_replicas: int = 0  # Ready serving pods, from Kubernetes
     desired_replicas: int = 0  # the Deployment's spec.replicas
+    calibration: Calibration | None = None  # None: uncalibrated (the configured headroom only)
+    horizon_s: float | None = None  # reclaim horizon from measured delays; None: the configured one
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,8 +197,22 @@ def _assess(
     pol = config.policy
     rpn = cfg.replicas_per_node
 
+    cal = state.calibration if state is not None else None
+    margin = cal.margin if cal is not None else None
+    smooth = cal.smoothing if cal is not None else 0.0
+
     def need(replicas: float) -> int:
-        return nodes_for(replicas, headroom=cfg.headroom, headroom_replicas=cfg.headroom_replicas, replicas_per_node=rpn)
+        """Nodes for a base forecast: the calibrated margin, and the configured headroom as a floor."""
+        n = nodes_for(replicas, headroom=cfg.headroom, headroom_replicas=cfg.headroom_replicas, replicas_per_node=rpn)
+        if margin is not None:
+            n = max(n, nodes_for(margin * (replicas + smooth) - smooth, headroom=0.0, headroom_replicas=0.0, replicas_per_node=rpn))
+        return n
+
+    def margin_text() -> str:
+        if cal is None:
+            return f"+{cfg.headroom:.0%} +{cfg.headroom_replicas:g} headroom"
+        floor = f"; floor +{cfg.headroom:.0%} +{cfg.headroom_replicas:g}" if cfg.headroom or cfg.headroom_replicas else ""
+        return cal.describe() + floor
 
     movable = [n for n in nodes if not n.problem and n.pin is None]
     serving_now = sum(1 for n in nodes if n.phase in _COMMITTED and (not n.problem or n.serving_ready))
@@ -219,6 +233,9 @@ def _assess(
 
     h = horizon_s(config, cfg)
     lh = lend_horizon_s(config, cfg)
+    if state is not None and state.horizon_s is not None and state.horizon_s > h:  # measured delays
+        lh += state.horizon_s - h
+        h = state.horizon_s
     cal_floor, cal_rule = calendar.floor(pol.calendar, cfg.name, now, now + h)
     cal_floor_lend, cal_rule_lend = calendar.floor(pol.calendar, cfg.name, now, now + lh)
     floor = max(cfg.min_serving, cal_floor)
@@ -307,7 +324,7 @@ def _assess(
             reason = Reason.FORECAST_RISE
             text = (
                 f"forecast peak {load:.1f} replicas over next {_min(h)} needs {need_nodes} nodes "
-                f"(+{cfg.headroom:.0%} +{cfg.headroom_replicas:g} headroom), {serving_now} serving or returning"
+                f"({margin_text()}), {serving_now} serving or returning"
             )
         elif cal_floor > cfg.min_serving and floor_c > serving_now:
             reason = Reason.CALENDAR
@@ -332,6 +349,14 @@ def _assess(
     # --- lend side: only on full, fresh information ---------------------------------------
     if not fresh:
         return work(decision(serving_now, status, f"not lending: {status_text}"))  # type: ignore[arg-type]
+    if cal is not None and margin is None:
+        return work(
+            decision(
+                serving_now,
+                Reason.CALIBRATING,
+                f"not lending: {cal.samples} of {cal.needed} minutes of history to calibrate the margin on",
+            )
+        )
     lend_load = max(x for x in (demand_now, fc.lend_peak, fc.recent_peak) if x is not None)
     lend_need = need(lend_load)
     floor_l = max(floor_lend, lend_need)
@@ -341,7 +366,7 @@ def _assess(
                 decision(
                     serving_now,
                     Reason.STEADY,
-                    f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} needs {lend_need} of {serving_now} serving nodes",
+                    f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} needs {lend_need} of {serving_now} serving nodes ({margin_text()})",
                 )
             )
         if cal_floor_lend >= serving_now and cal_floor_lend > cfg.min_serving:
@@ -371,7 +396,7 @@ def _assess(
     k = min(room, len(lendable))
     text = (
         f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} "
-        f"(+{cfg.headroom:.0%} +{cfg.headroom_replicas:g} headroom) needs {lend_need} < {serving_now} serving - {k}"
+        f"({margin_text()}) needs {lend_need} < {serving_now} serving - {k}"
         if lend_need > floor_lend
         else f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} fits the floor of {floor_l}, {serving_now} serving - {k}"
     )

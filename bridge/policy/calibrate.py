@@ -1,0 +1,188 @@
+"""The pool's safety margin, calibrated on its own history to spend the SLO budget.
+
+The operator states one number per pool, ``pools[].slo_budget``: the share of minutes that may
+see offered load above Ready capacity. Whether a given margin keeps that promise depends on
+the traffic (how fast and how far it moves within a reclaim horizon), so the margin is
+measured, not configured:
+
+- **score** of history step ``i``: how far demand at ``i`` rose above the base forecast made a
+  reclaim horizon earlier, ``(d[i] + c) / (b[i - h] + c)``; ``b`` is the peak over the lend
+  lookback (what a lend must fit under), ``h`` the reclaim horizon in steps (capacity wanted
+  at ``i`` must have been asked for at ``i - h``), ``c`` a smoothing term in replicas so that
+  a near-idle pool does not give wild ratios;
+- **margin** = the conformal quantile of the scores at level ``1 - a``: keeping
+  ``margin * (b + c) - c`` replicas would have let through a share ``a`` of the steps;
+- **adaptive level** (adaptive conformal inference, unrolled so it is a function of history
+  rather than of kept state): ``a = budget * (allowed + 1) / (spent + 1)``, where ``spent``
+  is the steps of the same window in which demand *did* exceed the Ready replicas (the
+  violations the policy really had, the unavoidable ones above the whole pool excluded) and
+  ``allowed = budget * steps``. Spending less than the budget loosens the margin, spending
+  more tightens it, so the realised rate is pulled to the budget whatever the traffic.
+
+Everything is computed from arrays of history (one value per step), vectorised with numpy:
+the daemon fills them from Prometheus (``query_range``) at start-up, the simulator from the
+trace; ``Calibrator`` keeps them incrementally and recomputes every ``interval_s``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bridge.config import Config, PoolConfig
+from bridge.model import Calibration, LoadSignals
+from bridge.policy.demand import replicas_needed
+
+
+def sliding_max(x: np.ndarray, w: int) -> np.ndarray:
+    """``out[i] = max(x[i - w + 1 .. i])`` ignoring NaN (``-inf`` where all are NaN), in
+    O(n log w) by doubling."""
+    y = np.where(np.isnan(x), -np.inf, x).astype(float)
+    if w <= 1 or y.size == 0:
+        return y
+    span = 1
+    while span * 2 <= w:
+        z = y.copy()
+        z[span:] = np.maximum(y[span:], y[:-span])
+        y, span = z, span * 2
+    rest = w - span
+    if rest > 0:
+        z = y.copy()
+        z[rest:] = np.maximum(y[rest:], y[:-rest])
+        y = z
+    return y
+
+
+def calibrate(
+    demand: np.ndarray,
+    ready: np.ndarray,
+    *,
+    step_s: float,
+    horizon_s: float,
+    lookback_s: float,
+    budget: float,
+    smoothing: float,
+    capacity: float,
+    min_samples: int,
+    at: float = 0.0,
+) -> Calibration:
+    """The margin from per-step arrays (oldest first; NaN = unknown): ``demand`` the peak
+    demand of each step in replicas, ``ready`` the fewest Ready replicas in it. ``capacity``:
+    replicas the whole pool can serve (demand above it is no one's violation)."""
+    d = np.asarray(demand, dtype=float)
+    r = np.asarray(ready, dtype=float)
+    h = max(1, math.ceil(horizon_s / step_s - 1e-9))
+    b = sliding_max(d, max(1, math.ceil(lookback_s / step_s - 1e-9)))
+    c = smoothing
+    if d.size > h:
+        num, den = d[h:], b[:-h]
+        ok = np.isfinite(num) & np.isfinite(den)
+        scores = (num[ok] + c) / (den[ok] + c)
+    else:
+        scores = np.empty(0)
+    n = int(scores.size)
+    known = np.isfinite(d) & np.isfinite(r)
+    spent = int(np.count_nonzero(known & (d > r + 1e-6) & (d <= capacity + 1e-6)))
+    allowed = budget * int(np.count_nonzero(known))
+    alpha = min(0.5, budget * (allowed + 1.0) / (spent + 1.0))
+    margin: float | None = None
+    if n >= max(1, min_samples):
+        k = math.ceil((n + 1) * (1.0 - alpha))  # conformal rank (1-based)
+        if k >= n:
+            margin = float(scores.max())
+        else:
+            margin = float(np.partition(scores, k - 1)[k - 1])
+        margin = max(1.0, margin)
+    return Calibration(
+        margin=margin,
+        level=1.0 - alpha,
+        samples=n,
+        needed=max(1, min_samples),
+        spent=spent,
+        allowed=allowed,
+        budget=budget,
+        horizon_s=horizon_s,
+        smoothing=c,
+        at=at,
+    )
+
+
+class Calibrator:
+    """One pool's calibration input (peak demand and fewest Ready replicas per step) kept
+    incrementally, and its ``Calibration`` recomputed at most every ``interval_s``.
+
+    Only a cache: ``add`` the same samples (the daemon's Prometheus history at start-up, then
+    each new sample) and the same calibration comes out."""
+
+    def __init__(self, config: Config, pool: PoolConfig) -> None:
+        cal = config.policy.calibration
+        self.config = config
+        self.pool = pool
+        self.step_s = cal.step_s
+        self.window_steps = max(1, math.ceil(cal.window_s / cal.step_s))
+        self._keys: list[int] = []
+        self._demand: list[float] = []
+        self._ready: list[float] = []
+        self._cached: tuple[tuple[int, float, float], Calibration] | None = None
+
+    def add(self, s: LoadSignals) -> None:
+        """Record a sample (in time order; older than the newest step is ignored)."""
+        d = replicas_needed(s, self.pool.target)
+        dv = math.nan if d is None else d
+        rv = float(s.replicas_reporting) if d is not None else math.nan
+        key = math.floor(s.t / self.step_s)
+        if self._keys and key < self._keys[-1]:
+            return
+        if self._keys and key == self._keys[-1]:
+            pd, pr = self._demand[-1], self._ready[-1]
+            self._demand[-1] = dv if math.isnan(pd) else (pd if math.isnan(dv) else max(pd, dv))
+            self._ready[-1] = rv if math.isnan(pr) else (pr if math.isnan(rv) else min(pr, rv))
+            return
+        self._keys.append(key)
+        self._demand.append(dv)
+        self._ready.append(rv)
+        if len(self._keys) > 2 * self.window_steps + 64:
+            cut = len(self._keys) - self.window_steps - 1
+            del self._keys[:cut], self._demand[:cut], self._ready[:cut]
+
+    def arrays(self, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per-step demand and ready over the window ending at ``now``'s step (NaN = gap)."""
+        k_now = math.floor(now / self.step_s)
+        k0 = k_now - self.window_steps + 1
+        d = np.full(self.window_steps, np.nan)
+        r = np.full(self.window_steps, np.nan)
+        if self._keys:
+            keys = np.asarray(self._keys, dtype=np.int64)
+            sel = (keys >= k0) & (keys <= k_now)
+            idx = keys[sel] - k0
+            d[idx] = np.asarray(self._demand, dtype=float)[sel]
+            r[idx] = np.asarray(self._ready, dtype=float)[sel]
+        return d, r
+
+    def calibration(self, now: float, *, capacity: float, horizon_s: float | None = None) -> Calibration:
+        """The calibration as of ``now`` (recomputed every ``policy.calibration.interval_s``)."""
+        cal = self.config.policy.calibration
+        from bridge.policy.forecast import horizon_s as configured_horizon
+
+        h = max(configured_horizon(self.config, self.pool), horizon_s or 0.0)
+        slot = math.floor(now / cal.interval_s)
+        key = (slot, capacity, h)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        d, r = self.arrays(now)
+        f = self.config.policy.forecast
+        got = calibrate(
+            d,
+            r,
+            step_s=self.step_s,
+            horizon_s=h,
+            lookback_s=max(f.lend_lookback_s, f.burst_window_s),
+            budget=self.pool.slo_budget,
+            smoothing=f.burst_smoothing_replicas,
+            capacity=capacity,
+            min_samples=math.ceil(cal.min_history_s / self.step_s),
+            at=now,
+        )
+        self._cached = (key, got)
+        return got

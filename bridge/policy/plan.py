@@ -398,7 +398,8 @@ def _assess(
         f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} "
         f"({margin_text()}) needs {lend_need} < {serving_now} serving - {k}"
         if lend_need > floor_lend
-        else f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} fits the floor of {floor_l}, {serving_now} serving - {k}"
+        else f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} ({margin_text()}) fits the floor of {floor_l}, "
+        f"{serving_now} serving - {k}"
     )
     return work(decision(serving_now - k, Reason.LOW_FORECAST, text), lend=k, lend_detail=text)
 

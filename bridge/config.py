@@ -231,7 +231,7 @@ class CalendarRule:
 class ForecastConfig:
     enabled: bool = setting(True, doc="use the seasonal/trend forecast; false = current load only (reactive)")
     seasonal_lags_s: tuple[float, ...] = setting(
-        (86400.0, 604800.0), gt=0, doc="seasonal lags: the same time this long ago (1 d, 7 d)"
+        (), gt=0, doc="optional: seasonal lags, the same time this long ago (e.g. [86400, 604800]); the margin is calibrated by hour of the day instead"
     )
     compare_window_s: float = setting(
         1800.0, gt=0, doc="window before now (and before now - lag) whose mean load scales the seasonal profile"
@@ -266,11 +266,16 @@ class CalibrationConfig:
     """How the safety margin is calibrated on the pool's history (``bridge.policy.calibrate``)."""
 
     enabled: bool = setting(True, doc="calibrate the margin to pools[].slo_budget; false = headroom settings only")
-    window_s: float = setting(604800.0, gt=0, doc="history the margin is calibrated on (7 days; Prometheus query_range at start-up)")
+    window_s: float = setting(
+        1209600.0, gt=0, doc="history the margin is calibrated on (14 days, within Prometheus' default 15 d retention; query_range at start-up)"
+    )
     step_s: float = setting(60.0, gt=0, doc="resolution of that history (peak demand, fewest Ready replicas per step)")
     interval_s: float = setting(600.0, gt=0, doc="how often the margin is re-estimated")
     min_history_s: float = setting(
         10800.0, ge=0, doc="history needed before anything is lent; with less than 1/slo_budget steps the largest rise seen is the margin"
+    )
+    by_time_of_day: bool = setting(
+        True, doc="a margin per hour of the day (each hour's typical rise plus one conformal rank over all hours)"
     )
     delay_quantile: float = setting(0.95, gt=0, lt=1, doc="quantile of measured reclaim delays the horizon uses")
     delay_min_samples: int = setting(5, ge=1, doc="measured reclaims needed before they replace the configured delays")

@@ -119,10 +119,22 @@ class Calibration:
     horizon_s: float  # reclaim horizon the scores were taken over
     smoothing: float = 1.0  # replicas added to both sides of the score's ratio
     at: float = 0.0  # when it was computed (unix s)
+    # margin by hour of the day (UTC hours of the steps; 24 values), or () = ``margin`` always
+    by_hour: tuple[float, ...] = ()
 
-    def describe(self) -> str:
-        """For reasons: the margin and the budget spent so far."""
-        m = "none yet" if self.margin is None else f"x{self.margin:.2f}"
+    def margin_over(self, lo: float, hi: float) -> float | None:
+        """The margin for capacity that must hold over [lo, hi] (unix s): the largest of the
+        hours it touches (``margin`` when not calibrated by time of day)."""
+        if self.margin is None or not self.by_hour:
+            return self.margin
+        n = len(self.by_hour)
+        k0, k1 = int(lo // 3600), int(hi // 3600)
+        return max(self.by_hour[k % n] for k in range(k0, min(k1, k0 + n - 1) + 1))
+
+    def describe(self, margin: float | None = None) -> str:
+        """For reasons: the margin (the one used, if given) and the budget spent so far."""
+        m = margin if margin is not None else self.margin
+        m = "none yet" if m is None else f"x{m:.2f}"
         return (
             f"calibrated margin {m} (q{self.level:.4f} over {self.samples} min); "
             f"budget spent {self.spent} of {self.allowed:.1f} min ({self.budget:.2%})"

@@ -6,7 +6,8 @@ the traffic (how fast and how far it moves within a reclaim horizon), so the mar
 measured, not configured:
 
 - **score** of history step ``i``: how far demand at ``i`` rose above the base forecast made a
-  reclaim horizon earlier, ``(d[i] + c) / (b[i - h] + c)``; ``b`` is the peak over the lend
+  reclaim horizon earlier, ``(d'[i] + c) / (b[i - h] + c)``, ``d'`` the largest capacity in whole
+  nodes that would *not* have served ``d`` (capacity is rounded up to nodes); ``b`` is the peak over the lend
   lookback (what a lend must fit under), ``h`` the reclaim horizon in steps (capacity wanted
   at ``i`` must have been asked for at ``i - h``), ``c`` a smoothing term in replicas so that
   a near-idle pool does not give wild ratios;
@@ -66,6 +67,8 @@ def calibrate(
     capacity: float,
     min_samples: int,
     at: float = 0.0,
+    hours: np.ndarray | None = None,
+    replicas_per_node: int = 1,
 ) -> Calibration:
     """The margin from per-step arrays (oldest first; NaN = unknown): ``demand`` the peak
     demand of each step in replicas, ``ready`` the fewest Ready replicas in it. ``capacity``:
@@ -78,22 +81,26 @@ def calibrate(
     if d.size > h:
         num, den = d[h:], b[:-h]
         ok = np.isfinite(num) & np.isfinite(den)
-        scores = (num[ok] + c) / (den[ok] + c)
+        # capacity comes in whole nodes: keeping margin * (b + c) - c replicas, rounded up to
+        # nodes, serves d exactly when margin exceeds this score (so rounding is not counted twice)
+        below = replicas_per_node * (np.ceil(num[ok] / replicas_per_node - 1e-9) - 1.0)
+        scores = (np.maximum(below, 0.0) + c) / (den[ok] + c) * (1.0 + 1e-9)
+        where = np.nonzero(ok)[0] + h
     else:
         scores = np.empty(0)
+        where = np.empty(0, dtype=np.int64)
     n = int(scores.size)
     known = np.isfinite(d) & np.isfinite(r)
     spent = int(np.count_nonzero(known & (d > r + 1e-6) & (d <= capacity + 1e-6)))
     allowed = budget * int(np.count_nonzero(known))
     alpha = min(0.5, budget * (allowed + 1.0) / (spent + 1.0))
     margin: float | None = None
+    by_hour: tuple[float, ...] = ()
     if n >= max(1, min_samples):
         k = math.ceil((n + 1) * (1.0 - alpha))  # conformal rank (1-based)
-        if k >= n:
-            margin = float(scores.max())
-        else:
-            margin = float(np.partition(scores, k - 1)[k - 1])
-        margin = max(1.0, margin)
+        margin = max(1.0, _rank(scores, k))
+        if hours is not None:
+            by_hour = _by_hour(np.log(scores), np.asarray(hours)[where], k)
     return Calibration(
         margin=margin,
         level=1.0 - alpha,
@@ -105,7 +112,39 @@ def calibrate(
         horizon_s=horizon_s,
         smoothing=c,
         at=at,
+        by_hour=by_hour,
     )
+
+
+def _rank(x: np.ndarray, k: int) -> float:
+    """The k-th smallest (1-based) of ``x``; its maximum when ``k`` is beyond it."""
+    if k >= x.size:
+        return float(x.max())
+    return float(np.partition(x, k - 1)[k - 1])
+
+
+# An hour's typical rise is shrunk toward all hours' with this weight in scores (a week of
+# one-minute steps of one hour): one day of history barely moves it, a week weighs half.
+HOUR_PRIOR_SAMPLES = 420
+HOUR_LEVEL = 0.9  # the hour's typical rise: this quantile of its log-scores
+
+
+def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int) -> tuple[float, ...]:
+    """Margins by hour of the day (locally shifted conformal): each log-score minus its hour's
+    typical rise is exchangeable across hours, so one conformal rank of the shifted scores
+    plus each hour's own typical rise gives a margin per hour whose misses still total the
+    level over the day: hours whose load habitually jumps (a morning ramp) get more, calm
+    hours less. An hour's typical rise is shrunk toward the typical rise of all hours, by
+    its number of scores (``HOUR_PRIOR_SAMPLES``), so a day of history barely moves it."""
+    base = float(np.quantile(logs, HOUR_LEVEL))
+    mu = np.full(24, base)
+    for hr in range(24):
+        sel = logs[hour == hr]
+        if sel.size:
+            w = sel.size / (sel.size + HOUR_PRIOR_SAMPLES)
+            mu[hr] = w * float(np.quantile(sel, HOUR_LEVEL)) + (1.0 - w) * base
+    q = _rank(logs - mu[hour], k)
+    return tuple(max(1.0, math.exp(q + m)) for m in mu)
 
 
 class Calibrator:
@@ -160,6 +199,12 @@ class Calibrator:
             r[idx] = np.asarray(self._ready, dtype=float)[sel]
         return d, r
 
+    def _hours(self, now: float) -> np.ndarray:
+        """UTC hour of the day of each step of the window ending at ``now``."""
+        k_now = math.floor(now / self.step_s)
+        keys = np.arange(k_now - self.window_steps + 1, k_now + 1, dtype=np.int64)
+        return ((keys * self.step_s) % 86400.0 // 3600.0).astype(np.int64)
+
     def calibration(self, now: float, *, capacity: float, horizon_s: float | None = None) -> Calibration:
         """The calibration as of ``now`` (recomputed every ``policy.calibration.interval_s``)."""
         cal = self.config.policy.calibration
@@ -183,6 +228,8 @@ class Calibrator:
             capacity=capacity,
             min_samples=math.ceil(cal.min_history_s / self.step_s),
             at=now,
+            hours=self._hours(now) if cal.by_time_of_day else None,
+            replicas_per_node=self.pool.replicas_per_node,
         )
         self._cached = (key, got)
         return got

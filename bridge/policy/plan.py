@@ -200,19 +200,23 @@ def _assess(
     cal = state.calibration if state is not None else None
     margin = cal.margin if cal is not None else None
     smooth = cal.smoothing if cal is not None else 0.0
+    used: list[float] = []  # margins applied this tick (for the reason)
 
-    def need(replicas: float) -> int:
-        """Nodes for a base forecast: the calibrated margin, and the configured headroom as a floor."""
+    def need(replicas: float, span_s: float = 0.0) -> int:
+        """Nodes for a base forecast that must hold for ``span_s``: the calibrated margin for
+        those hours, and the configured headroom as a floor."""
         n = nodes_for(replicas, headroom=cfg.headroom, headroom_replicas=cfg.headroom_replicas, replicas_per_node=rpn)
-        if margin is not None:
-            n = max(n, nodes_for(margin * (replicas + smooth) - smooth, headroom=0.0, headroom_replicas=0.0, replicas_per_node=rpn))
+        m = cal.margin_over(now, now + span_s) if cal is not None else None
+        if m is not None:
+            used.append(m)
+            n = max(n, nodes_for(m * (replicas + smooth) - smooth, headroom=0.0, headroom_replicas=0.0, replicas_per_node=rpn))
         return n
 
     def margin_text() -> str:
         if cal is None:
             return f"+{cfg.headroom:.0%} +{cfg.headroom_replicas:g} headroom"
         floor = f"; floor +{cfg.headroom:.0%} +{cfg.headroom_replicas:g}" if cfg.headroom or cfg.headroom_replicas else ""
-        return cal.describe() + floor
+        return cal.describe(used[-1] if used else None) + floor
 
     movable = [n for n in nodes if not n.problem and n.pin is None]
     serving_now = sum(1 for n in nodes if n.phase in _COMMITTED and (not n.problem or n.serving_ready))
@@ -313,7 +317,7 @@ def _assess(
     if not known_load:  # only when blind_after_s exceeds the burst window
         return work(decision(serving_now, status or Reason.SIGNALS_MISSING, f"not lending: {status_text or 'no recent sample'}"))
     load = max(known_load)
-    need_nodes = need(load)
+    need_nodes = need(load, h)
     desired = max(floor_c, need_nodes)
     urgent = demand_now is not None and demand_now > ready * rpn
     if desired > serving_now:
@@ -358,7 +362,7 @@ def _assess(
             )
         )
     lend_load = max(x for x in (demand_now, fc.lend_peak, fc.recent_peak) if x is not None)
-    lend_need = need(lend_load)
+    lend_need = need(lend_load, lh)
     floor_l = max(floor_lend, lend_need)
     if floor_l >= serving_now:
         if lend_need >= serving_now:

@@ -50,7 +50,8 @@ def test_margin_is_the_conformal_quantile_of_the_rises() -> None:
     d = _load(3)
     c = _cal(d, np.full(d.size, 96.0))
     b = sliding_max(d, 60)
-    scores = (d[10:] + 1) / (b[:-10] + 1)
+    # the largest whole-node capacity that would not have served d, against the base
+    scores = (np.maximum(np.ceil(d[10:]) - 1, 0) + 1) / (b[:-10] + 1) * (1 + 1e-9)
     # nothing spent: the level loosens to budget * (allowed + 1), conformal rank
     alpha = 0.001 * (0.001 * d.size + 1)
     k = math.ceil((scores.size + 1) * (1 - alpha))
@@ -168,3 +169,22 @@ def test_split_history_keeps_whole_days_and_the_rest() -> None:
     assert split_history(w, 0) == (None, w)
     with pytest.raises(ValueError, match="history_days"):
         split_history(w, 3)
+
+
+def test_hours_whose_load_habitually_jumps_get_a_larger_margin() -> None:
+    rng = np.random.default_rng(5)
+    days = 14
+    n = days * 1440
+    d = 10 + rng.gamma(2.0, 0.5, n)
+    minute = np.arange(n) % 1440
+    ramp = (minute >= 8 * 60) & (minute < 9 * 60)  # 08:00-09:00: the load jumps every day
+    d[ramp] += 12 * ((minute[ramp] - 8 * 60) // 20 % 2)
+    hours = (minute // 60).astype(np.int64)
+    c = _cal(d, np.full(n, 96.0), hours=hours)
+    assert c.by_hour and len(c.by_hour) == 24
+    assert c.by_hour[8] > c.by_hour[2] * 1.1
+    assert c.by_hour[8] >= c.margin >= c.by_hour[2]  # the calm hours gain what the ramp needs
+    # a capacity that must hold across 07:30-08:10 takes the larger of the two hours
+    day0 = NOW - NOW % 86400
+    assert c.margin_over(day0 + 7.5 * 3600, day0 + 8.2 * 3600) == c.by_hour[8]
+    assert c.margin_over(day0 + 2 * 3600, day0 + 2.5 * 3600) == c.by_hour[2]

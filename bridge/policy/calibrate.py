@@ -143,13 +143,17 @@ def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int) -> tuple[float, ...]:
     level over the day: hours whose load habitually jumps (a morning ramp) get more, calm
     hours less. An hour's typical rise is shrunk toward the typical rise of all hours, by
     its number of scores (``HOUR_PRIOR_SAMPLES``), so a day of history barely moves it."""
-    base = float(np.quantile(logs, HOUR_LEVEL))
-    mu = np.full(24, base)
-    for hr in range(24):
-        sel = logs[hour == hr]
-        if sel.size:
-            w = sel.size / (sel.size + HOUR_PRIOR_SAMPLES)
-            mu[hr] = w * float(np.quantile(sel, HOUR_LEVEL)) + (1.0 - w) * base
+    n = logs.size
+    base = _rank(logs, int(HOUR_LEVEL * (n - 1)) + 1)
+    # each hour's HOUR_LEVEL quantile (lower order statistic) in one sort, not 24 quantile calls
+    order = np.lexsort((logs, hour))
+    counts = np.bincount(hour, minlength=24)[:24]
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    have = counts > 0
+    q_hour = np.full(24, base)
+    q_hour[have] = logs[order][starts[have] + (HOUR_LEVEL * (counts[have] - 1)).astype(np.int64)]
+    w = counts / (counts + HOUR_PRIOR_SAMPLES)
+    mu = w * q_hour + (1.0 - w) * base
     q = _rank(logs - mu[hour], k)
     return tuple(max(1.0, math.exp(q + m)) for m in mu)
 
@@ -167,44 +171,38 @@ class Calibrator:
         self.pool = pool
         self.step_s = cal.step_s
         self.window_steps = max(1, math.ceil(cal.window_s / cal.step_s))
-        self._keys: list[int] = []
-        self._demand: list[float] = []
-        self._ready: list[float] = []
+        # a ring of one slot per step of the window: slot = step % size, with the step it holds
+        self._size = self.window_steps + 1
+        self._key = np.full(self._size, -1, dtype=np.int64)
+        self._demand = np.full(self._size, np.nan)
+        self._ready = np.full(self._size, np.nan)
+        self._last = -1
         self._cached: tuple[tuple[int, float, float], Calibration] | None = None
 
     def add(self, s: LoadSignals) -> None:
         """Record a sample (in time order; older than the newest step is ignored)."""
+        key = math.floor(s.t / self.step_s)
+        if key < self._last:
+            return
         d = replicas_needed(s, self.pool.target)
         dv = math.nan if d is None else d
         rv = float(s.replicas_reporting) if d is not None else math.nan
-        key = math.floor(s.t / self.step_s)
-        if self._keys and key < self._keys[-1]:
+        i = key % self._size
+        if key == self._last:
+            pd, pr = float(self._demand[i]), float(self._ready[i])
+            self._demand[i] = dv if math.isnan(pd) else (pd if math.isnan(dv) else max(pd, dv))
+            self._ready[i] = rv if math.isnan(pr) else (pr if math.isnan(rv) else min(pr, rv))
             return
-        if self._keys and key == self._keys[-1]:
-            pd, pr = self._demand[-1], self._ready[-1]
-            self._demand[-1] = dv if math.isnan(pd) else (pd if math.isnan(dv) else max(pd, dv))
-            self._ready[-1] = rv if math.isnan(pr) else (pr if math.isnan(rv) else min(pr, rv))
-            return
-        self._keys.append(key)
-        self._demand.append(dv)
-        self._ready.append(rv)
-        if len(self._keys) > 2 * self.window_steps + 64:
-            cut = len(self._keys) - self.window_steps - 1
-            del self._keys[:cut], self._demand[:cut], self._ready[:cut]
+        self._key[i], self._demand[i], self._ready[i] = key, dv, rv
+        self._last = key
 
     def arrays(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per-step demand and ready over the window ending at ``now``'s step (NaN = gap)."""
         k_now = math.floor(now / self.step_s)
-        k0 = k_now - self.window_steps + 1
-        d = np.full(self.window_steps, np.nan)
-        r = np.full(self.window_steps, np.nan)
-        if self._keys:
-            keys = np.asarray(self._keys, dtype=np.int64)
-            sel = (keys >= k0) & (keys <= k_now)
-            idx = keys[sel] - k0
-            d[idx] = np.asarray(self._demand, dtype=float)[sel]
-            r[idx] = np.asarray(self._ready, dtype=float)[sel]
-        return d, r
+        keys = np.arange(k_now - self.window_steps + 1, k_now + 1, dtype=np.int64)
+        slots = keys % self._size
+        held = self._key[slots] == keys
+        return np.where(held, self._demand[slots], np.nan), np.where(held, self._ready[slots], np.nan)
 
     def _hours(self, now: float) -> np.ndarray:
         """UTC hour of the day of each step of the window ending at ``now``."""

@@ -66,9 +66,16 @@ def measured_horizon(config: Config, pool: PoolConfig, delays: Sequence[float]) 
     cal = config.policy.calibration
     if not pool.measured_delays or len(delays) < cal.delay_min_samples:
         return None
-    q = float(np.quantile(np.asarray(delays[-512:], dtype=float), cal.delay_quantile))
+    q = _delay_quantile(tuple(delays[-512:]), cal.delay_quantile)
     extra = config.policy.forecast.margin_s + config.policy.tick_s + config.prometheus.scrape_interval_s
-    return max(horizon_s(config, pool), q + extra)
+    # whole ticks: the horizon (and the calibration keyed on it) moves in steps, not each reclaim
+    tick = config.policy.tick_s
+    return max(horizon_s(config, pool), math.ceil((q + extra) / tick - 1e-9) * tick)
+
+
+@functools.lru_cache(maxsize=64)
+def _delay_quantile(delays: tuple[float, ...], q: float) -> float:
+    return float(np.quantile(np.asarray(delays, dtype=float), q))
 
 
 def lend_horizon_s(config: Config, pool: PoolConfig) -> float:

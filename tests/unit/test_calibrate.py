@@ -147,7 +147,8 @@ def test_measured_horizon_needs_samples_and_never_goes_below_the_configured_one(
     h = horizon_s(CFG, POOL)
     assert measured_horizon(CFG, POOL, [900.0] * 4) is None
     got = measured_horizon(CFG, POOL, [900.0] * 5)
-    assert got == pytest.approx(900.0 + CFG.policy.forecast.margin_s + CFG.policy.tick_s + CFG.prometheus.scrape_interval_s)
+    raw = 900.0 + CFG.policy.forecast.margin_s + CFG.policy.tick_s + CFG.prometheus.scrape_interval_s
+    assert got == pytest.approx(math.ceil(raw / CFG.policy.tick_s) * CFG.policy.tick_s)  # whole ticks
     assert measured_horizon(CFG, POOL, [10.0] * 50) == pytest.approx(h)
     off = dataclasses.replace(CFG, pools=(dataclasses.replace(POOL, measured_delays=False),))
     assert measured_horizon(off, off.pools[0], [900.0] * 50) is None

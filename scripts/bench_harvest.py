@@ -85,12 +85,12 @@ def main() -> int:
     naive_cfg = apply_overrides(cfg, victims="naive")
     trace = load_trace()
     w = build_workload(trace, peak_replicas=args.peak_replicas, days=args.days, seed=args.seed, max_cv=args.max_cv)
-    setup = Setup(cfg, w, args.nodes, 4, seed=args.seed)
+    setup = Setup(cfg, w, args.nodes, 4, seed=args.seed, cold_start_cv=args.cold_start_cv)
     print(w.describe_scale())
     pool = setup.pool
     print(
         f"{args.nodes} nodes x 4 GPUs, {w.minutes} minutes; tick {setup.tick_s:g} s, scrape {setup.scrape_s:g} s, "
-        f"drain {setup.drain_s:g} s, grace {setup.grace_s:g} s, cold start {setup.cold_start_s:g} s; "
+        f"drain {setup.drain_s:g} s, grace {setup.grace_s:g} s, cold start {setup.cold_start_s:g} s (cv {setup.cold_start_cv:g}); "
         f"headroom {pool.headroom:g} + {pool.headroom_replicas:g} replicas; seed {args.seed}"
         + (f"; cv capped at {args.max_cv:g}" if args.max_cv else "")
         + (f"; overrides {', '.join(args.set)}" if args.set else "")

@@ -119,12 +119,14 @@ class Calibration:
     horizon_s: float  # reclaim horizon the scores were taken over
     smoothing: float = 1.0  # replicas added to both sides of the score's ratio
     at: float = 0.0  # when it was computed (unix s)
-    # margin by hour of the day (UTC hours of the steps; 24 values), or () = ``margin`` always
+    # margin by hour of the day (UTC hours of the steps; 24 values, inf = hour not seen yet),
+    # or () = ``margin`` always
     by_hour: tuple[float, ...] = ()
 
     def margin_over(self, lo: float, hi: float) -> float | None:
         """The margin for capacity that must hold over [lo, hi] (unix s): the largest of the
-        hours it touches (``margin`` when not calibrated by time of day)."""
+        hours it touches (``margin`` when not calibrated by time of day); ``inf`` when one of
+        them is not in the history yet."""
         if self.margin is None or not self.by_hour:
             return self.margin
         n = len(self.by_hour)

@@ -134,6 +134,7 @@ def _rank(x: np.ndarray, k: int) -> float:
 # one-minute steps of one hour): one day of history barely moves it, a week weighs half.
 HOUR_PRIOR_SAMPLES = 420
 HOUR_LEVEL = 0.9  # the hour's typical rise: this quantile of its log-scores
+MIN_HOUR_SEEN = 30  # scores (minutes) of an hour of the day before anything is lent across it
 
 
 def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int) -> tuple[float, ...]:
@@ -142,7 +143,8 @@ def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int) -> tuple[float, ...]:
     plus each hour's own typical rise gives a margin per hour whose misses still total the
     level over the day: hours whose load habitually jumps (a morning ramp) get more, calm
     hours less. An hour's typical rise is shrunk toward the typical rise of all hours, by
-    its number of scores (``HOUR_PRIOR_SAMPLES``), so a day of history barely moves it."""
+    its number of scores (``HOUR_PRIOR_SAMPLES``), so a day of history barely moves it. An
+    hour with fewer than ``MIN_HOUR_SEEN`` scores has no margin (``inf``): not lent across."""
     n = logs.size
     base = _rank(logs, int(HOUR_LEVEL * (n - 1)) + 1)
     # each hour's HOUR_LEVEL quantile (lower order statistic) in one sort, not 24 quantile calls
@@ -155,7 +157,9 @@ def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int) -> tuple[float, ...]:
     w = counts / (counts + HOUR_PRIOR_SAMPLES)
     mu = w * q_hour + (1.0 - w) * base
     q = _rank(logs - mu[hour], k)
-    return tuple(max(1.0, math.exp(q + m)) for m in mu)
+    # an hour the history has not shown yet (a fresh pool's first day) gets no margin: its
+    # rise is unknown (a morning ramp first seen live), so nothing is lent across it
+    return tuple(max(1.0, math.exp(q + m)) if c >= MIN_HOUR_SEEN else math.inf for m, c in zip(mu, counts, strict=True))
 
 
 class Calibrator:

@@ -24,6 +24,7 @@ Per pool (pools in name order), in units of whole nodes:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -207,6 +208,8 @@ def _assess(
         those hours, and the configured headroom as a floor."""
         n = nodes_for(replicas, headroom=cfg.headroom, headroom_replicas=cfg.headroom_replicas, replicas_per_node=rpn)
         m = cal.margin_over(now, now + span_s) if cal is not None else None
+        if m is not None and math.isinf(m):  # an hour not in the history yet: the overall margin
+            m = cal.margin if cal is not None else None
         if m is not None:
             used.append(m)
             n = max(n, nodes_for(m * (replicas + smooth) - smooth, headroom=0.0, headroom_replicas=0.0, replicas_per_node=rpn))
@@ -359,6 +362,14 @@ def _assess(
                 serving_now,
                 Reason.CALIBRATING,
                 f"not lending: {cal.samples} of {cal.needed} minutes of history to calibrate the margin on",
+            )
+        )
+    if cal is not None and math.isinf(cal.margin_over(now, now + lh) or 0.0):
+        return work(
+            decision(
+                serving_now,
+                Reason.CALIBRATING,
+                f"not lending: the next {_min(lh)} include hours of the day not yet in the history (their rise is unknown)",
             )
         )
     lend_load = max(x for x in (demand_now, fc.lend_peak, fc.recent_peak) if x is not None)

@@ -189,3 +189,23 @@ def test_hours_whose_load_habitually_jumps_get_a_larger_margin() -> None:
     day0 = NOW - NOW % 86400
     assert c.margin_over(day0 + 7.5 * 3600, day0 + 8.2 * 3600) == c.by_hour[8]
     assert c.margin_over(day0 + 2 * 3600, day0 + 2.5 * 3600) == c.by_hour[2]
+
+
+def test_hours_not_in_the_history_yet_are_not_lent_across() -> None:
+    d = _load(0.5)  # 12 hours: 00:00-12:00
+    hours = (np.arange(d.size) // 60 % 24).astype(np.int64)
+    c = _cal(d, np.full(d.size, 96.0), hours=hours)
+    assert c.margin is not None and all(math.isfinite(m) for m in c.by_hour[:11])
+    assert all(math.isinf(m) for m in c.by_hour[13:])
+    day0 = NOW - NOW % 86400
+    assert math.isfinite(c.margin_over(day0 + 3 * 3600, day0 + 3.5 * 3600) or 0)
+    assert math.isinf(c.margin_over(day0 + 12.9 * 3600, day0 + 13.2 * 3600) or 0)
+    # at 12:55 the lend horizon reaches 13:00, never seen: no lend, and the reason says why
+    c = dataclasses.replace(c, at=NOW)
+    view = _view(c, level=2.0, ready=10)
+    p = plan(dataclasses.replace(view, now=day0 + 12.92 * 3600, pools={
+        POOL.name: dataclasses.replace(view.pools[POOL.name], signals=LoadSignals(day0 + 12.92 * 3600, 48, 0, 1, None, 10),
+                                       history=tuple(dataclasses.replace(s, t=s.t - NOW + day0 + 12.92 * 3600)
+                                                     for s in view.pools[POOL.name].history))}), CFG)
+    assert not p.actions and p.pools[0].reason == Reason.CALIBRATING
+    assert "not yet in the history" in p.pools[0].detail

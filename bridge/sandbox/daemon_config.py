@@ -72,6 +72,7 @@ def sandbox_config(
                 "trend_window_s": 20.0,
                 "compare_window_s": 30.0,
                 "burst_history_s": 86400.0,
+                "seasonal_lags_s": [86400.0, 604800.0],
             },
             # compressed time (a day in minutes): a margin calibrated on a week of 60 s steps
             # means nothing here, the sandbox keeps its explicit headroom

@@ -321,12 +321,23 @@ def _assess(
         return work(decision(serving_now, status or Reason.SIGNALS_MISSING, f"not lending: {status_text or 'no recent sample'}"))
     load = max(known_load)
     need_nodes = need(load, h)
+    # the reclaim horizon reaches an hour of the day the history has not shown (a fresh pool's
+    # first day): its rise is unknown, so what is lent comes back before it starts
+    unseen = cal is not None and cal.margin is not None and math.isinf(cal.margin_over(now, now + h) or 0.0)
+    if unseen:
+        need_nodes = reachable
     desired = max(floor_c, need_nodes)
     urgent = demand_now is not None and demand_now > ready * rpn
     if desired > serving_now:
         if urgent and need_nodes > serving_now:
             reason = Reason.SPIKE
             text = f"demand {demand_now:.1f} replicas ({cur.by}) > {ready * rpn} Ready; need {need_nodes} nodes, {serving_now} serving or returning"
+        elif need_nodes > serving_now and unseen:
+            reason = Reason.FORECAST_RISE
+            text = (
+                f"the next {_min(h)} reach an hour of the day not yet in the history (its rise is unknown): "
+                f"all {need_nodes} nodes, {serving_now} serving or returning"
+            )
         elif need_nodes > serving_now:
             reason = Reason.FORECAST_RISE
             text = (

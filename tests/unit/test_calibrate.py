@@ -209,3 +209,21 @@ def test_hours_not_in_the_history_yet_are_not_lent_across() -> None:
                                                      for s in view.pools[POOL.name].history))}), CFG)
     assert not p.actions and p.pools[0].reason == Reason.CALIBRATING
     assert "not yet in the history" in p.pools[0].detail
+
+
+def test_lent_nodes_come_back_before_an_hour_not_in_the_history() -> None:
+    d = _load(0.5)  # 00:00-12:00 seen
+    hours = (np.arange(d.size) // 60 % 24).astype(np.int64)
+    c = _cal(d, np.full(d.size, 96.0), hours=hours)
+    day0 = NOW - NOW % 86400
+    t = day0 + 11.95 * 3600  # 11:57: the reclaim horizon reaches 12:00+
+    nodes = tuple(
+        NodeState(f"gpu-node-{i:02d}", POOL.name, Phase.SERVING if i < 3 else Phase.LENT, t - 86400,
+                  serving_pods=1 if i < 3 else 0, serving_ready=i < 3)
+        for i in range(6)
+    )
+    hist = tuple(LoadSignals(t - (240 - i) * 30.0, 48, 0.0, 1.0, None, 3) for i in range(240))
+    ps = PoolState(POOL.name, LoadSignals(t, 48, 0.0, 1.0, None, 3), hist, 3, 3, calibration=c)
+    p = plan(ClusterView(now=t, nodes=nodes, pools={POOL.name: ps}), CFG)
+    assert sorted(a.node for a in p.actions if a.kind.value == "reclaim") == ["gpu-node-03", "gpu-node-04", "gpu-node-05"]
+    assert "not yet in the history" in p.pools[0].detail

@@ -122,6 +122,7 @@ class Calibration:
     # margin by hour of the day (UTC hours of the steps; 24 values, inf = hour not seen yet),
     # or () = ``margin`` always
     by_hour: tuple[float, ...] = ()
+    peak_seen: float = 0.0  # highest demand in the window (replicas): the floor for hours not seen yet
 
     def margin_over(self, lo: float, hi: float) -> float | None:
         """The margin for capacity that must hold over [lo, hi] (unix s): the largest of the

@@ -120,6 +120,7 @@ def calibrate(
         smoothing=c,
         at=at,
         by_hour=by_hour,
+        peak_seen=float(np.nanmax(d)) if np.isfinite(d).any() else 0.0,
     )
 
 
@@ -144,7 +145,7 @@ def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int) -> tuple[float, ...]:
     level over the day: hours whose load habitually jumps (a morning ramp) get more, calm
     hours less. An hour's typical rise is shrunk toward the typical rise of all hours, by
     its number of scores (``HOUR_PRIOR_SAMPLES``), so a day of history barely moves it. An
-    hour with fewer than ``MIN_HOUR_SEEN`` scores has no margin (``inf``): not lent across."""
+    hour with fewer than ``MIN_HOUR_SEEN`` scores has no margin (``inf``)."""
     n = logs.size
     base = _rank(logs, int(HOUR_LEVEL * (n - 1)) + 1)
     # each hour's HOUR_LEVEL quantile (lower order statistic) in one sort, not 24 quantile calls
@@ -157,8 +158,9 @@ def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int) -> tuple[float, ...]:
     w = counts / (counts + HOUR_PRIOR_SAMPLES)
     mu = w * q_hour + (1.0 - w) * base
     q = _rank(logs - mu[hour], k)
-    # an hour the history has not shown yet (a fresh pool's first day) gets no margin: its
-    # rise is unknown (a morning ramp first seen live), so nothing is lent across it
+    # an hour the history has not shown yet (a fresh pool's first day) gets no margin of its
+    # own (inf): its rise is unknown (a morning ramp first seen live); plan() then keeps
+    # capacity for the highest load seen so far
     return tuple(max(1.0, math.exp(q + m)) if c >= MIN_HOUR_SEEN else math.inf for m, c in zip(mu, counts, strict=True))
 
 

@@ -202,14 +202,19 @@ def _assess(
     margin = cal.margin if cal is not None else None
     smooth = cal.smoothing if cal is not None else 0.0
     used: list[float] = []  # margins applied this tick (for the reason)
+    unseen: list[float] = []  # spans that reached an hour not in the history yet
 
     def need(replicas: float, span_s: float = 0.0) -> int:
         """Nodes for a base forecast that must hold for ``span_s``: the calibrated margin for
         those hours, and the configured headroom as a floor."""
         n = nodes_for(replicas, headroom=cfg.headroom, headroom_replicas=cfg.headroom_replicas, replicas_per_node=rpn)
         m = cal.margin_over(now, now + span_s) if cal is not None else None
-        if m is not None and math.isinf(m):  # an hour not in the history yet: the overall margin
-            m = cal.margin if cal is not None else None
+        if cal is not None and m is not None and math.isinf(m):
+            # an hour of the day not in the history yet (a fresh pool's first day): its rise is
+            # unknown, so keep capacity for the highest load seen so far, with the overall margin
+            m = cal.margin
+            replicas = max(replicas, cal.peak_seen)
+            unseen.append(span_s)
         if m is not None:
             used.append(m)
             n = max(n, nodes_for(m * (replicas + smooth) - smooth, headroom=0.0, headroom_replicas=0.0, replicas_per_node=rpn))
@@ -219,7 +224,8 @@ def _assess(
         if cal is None:
             return f"+{cfg.headroom:.0%} +{cfg.headroom_replicas:g} headroom"
         floor = f"; floor +{cfg.headroom:.0%} +{cfg.headroom_replicas:g}" if cfg.headroom or cfg.headroom_replicas else ""
-        return cal.describe(used[-1] if used else None) + floor
+        new_hours = f"; an hour not yet in the history: at least the peak seen, {cal.peak_seen:.1f}" if unseen else ""
+        return cal.describe(used[-1] if used else None) + floor + new_hours
 
     movable = [n for n in nodes if not n.problem and n.pin is None]
     serving_now = sum(1 for n in nodes if n.phase in _COMMITTED and (not n.problem or n.serving_ready))
@@ -321,23 +327,12 @@ def _assess(
         return work(decision(serving_now, status or Reason.SIGNALS_MISSING, f"not lending: {status_text or 'no recent sample'}"))
     load = max(known_load)
     need_nodes = need(load, h)
-    # the reclaim horizon reaches an hour of the day the history has not shown (a fresh pool's
-    # first day): its rise is unknown, so what is lent comes back before it starts
-    unseen = cal is not None and cal.margin is not None and math.isinf(cal.margin_over(now, now + h) or 0.0)
-    if unseen:
-        need_nodes = reachable
     desired = max(floor_c, need_nodes)
     urgent = demand_now is not None and demand_now > ready * rpn
     if desired > serving_now:
         if urgent and need_nodes > serving_now:
             reason = Reason.SPIKE
             text = f"demand {demand_now:.1f} replicas ({cur.by}) > {ready * rpn} Ready; need {need_nodes} nodes, {serving_now} serving or returning"
-        elif need_nodes > serving_now and unseen:
-            reason = Reason.FORECAST_RISE
-            text = (
-                f"the next {_min(h)} reach an hour of the day not yet in the history (its rise is unknown): "
-                f"all {need_nodes} nodes, {serving_now} serving or returning"
-            )
         elif need_nodes > serving_now:
             reason = Reason.FORECAST_RISE
             text = (
@@ -373,14 +368,6 @@ def _assess(
                 serving_now,
                 Reason.CALIBRATING,
                 f"not lending: {cal.samples} of {cal.needed} minutes of history to calibrate the margin on",
-            )
-        )
-    if cal is not None and math.isinf(cal.margin_over(now, now + lh) or 0.0):
-        return work(
-            decision(
-                serving_now,
-                Reason.CALIBRATING,
-                f"not lending: the next {_min(lh)} include hours of the day not yet in the history (their rise is unknown)",
             )
         )
     lend_load = max(x for x in (demand_now, fc.lend_peak, fc.recent_peak) if x is not None)

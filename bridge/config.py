@@ -128,8 +128,19 @@ class PoolConfig:
     blind_serving: int | None = setting(
         None, ge=0, doc="nodes to serve when signals have been missing for policy.blind_after_s; null = all"
     )
-    headroom: float = setting(0.2, ge=0, le=2, doc="extra capacity over forecast demand, as a fraction")
-    headroom_replicas: float = setting(0.5, ge=0, doc="extra capacity over forecast demand, in replicas")
+    slo_budget: float = setting(
+        0.001, gt=0, lt=0.5,
+        doc="share of minutes that may see offered load above Ready capacity; the policy calibrates its margin to it",
+    )
+    headroom: float = setting(
+        0.0, ge=0, le=2, doc="optional floor: extra capacity over forecast demand, as a fraction (the calibrated margin applies too)"
+    )
+    headroom_replicas: float = setting(
+        0.0, ge=0, doc="optional floor: extra capacity over forecast demand, in replicas (the calibrated margin applies too)"
+    )
+    measured_delays: bool = setting(
+        True, doc="plan reclaims with a high quantile of measured Slurm release + cold start once known (configured values are a floor)"
+    )
     cold_start_s: float = setting(300.0, ge=0, doc="vLLM pod start to Ready on a reclaimed node")
     drain_s: float = setting(60.0, ge=0, doc="time for a serving replica to drain and stop (vLLM --shutdown-timeout)")
 
@@ -221,7 +232,7 @@ class CalendarRule:
 class ForecastConfig:
     enabled: bool = setting(True, doc="use the seasonal/trend forecast; false = current load only (reactive)")
     seasonal_lags_s: tuple[float, ...] = setting(
-        (86400.0, 604800.0), gt=0, doc="seasonal lags: the same time this long ago (1 d, 7 d)"
+        (), gt=0, doc="optional: seasonal lags, the same time this long ago (e.g. [86400, 604800]); the margin is calibrated by hour of the day instead"
     )
     compare_window_s: float = setting(
         1800.0, gt=0, doc="window before now (and before now - lag) whose mean load scales the seasonal profile"
@@ -235,7 +246,7 @@ class ForecastConfig:
     trend_window_s: float = setting(1200.0, gt=0, doc="recent window of the least-squares trend (only rises count)")
     margin_s: float = setting(120.0, ge=0, doc="safety margin added to the horizon")
     burst_history_s: float = setting(
-        86400.0, ge=0, doc="history from which the rise over a horizon is learned (0 = off)"
+        0.0, ge=0, doc="optional floor: history from which a burst factor is learned (0 = off; the calibrated margin replaces it)"
     )
     burst_step_s: float = setting(300.0, gt=0, doc="resolution of that history (max per step)")
     burst_quantile: float = setting(
@@ -249,6 +260,26 @@ class ForecastConfig:
         if self.ratio_min > self.ratio_max:
             return [("ratio_min", f"must be <= ratio_max ({_show(self.ratio_max)}), got {_show(self.ratio_min)}")]
         return []
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationConfig:
+    """How the safety margin is calibrated on the pool's history (``bridge.policy.calibrate``)."""
+
+    enabled: bool = setting(True, doc="calibrate the margin to pools[].slo_budget; false = headroom settings only")
+    window_s: float = setting(
+        1209600.0, gt=0, doc="history the margin is calibrated on (14 days, within Prometheus' default 15 d retention; query_range at start-up)"
+    )
+    step_s: float = setting(60.0, gt=0, doc="resolution of that history (peak demand, fewest Ready replicas per step)")
+    interval_s: float = setting(600.0, gt=0, doc="how often the margin is re-estimated")
+    min_history_s: float = setting(
+        10800.0, ge=0, doc="history needed before anything is lent; with less than 1/slo_budget steps the largest rise seen is the margin"
+    )
+    by_time_of_day: bool = setting(
+        True, doc="a margin per hour of the day (each hour's typical rise plus one conformal rank over all hours)"
+    )
+    delay_quantile: float = setting(0.95, gt=0, lt=1, doc="quantile of measured reclaim delays the horizon uses")
+    delay_min_samples: int = setting(5, ge=1, doc="measured reclaims needed before they replace the configured delays")
 
 
 class VictimRule(enum.StrEnum):
@@ -277,6 +308,7 @@ class PolicyConfig:
     require_pending_jobs: bool = setting(False, doc="lend only while research jobs wait in the preempt partition")
     victims: VictimRule = setting(VictimRule.LEAST_LOST_WORK, doc="least_lost_work | newest_first (baseline)")
     forecast: ForecastConfig = setting(default_factory=ForecastConfig, doc="forecast settings")
+    calibration: CalibrationConfig = setting(default_factory=CalibrationConfig, doc="calibration of the safety margin")
     calendar: tuple[CalendarRule, ...] = setting((), doc="calendar rules, constraints on top of the forecast")
 
 

@@ -19,7 +19,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from bridge import logs
@@ -30,7 +30,8 @@ from bridge.lifecycle import WAITS, Step, desired_replicas, next_step
 from bridge.manual import check_request
 from bridge.model import Action, ActionKind, LoadSignals, Phase, Plan, SlurmJob
 from bridge.observe import Observation, Readings, SlurmNodeLike, join
-from bridge.policy.forecast import history_windows
+from bridge.policy.calibrate import Calibrator
+from bridge.policy.forecast import history_windows, horizon_s, measured_horizon
 from bridge.policy.history import HistoryRecorder
 from bridge.policy.plan import plan as policy_plan
 
@@ -152,6 +153,7 @@ class Daemon:
         if after_write is not None:  # a lab's hook (crash injection); the product sets none
             self.actuator.after_write = after_write
         self._recorders: dict[str, HistoryRecorder] = {}
+        self._calibrators: dict[str, Calibrator] = {}
         self._last_sample_t: dict[str, float] = {}
         self._reported_stuck: set[str] = set()
         self._tick_records: list[StepRecord] = []
@@ -159,6 +161,7 @@ class Daemon:
         self._last_plan_at: float | None = None
         self._outlook_at: dict[str, float] = {}  # pool -> when its outlook metric was last refreshed
         self._reclaims: dict[str, ReclaimTimes] = {}
+        self._reclaim_delays: dict[str, list[float]] = {}  # pool -> measured reclaim delays, s
         self.completed_reclaims: list[ReclaimTimes] = []
         self.last_plan: Plan | None = None
         self.last_observation: Observation | None = None
@@ -214,6 +217,54 @@ class Daemon:
                 outlook = None
             self.metrics.record_outlook(pool.name, outlook, OUTLOOK_HOURS)
 
+    def _calibrator(self, pool: PoolConfig, now: float) -> Calibrator | None:
+        """The pool's calibration input, rebuilt from Prometheus (``query_range`` over
+        ``policy.calibration.window_s``) the first time: day one is not blind when Prometheus
+        already holds the pool's vLLM history."""
+        cc = self.config.policy.calibration
+        if not cc.enabled:
+            return None
+        cal = self._calibrators.get(pool.name)
+        if cal is None:
+            cal = Calibrator(self.config, pool)
+            # Prometheus answers at most 11 000 points per series and query: ask in chunks
+            chunk = 10_000 * cc.step_s
+            start = now - cc.window_s
+            got = 0
+            while start < now:
+                end = min(now, start + chunk)
+                try:
+                    for sample in self.prom.history(self.prom_pools[pool.name], start=start, end=end, step_s=cc.step_s):
+                        cal.add(sample)
+                        got += 1
+                except AdapterError as exc:
+                    log.warning("calibration_history_unavailable", pool=pool.name, error=str(exc))
+                start = end + cc.step_s
+            log.info("calibration_history", pool=pool.name, samples=got, window_s=cc.window_s)
+            self._calibrators[pool.name] = cal
+        return cal
+
+    def _calibrate(self, obs: Observation, now: float) -> Observation:
+        """The view with each pool's calibrated margin and measured reclaim horizon."""
+        pools = dict(obs.view.pools)
+        for p in self.config.pools:
+            ps = pools.get(p.name)
+            if ps is None:
+                continue
+            delays = self._reclaim_delays.get(p.name, [])
+            h = measured_horizon(self.config, p, delays)
+            cal_in = self._calibrators.get(p.name)
+            cal = None
+            if cal_in is not None:
+                nodes = sum(1 for n in obs.view.nodes if n.pool == p.name)
+                cal = cal_in.calibration(now, capacity=nodes * p.replicas_per_node, horizon_s=h)
+                if self.metrics is not None:
+                    self.metrics.record_calibration(pool=p.name, calibration=cal)
+            if self.metrics is not None:
+                self.metrics.record_horizon(pool=p.name, horizon_s=h if h is not None else horizon_s(self.config, p))
+            pools[p.name] = replace(ps, calibration=cal, horizon_s=h)
+        return replace(obs, view=replace(obs.view, pools=pools))
+
     # --- one iteration ------------------------------------------------------------------------
 
     def observe(self, now: float) -> Observation:
@@ -248,11 +299,14 @@ class Daemon:
                 self._count_error("prometheus")
                 log.warning("prometheus_unavailable", pool=p.name, error=str(exc))
                 current, problem, inflight = None, str(exc), {}
+            calin = self._calibrator(p, now)
             if current is not None and current.t > self._last_sample_t.get(p.name, float("-inf")):
                 rec.add(current)
+                if calin is not None:
+                    calin.add(current)
                 self._last_sample_t[p.name] = current.t
             readings[p.name] = Readings(current, rec.history(now), problem, inflight)
-        return join(
+        obs = join(
             now=now,
             config=self.config,
             kube_nodes=kube_nodes,
@@ -263,6 +317,7 @@ class Daemon:
             readings=readings,
             pool_problems=pool_problems,
         )
+        return self._calibrate(obs, now)
 
     def loop_alive(self, stall_s: float) -> bool:
         """The loop started a tick or a chained round within ``stall_s``: a slow tick is
@@ -482,6 +537,10 @@ class Daemon:
             times.ready = record.at
             self.completed_reclaims.append(times)
             del self._reclaims[record.node]
+            if times.slurm_released is not None:  # measured: decision -> Slurm release -> Ready
+                delays = self._reclaim_delays.setdefault(times.pool, [])
+                delays.append(times.ready - times.decided)
+                del delays[:-512]
             log.info("node_reclaimed", node=record.node, pool=times.pool, **times.breakdown())
             if self.metrics is not None:
                 self.metrics.record_reclaim(pool=times.pool, reason="policy", **_reclaim_kwargs(times))

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
 from bridge import __version__
-from bridge.model import ClusterView, NodeState, Phase, Plan, SlurmJob
+from bridge.model import Calibration, ClusterView, NodeState, Phase, Plan, SlurmJob
 from bridge.policy.victims import saves_within_grace
 
 # Reclaim latency is seconds (a node whose jobs checkpoint fast and a warm vLLM start) to
@@ -83,6 +83,21 @@ class BridgeMetrics:
         )
         self.reclaim_budget = Gauge(
             "gpu_bridge_pool_reclaim_budget_seconds", "Configured reclaim latency budget (alerts compare with it).",
+            ["pool"], registry=r,
+        )
+        self.planned_horizon = Gauge(
+            "gpu_bridge_pool_planned_horizon_seconds",
+            "Reclaim horizon the policy plans with: configured delays, or a high quantile of measured ones.",
+            ["pool"], registry=r,
+        )
+        self.calibrated_margin = Gauge(
+            "gpu_bridge_pool_calibrated_margin",
+            "Safety margin calibrated on the pool's history to spend its SLO budget (NaN: not enough history).",
+            ["pool"], registry=r,
+        )
+        self.slo_budget_spent = Gauge(
+            "gpu_bridge_pool_slo_budget_spent_ratio",
+            "Avoidable minutes with demand above Ready replicas in the calibration window, over what the budget allows.",
             ["pool"], registry=r,
         )
         self.reclaim_in_progress = Gauge(
@@ -219,6 +234,16 @@ class BridgeMetrics:
         """Configured thresholds, exported so alert rules need no copy of the config."""
         self.min_serving.labels(pool=pool).set(min_serving)
         self.reclaim_budget.labels(pool=pool).set(reclaim_budget_s)
+
+    def record_horizon(self, *, pool: str, horizon_s: float) -> None:
+        """The reclaim horizon the policy plans with (the slow-reclaim alert compares with it)."""
+        self.planned_horizon.labels(pool=pool).set(horizon_s)
+
+    def record_calibration(self, *, pool: str, calibration: Calibration) -> None:
+        """The calibrated margin and the share of the SLO budget spent over its window."""
+        m = calibration.margin
+        self.calibrated_margin.labels(pool=pool).set(float("nan") if m is None else m)
+        self.slo_budget_spent.labels(pool=pool).set(calibration.spent / max(calibration.allowed, 1e-9))
 
     def record_lend(self, pool: str) -> None:
         self.lends.labels(pool=pool).inc()

@@ -66,6 +66,7 @@ class Reason(enum.StrEnum):
     MIN_RUNTIME = "min_runtime"  # reclaim wanted, remaining victims run jobs younger than min_runtime_s
     NO_CANDIDATES = "no_candidates"  # nothing that may be moved
     RATE_LIMITED = "rate_limited"  # max lends/reclaims per tick spent
+    CALIBRATING = "calibrating"  # too little history to calibrate the safety margin: no lending yet
 
 
 class HoldReason(enum.StrEnum):
@@ -100,6 +101,50 @@ class LoadSignals:
 
 
 @dataclass(frozen=True, slots=True)
+class Calibration:
+    """The pool's safety margin, calibrated on its own history (``bridge.policy.calibrate``).
+
+    Capacity kept for a base forecast ``b`` replicas is ``margin * (b + smoothing) - smoothing``.
+    ``margin`` is None while there is too little history (``samples < needed``): no lending.
+    Rebuilt from history, never kept: the daemon recomputes it from Prometheus after a restart.
+    """
+
+    margin: float | None
+    level: float  # quantile level of the score the margin is (1 - adjusted miss rate)
+    samples: int  # scores (history steps) it rests on
+    needed: int  # scores needed before lending
+    spent: int  # realised violation steps in the window (demand above Ready replicas, avoidable)
+    allowed: float  # violation steps the budget allows over the same window
+    budget: float  # pools[].slo_budget
+    horizon_s: float  # reclaim horizon the scores were taken over
+    smoothing: float = 1.0  # replicas added to both sides of the score's ratio
+    at: float = 0.0  # when it was computed (unix s)
+    # margin by hour of the day (UTC hours of the steps; 24 values, inf = hour not seen yet),
+    # or () = ``margin`` always
+    by_hour: tuple[float, ...] = ()
+    peak_seen: float = 0.0  # highest demand in the window (replicas): the floor for hours not seen yet
+
+    def margin_over(self, lo: float, hi: float) -> float | None:
+        """The margin for capacity that must hold over [lo, hi] (unix s): the largest of the
+        hours it touches (``margin`` when not calibrated by time of day); ``inf`` when one of
+        them is not in the history yet."""
+        if self.margin is None or not self.by_hour:
+            return self.margin
+        n = len(self.by_hour)
+        k0, k1 = int(lo // 3600), int(hi // 3600)
+        return max(self.by_hour[k % n] for k in range(k0, min(k1, k0 + n - 1) + 1))
+
+    def describe(self, margin: float | None = None) -> str:
+        """For reasons: the margin (the one used, if given) and the budget spent so far."""
+        m = margin if margin is not None else self.margin
+        shown = "none yet" if m is None else f"x{m:.2f}"
+        return (
+            f"calibrated margin {shown} (q{self.level:.4f} over {self.samples} min); "
+            f"budget spent {self.spent} of {self.allowed:.1f} min ({self.budget:.2%})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PoolState:
     """One serving pool (one model's Deployment) as observed now."""
 
@@ -108,6 +153,8 @@ class PoolState:
     history: tuple[LoadSignals, ...] = ()  # older samples, oldest first (forecast, stabilization)
     ready_replicas: int = 0  # Ready serving pods, from Kubernetes
     desired_replicas: int = 0  # the Deployment's spec.replicas
+    calibration: Calibration | None = None  # None: uncalibrated (the configured headroom only)
+    horizon_s: float | None = None  # reclaim horizon from measured delays; None: the configured one
 
 
 # Seconds a lending node's serving pod may outlive the Deployment's scale-down before it is

@@ -57,6 +57,27 @@ def horizon_s(config: Config, pool: PoolConfig) -> float:
     )
 
 
+def measured_horizon(config: Config, pool: PoolConfig, delays: Sequence[float]) -> float | None:
+    """The reclaim horizon from measured reclaims (decision to Ready replica: Slurm release +
+    cold start, each observed): their ``calibration.delay_quantile`` plus what the configured
+    horizon adds on top of grace and cold start (margin, tick, scrape). None until
+    ``delay_min_samples`` reclaims were measured or when ``pools[].measured_delays`` is off;
+    never below the configured horizon (the configured delays are a floor)."""
+    cal = config.policy.calibration
+    if not pool.measured_delays or len(delays) < cal.delay_min_samples:
+        return None
+    q = _delay_quantile(tuple(delays[-512:]), cal.delay_quantile)
+    extra = config.policy.forecast.margin_s + config.policy.tick_s + config.prometheus.scrape_interval_s
+    # whole ticks: the horizon (and the calibration keyed on it) moves in steps, not each reclaim
+    tick = config.policy.tick_s
+    return max(horizon_s(config, pool), math.ceil((q + extra) / tick - 1e-9) * tick)
+
+
+@functools.lru_cache(maxsize=64)
+def _delay_quantile(delays: tuple[float, ...], q: float) -> float:
+    return float(np.quantile(np.asarray(delays, dtype=float), q))
+
+
 def lend_horizon_s(config: Config, pool: PoolConfig) -> float:
     """A lent node is not voluntarily reclaimed for ``min_lend_s`` (and the job it gets is
     not for ``min_runtime_s``), so a lend must be safe for that long plus the time a reclaim

@@ -24,6 +24,7 @@ Per pool (pools in name order), in units of whole nodes:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -197,8 +198,34 @@ def _assess(
     pol = config.policy
     rpn = cfg.replicas_per_node
 
-    def need(replicas: float) -> int:
-        return nodes_for(replicas, headroom=cfg.headroom, headroom_replicas=cfg.headroom_replicas, replicas_per_node=rpn)
+    cal = state.calibration if state is not None else None
+    margin = cal.margin if cal is not None else None
+    smooth = cal.smoothing if cal is not None else 0.0
+    used: list[float] = []  # margins applied this tick (for the reason)
+    unseen: list[float] = []  # spans that reached an hour not in the history yet
+
+    def need(replicas: float, span_s: float = 0.0) -> int:
+        """Nodes for a base forecast that must hold for ``span_s``: the calibrated margin for
+        those hours, and the configured headroom as a floor."""
+        n = nodes_for(replicas, headroom=cfg.headroom, headroom_replicas=cfg.headroom_replicas, replicas_per_node=rpn)
+        m = cal.margin_over(now, now + span_s) if cal is not None else None
+        if cal is not None and m is not None and math.isinf(m):
+            # an hour of the day not in the history yet (a fresh pool's first day): its rise is
+            # unknown, so keep capacity for the highest load seen so far, with the overall margin
+            m = cal.margin
+            replicas = max(replicas, cal.peak_seen)
+            unseen.append(span_s)
+        if m is not None:
+            used.append(m)
+            n = max(n, nodes_for(m * (replicas + smooth) - smooth, headroom=0.0, headroom_replicas=0.0, replicas_per_node=rpn))
+        return n
+
+    def margin_text() -> str:
+        if cal is None:
+            return f"+{cfg.headroom:.0%} +{cfg.headroom_replicas:g} headroom"
+        floor = f"; floor +{cfg.headroom:.0%} +{cfg.headroom_replicas:g}" if cfg.headroom or cfg.headroom_replicas else ""
+        new_hours = f"; an hour not yet in the history: at least the peak seen, {cal.peak_seen:.1f}" if unseen else ""
+        return cal.describe(used[-1] if used else None) + floor + new_hours
 
     movable = [n for n in nodes if not n.problem and n.pin is None]
     serving_now = sum(1 for n in nodes if n.phase in _COMMITTED and (not n.problem or n.serving_ready))
@@ -219,6 +246,9 @@ def _assess(
 
     h = horizon_s(config, cfg)
     lh = lend_horizon_s(config, cfg)
+    if state is not None and state.horizon_s is not None and state.horizon_s > h:  # measured delays
+        lh += state.horizon_s - h
+        h = state.horizon_s
     cal_floor, cal_rule = calendar.floor(pol.calendar, cfg.name, now, now + h)
     cal_floor_lend, cal_rule_lend = calendar.floor(pol.calendar, cfg.name, now, now + lh)
     floor = max(cfg.min_serving, cal_floor)
@@ -296,7 +326,7 @@ def _assess(
     if not known_load:  # only when blind_after_s exceeds the burst window
         return work(decision(serving_now, status or Reason.SIGNALS_MISSING, f"not lending: {status_text or 'no recent sample'}"))
     load = max(known_load)
-    need_nodes = need(load)
+    need_nodes = need(load, h)
     desired = max(floor_c, need_nodes)
     urgent = demand_now is not None and demand_now > ready * rpn
     if desired > serving_now:
@@ -307,7 +337,7 @@ def _assess(
             reason = Reason.FORECAST_RISE
             text = (
                 f"forecast peak {load:.1f} replicas over next {_min(h)} needs {need_nodes} nodes "
-                f"(+{cfg.headroom:.0%} +{cfg.headroom_replicas:g} headroom), {serving_now} serving or returning"
+                f"({margin_text()}), {serving_now} serving or returning"
             )
         elif cal_floor > cfg.min_serving and floor_c > serving_now:
             reason = Reason.CALENDAR
@@ -332,8 +362,16 @@ def _assess(
     # --- lend side: only on full, fresh information ---------------------------------------
     if not fresh:
         return work(decision(serving_now, status, f"not lending: {status_text}"))  # type: ignore[arg-type]
+    if cal is not None and margin is None:
+        return work(
+            decision(
+                serving_now,
+                Reason.CALIBRATING,
+                f"not lending: {cal.samples} of {cal.needed} minutes of history to calibrate the margin on",
+            )
+        )
     lend_load = max(x for x in (demand_now, fc.lend_peak, fc.recent_peak) if x is not None)
-    lend_need = need(lend_load)
+    lend_need = need(lend_load, lh)
     floor_l = max(floor_lend, lend_need)
     if floor_l >= serving_now:
         if lend_need >= serving_now:
@@ -341,7 +379,7 @@ def _assess(
                 decision(
                     serving_now,
                     Reason.STEADY,
-                    f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} needs {lend_need} of {serving_now} serving nodes",
+                    f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} needs {lend_need} of {serving_now} serving nodes ({margin_text()})",
                 )
             )
         if cal_floor_lend >= serving_now and cal_floor_lend > cfg.min_serving:
@@ -371,9 +409,10 @@ def _assess(
     k = min(room, len(lendable))
     text = (
         f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} "
-        f"(+{cfg.headroom:.0%} +{cfg.headroom_replicas:g} headroom) needs {lend_need} < {serving_now} serving - {k}"
+        f"({margin_text()}) needs {lend_need} < {serving_now} serving - {k}"
         if lend_need > floor_lend
-        else f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} fits the floor of {floor_l}, {serving_now} serving - {k}"
+        else f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} ({margin_text()}) fits the floor of {floor_l}, "
+        f"{serving_now} serving - {k}"
     )
     return work(decision(serving_now - k, Reason.LOW_FORECAST, text), lend=k, lend_detail=text)
 

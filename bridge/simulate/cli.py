@@ -70,7 +70,19 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--max-cv", type=float, default=None, help="cap the trace's within-window cv (default: as measured)")
     p.add_argument("--days", type=float, default=None, help="simulate only the first DAYS of the trace")
     p.add_argument("--seed", type=int, default=1, help="seed of the within-window bursts and the job mix (default 1)")
-    p.add_argument("--cold-start-s", type=float, help="vLLM pod start to Ready (overrides pools[].cold_start_s)")
+    p.add_argument("--cold-start-s", type=float, help="mean vLLM pod start to Ready (overrides pools[].cold_start_s)")
+    p.add_argument(
+        "--cold-start-cv",
+        type=float,
+        default=0.0,
+        help="cold starts drawn from a lognormal with that mean and this coefficient of variation (default 0: always the mean)",
+    )
+    p.add_argument(
+        "--history-days",
+        type=float,
+        default=0.0,
+        help="give the first DAYS of the trace as history (what Prometheus holds when the daemon starts); simulate the rest",
+    )
     p.add_argument("--drain-s", type=float, help="vLLM drain on lend (overrides pools[].drain_s)")
     p.add_argument("--grace-s", type=float, help="Slurm GraceTime of a preempted job (overrides slurm.grace_s)")
     p.add_argument("--tick-s", type=float, help="policy tick (overrides policy.tick_s)")
@@ -137,10 +149,10 @@ def apply_overrides(
 
 def run(args: argparse.Namespace) -> int:
     from bridge.simulate.baselines import POLICIES, make_controller
-    from bridge.simulate.engine import Setup, simulate
+    from bridge.simulate.engine import DEFAULT_START_UNIX, Setup, simulate
     from bridge.simulate.report import plot, table, to_json
     from bridge.simulate.research import JobMix, parse_job_mix
-    from bridge.simulate.workload import build_workload
+    from bridge.simulate.workload import build_workload, split_history
     from bridge.trace import load_trace
 
     out = sys.stdout
@@ -171,18 +183,31 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError([f"--days: must be > 0, got {args.days:g}"])
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise ConfigError(["--plot: needs matplotlib, the [plot] extra: pip install 'gpu-bridge[plot]'"])
+        if not (args.cold_start_cv >= 0 and math.isfinite(args.cold_start_cv)):
+            raise ConfigError([f"--cold-start-cv: must be >= 0, got {args.cold_start_cv:g}"])
+        if not (args.history_days >= 0 and math.isfinite(args.history_days)):
+            raise ConfigError([f"--history-days: must be >= 0, got {args.history_days:g}"])
         if args.max_cv is not None and not (args.max_cv > 0 and math.isfinite(args.max_cv)):
             raise ConfigError([f"--max-cv: must be > 0, got {args.max_cv:g}"])
         trace = load_trace(args.trace)
         workload = build_workload(
             trace, peak_replicas=peak, replica_rps=args.replica_rps, days=args.days, seed=args.seed, max_cv=args.max_cv
         )
+        try:
+            history, workload = split_history(workload, args.history_days)
+        except ValueError as exc:
+            raise ConfigError([f"--history-days: {str(exc).removeprefix('history_days: ')}"]) from None
     except (ConfigError, BridgeError) as exc:
         problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
         for line in problems:
             print(f"gpu-bridge simulate: {line}", file=sys.stderr)
         return 2
-    setup = Setup(cfg, workload, args.nodes, args.gpus_per_node, pool.name, mix, args.seed)
+    setup = Setup(
+        cfg, workload, args.nodes, args.gpus_per_node, pool.name, mix, args.seed,
+        start_unix=DEFAULT_START_UNIX + (history.duration_s if history is not None else 0.0),
+        history=history,
+        cold_start_cv=args.cold_start_cv,
+    )
     print(workload.describe_scale(), file=info)
     print(
         f"{args.nodes} nodes x {args.gpus_per_node} GPUs, {workload.minutes} minutes; tick {setup.tick_s:g} s, "

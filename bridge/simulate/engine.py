@@ -45,6 +45,7 @@ from bridge.model import (
     PoolState,
     SlurmJob,
 )
+from bridge.policy.forecast import measured_horizon
 from bridge.simulate.research import JobMix, Research
 from bridge.simulate.workload import Workload, signals
 
@@ -78,6 +79,11 @@ class Setup:
     mix: JobMix = field(default_factory=JobMix)
     seed: int = 1
     start_unix: float = DEFAULT_START_UNIX
+    # what Prometheus already holds when the run starts (ends at start_unix); None = nothing
+    history: Workload | None = None
+    # cold starts are drawn from a lognormal with mean cold_start_s and this coefficient of
+    # variation (0 = always cold_start_s)
+    cold_start_cv: float = 0.0
 
     @property
     def pool(self) -> PoolConfig:
@@ -108,6 +114,16 @@ class Setup:
     @property
     def replicas_per_node(self) -> int:
         return self.pool.replicas_per_node
+
+    def cold_start_quantile(self, q: float) -> float:
+        """The ``q``-quantile of the drawn cold starts (the oracle plans with a high one)."""
+        mean, cv = self.cold_start_s, self.cold_start_cv
+        if cv <= 0 or mean <= 0:
+            return mean
+        from statistics import NormalDist
+
+        sigma = math.sqrt(math.log1p(cv * cv))
+        return math.exp(math.log(mean) - sigma * sigma / 2 + sigma * NormalDist().inv_cdf(q))
 
     def node_names(self) -> tuple[str, ...]:
         width = max(2, len(str(self.nodes - 1)))
@@ -188,6 +204,20 @@ class Engine:
         self.reclaims = 0
         self.ignored = 0
         self._job_cache: dict[tuple[str, int, str, float | None], SlurmJob] = {}
+        # cold starts: their own stream, so the job mix and the bursts stay as they were
+        self._cold_rng = np.random.default_rng([setup.seed, 7])
+        self._reclaim_at: dict[str, float] = {}
+        self.reclaim_delays: list[float] = []  # measured: reclaim decided -> replica Ready, seconds
+        self.cold_starts: list[float] = []
+
+    def _cold_start(self) -> float:
+        mean, cv = self.s.cold_start_s, self.s.cold_start_cv
+        if cv <= 0 or mean <= 0:
+            return mean
+        sigma2 = math.log1p(cv * cv)
+        v = float(self._cold_rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2)))
+        self.cold_starts.append(v)
+        return v
 
     # --- events ------------------------------------------------------------------------------
 
@@ -226,12 +256,15 @@ class Engine:
             n = self.nodes[key]
             if n.phase is Phase.RECLAIMING:
                 n.phase, n.since = Phase.RETURNING, t
-                self._push(t + self.s.cold_start_s, _READY, key)
+                self._push(t + self._cold_start(), _READY, key)
         elif kind == _READY:
             n = self.nodes[key]
             if n.phase is Phase.RETURNING:
                 n.phase, n.since, n.ready = Phase.SERVING, t, True
                 self._set_ready(t, +1)
+                at = self._reclaim_at.pop(key, None)
+                if at is not None:
+                    self.reclaim_delays.append(t - at)
 
     def _freed(self, t: float, nodes: Sequence[str]) -> None:
         for name in nodes:
@@ -269,6 +302,7 @@ class Engine:
             return
         self.lent_s += t - n.lent_since
         n.phase, n.since = Phase.RECLAIMING, t
+        self._reclaim_at[n.name] = t
         self.lent_free.discard(n.name)
         free_at = t
         jid = self.research.node_job.get(n.name)
@@ -280,7 +314,7 @@ class Engine:
         self.reclaims += 1
         if free_at <= t:
             n.phase, n.since = Phase.RETURNING, t
-            self._push(t + self.s.cold_start_s, _READY, n.name)
+            self._push(t + self._cold_start(), _READY, n.name)
         else:
             self._push(free_at, _FREE, n.name)
 
@@ -351,7 +385,8 @@ class Engine:
                 states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained"))
         ready_rep = ready * self.rpn
         committed = sum(1 for n in self.nodes.values() if n.phase in (Phase.SERVING, Phase.RECLAIMING, Phase.RETURNING))
-        pools = {self.pool.name: PoolState(self.pool.name, sig, (), ready_rep, committed * self.rpn)}
+        h = measured_horizon(s.config, self.pool, self.reclaim_delays)
+        pools = {self.pool.name: PoolState(self.pool.name, sig, (), ready_rep, committed * self.rpn, horizon_s=h)}
         return ClusterView(
             now=base + t,
             nodes=tuple(states),

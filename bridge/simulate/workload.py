@@ -173,3 +173,33 @@ def signals(t: float, load: float, ready_replicas: int, target: TargetConfig) ->
         tokens_per_s=served * tok,
         replicas_reporting=ready_replicas,
     )
+
+
+def split_history(w: Workload, days: float) -> tuple[Workload | None, Workload]:
+    """The first ``days`` of ``w`` as history (what Prometheus would already hold when the
+    daemon starts) and the rest, to simulate. Whole 10-minute windows; ``days`` 0 = no history."""
+    if days < 0 or not math.isfinite(days):
+        raise ValueError(f"history_days: must be >= 0, got {days!r}")
+    if days == 0:
+        return None, w
+    k = int(round(w.window_s / w.minute_s))
+    windows = int(round(days * 86400.0 / w.window_s))
+    m = windows * k
+    if m >= w.minutes:
+        raise ValueError(f"history_days: {days:g} days leave nothing to simulate in a {w.duration_s / 86400:.1f}-day trace")
+
+    def part(lo_w: int, hi_w: int | None) -> Workload:
+        lo, hi = lo_w * k, (None if hi_w is None else hi_w * k)
+        return Workload(
+            load=np.ascontiguousarray(w.load[lo:hi]),
+            window_load=w.window_load[lo_w:hi_w],
+            minute_s=w.minute_s,
+            window_s=w.window_s,
+            scale=w.scale,
+            replica_rps=w.replica_rps,
+            peak_rate=w.peak_rate,
+            peak_replicas=w.peak_replicas,
+            source=w.source,
+        )
+
+    return part(0, windows), part(windows, None)

@@ -26,3 +26,22 @@ def test_bench_harvest_prints_the_table_targets_and_references() -> None:
     assert len(verdicts) == 6, verdicts
     assert "knows the future means and cv" in text
     assert "best within the" in text
+
+
+def test_bench_harvest_suite_prints_a_row_per_trace_and_the_summary() -> None:
+    data = ROOT / "bridge" / "data" / "traces"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_harvest.py"), "--days", "2",
+         "--trace", str(data / "servegen-m-large.csv"), str(data / "azure2024-code.csv")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    rows = [line for line in lines if line.startswith(("servegen-m-large ", "azure2024-code "))]
+    assert len(rows) == 2 and all("slo:" in r and "vs-fixed:" in r and "cpu:" in r for r in rows), rows
+    assert any(line.startswith("worst case: ") for line in lines)
+    summary = [line for line in lines if line.startswith("summary ")]
+    assert {line.split(":")[0] for line in summary} == {"summary slo", "summary vs-fixed", "summary cpu"}, summary

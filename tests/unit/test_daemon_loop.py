@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from bridge import wellknown as wk
@@ -29,13 +30,15 @@ def config(**policy: object) -> Config:
     return parse_config(
         {
             "pools": [{"name": "default", "namespace": "serving", "deployment": "vllm", "model_name": "m",
-                       "min_serving": 1, "cold_start_s": 3, "drain_s": 2, "headroom_replicas": 0.2,
+                       "min_serving": 1, "cold_start_s": 3, "drain_s": 2, "headroom": 0.2, "headroom_replicas": 0.2,
                        "target": {"concurrency_per_replica": 60, "kv_cache_usage": None}}],
             "slurm": {"grace_s": 5, "min_runtime_s": 0},
             "policy": {"tick_s": 1, "scale_down_window_s": 5, "min_lend_s": 3, "max_lends_per_tick": 1,
                        "signal_max_age_s": 10, "blind_after_s": 30,
                        "forecast": {"margin_s": 1, "burst_window_s": 5, "trend_window_s": 10,
-                                    "compare_window_s": 10}, **policy},
+                                    "compare_window_s": 10, "burst_history_s": 86400},
+                       # seconds-scale fake world: the headroom floors, no week-long calibration
+                       "calibration": {"enabled": False}, **policy},
             "prometheus": {"scrape_interval_s": 1, "step_s": 1},
         }
     )
@@ -190,3 +193,71 @@ def test_slurm_down_holds_everything_and_writes_nothing() -> None:
     w.slurm.fail = {}
     w.run_until(lambda: w.count(Phase.SERVING) == 4, 60, "all serving once Slurm answers again")
     assert w.violations == []
+
+
+# --- calibration (issue 11): rebuilt from Prometheus at start-up, measured delays ------------
+
+CALIBRATED = {"enabled": True, "window_s": 3600, "step_s": 1, "interval_s": 5, "min_history_s": 600,
+              "delay_min_samples": 1}
+
+
+class RecordingProm(FakeProm):
+    """A Prometheus that keeps what it served: later range queries see it, as the real one's."""
+
+    def set(self, pool: str, signals: LoadSignals, problems: object = None) -> None:
+        super().set(pool, signals)
+        self.histories[pool] = (*self.histories.get(pool, ()), signals)
+
+
+def calibrated_world(history_s: float) -> World:
+    w = World()
+    w.prom = RecordingProm()
+    w.config = config(calibration=CALIBRATED)
+    # what Prometheus already holds: the pool served its low load for history_s
+    w.prom.histories["default"] = tuple(
+        LoadSignals(T0 - history_s + i, running=LOW, waiting=0.0, kv_cache_usage_sum=None, tokens_per_s=None,
+                    replicas_reporting=4)
+        for i in range(int(history_s))
+    )
+    w.daemon = w.new_daemon()
+    return w
+
+
+def test_without_history_the_daemon_waits_to_calibrate_and_says_so() -> None:
+    w = calibrated_world(0.0)
+    w.tick(20)
+    assert w.count(Phase.LENT) == 0
+    d = w.daemon.last_plan.pools[0]
+    assert d.reason == "calibrating" and "minutes of history to calibrate" in d.detail
+
+
+def test_prometheus_history_calibrates_at_start_up_and_again_after_a_restart() -> None:
+    w = calibrated_world(1800.0)
+    w.tick(1)
+    cal = w.daemon.last_observation.view.pools["default"].calibration
+    assert cal is not None and cal.margin is not None and cal.samples >= 600
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
+    lend_details = [a.detail for a in w.daemon.last_plan.actions] or [w.daemon.last_plan.pools[0].detail]
+    assert any("calibrated margin x" in t and "budget spent" in t for t in lend_details)
+    # a restart rebuilds the same calibration from the same history (no state of its own)
+    old = w.daemon._calibrators["default"]
+    w.daemon = w.new_daemon()
+    w.daemon.tick()
+    new = w.daemon._calibrators["default"]
+    for a, b in zip(old.arrays(w.t), new.arrays(w.t)):
+        assert np.array_equal(a, b, equal_nan=True)
+    old._cached = new._cached = None  # both computed now, not at their last 5 s slot
+    assert old.calibration(w.t, capacity=4) == new.calibration(w.t, capacity=4)
+
+
+def test_measured_reclaims_set_the_planned_horizon() -> None:
+    w = calibrated_world(1800.0)
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 60, "all serving again")
+    delays = w.daemon._reclaim_delays["default"]
+    assert delays and all(x > 0 for x in delays)
+    w.tick(1)
+    h = w.daemon.last_observation.view.pools["default"].horizon_s
+    # configured: grace 5 + cold start 3 + margin 1 + tick 1 + scrape 1 = 11 s; measured is longer
+    assert h is not None and h >= 11.0 and h >= max(delays)

@@ -29,9 +29,18 @@ from bridge.model import (
 )
 from bridge.policy import plan
 
+
+def _floors(cfg: Config) -> Config:
+    f = dataclasses.replace(cfg.policy.forecast, burst_history_s=86400.0)
+    return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, forecast=f))
+
+
 NOW = 1_767_225_600.0  # Thursday 2026-01-01 00:00:00 UTC
 POOL = "default"
-CFG = default_config()
+# plan() without a calibration (PoolState.calibration None): the configured headroom and the
+# learned burst factor, the floors an operator may still set (the calibrated path is tested
+# in test_calibrate.py)
+CFG = _floors(default_config(headroom=0.2, headroom_replicas=0.5))
 
 
 def sig(t: float, replicas: float, reporting: int = 99, **kw: float | None) -> LoadSignals:
@@ -299,7 +308,7 @@ def test_below_min_serving_reclaims() -> None:
 
 
 def test_reclaims_are_rate_limited_urgent_pools_first() -> None:
-    cfg = default_config("a", "b")
+    cfg = _floors(default_config("a", "b", headroom=0.2, headroom_replicas=0.5))
     cfg = with_policy(cfg, max_reclaims_per_tick=3)
     nodes = [
         NodeState(f"a-{i}", "a", Phase.SERVING, NOW - 86400, serving_pods=1, serving_ready=True) for i in range(2)

@@ -162,7 +162,15 @@ def test_victims_tie_break_by_name_and_ignore_input_order() -> None:
 
 # --------------------------------------------------------------------------- forecast
 
-CFG = default_config()
+# the forecast with the learned burst factor and the seasonal lags on (optional since calibration)
+_c = default_config()
+CFG = dataclasses.replace(
+    _c,
+    policy=dataclasses.replace(
+        _c.policy,
+        forecast=dataclasses.replace(_c.policy.forecast, burst_history_s=86400.0, seasonal_lags_s=(86400.0, 604800.0)),
+    ),
+)
 POOL = CFG.pools[0]
 
 

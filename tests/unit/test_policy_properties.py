@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.config import Config, default_config
-from bridge.model import ActionKind, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob
+from bridge.model import ActionKind, Calibration, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob
 from bridge.policy import plan
 from bridge.policy.demand import valid
 
@@ -68,7 +68,17 @@ def pool_states(draw: st.DrawFn, name: str) -> PoolState:
         newest = draw(samples(NOW))
     else:
         newest = LoadSignals(NOW, level * 24, 0.0, level * 0.5, None, draw(st.sampled_from([0, 3, 12, 12, 12])))
-    return PoolState(name, newest, hist)
+    return PoolState(name, newest, hist, calibration=draw(calibrations()), horizon_s=draw(st.sampled_from([None, None, 900.0])))
+
+
+@st.composite
+def calibrations(draw: st.DrawFn) -> Calibration | None:
+    """None (the headroom path), not enough history yet, or a calibrated margin."""
+    kind = draw(st.sampled_from(["none", "calibrating", "margin", "margin"]))
+    if kind == "none":
+        return None
+    margin = None if kind == "calibrating" else draw(st.floats(min_value=1.0, max_value=4.0))
+    return Calibration(margin, 0.999, 5000 if margin else 10, 180, draw(st.integers(0, 30)), 10.0, 0.001, 600.0, 1.0, NOW)
 
 
 @st.composite
@@ -218,7 +228,9 @@ def lendable_views(draw: st.DrawFn) -> ClusterView:
         )
     level = draw(st.floats(min_value=0.0, max_value=6.0))
     hist = tuple(LoadSignals(NOW - (240 - i) * 30.0, level * 24, 0.0, level * 0.5, None, 12) for i in range(240))
-    return ClusterView(now=NOW, nodes=tuple(ns), pools={"a": PoolState("a", LoadSignals(NOW, level * 24, 0.0, level * 0.5, None, 12), hist)})
+    cal = draw(calibrations())
+    ps = PoolState("a", LoadSignals(NOW, level * 24, 0.0, level * 0.5, None, 12), hist, calibration=cal)
+    return ClusterView(now=NOW, nodes=tuple(ns), pools={"a": ps})
 
 
 BAD_NEWEST = st.sampled_from(
@@ -247,6 +259,10 @@ def test_lending_invariants(view: ClusterView, cfg: Config, bad: LoadSignals | N
     if lends:
         assert d.serving_now - len(lends) >= d.desired_serving
         assert all(" serving - " in a.detail for a in lends)
+        cal = view.pools["a"].calibration
+        assert cal is None or cal.margin is not None  # never lends before it is calibrated
+        if cal is not None:  # the reason names the margin and the budget spent so far
+            assert all(f"calibrated margin x{cal.margin:.2f}" in a.detail and f"budget spent {cal.spent} of" in a.detail for a in lends)
     # the same view with a bad newest sample never lends
     broken = dataclasses.replace(view, pools={"a": dataclasses.replace(view.pools["a"], signals=bad)})
     assert not [a for a in plan(broken, cfg).actions if a.kind is ActionKind.LEND]

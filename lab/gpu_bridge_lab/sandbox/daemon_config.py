@@ -71,7 +71,12 @@ def sandbox_config(
                 "burst_window_s": 10.0,
                 "trend_window_s": 20.0,
                 "compare_window_s": 30.0,
+                "burst_history_s": 86400.0,
+                "seasonal_lags_s": [86400.0, 604800.0],
             },
+            # compressed time (a day in minutes): a margin calibrated on a week of 60 s steps
+            # means nothing here, the sandbox keeps its explicit headroom
+            "calibration": {"enabled": False},
         },
         "prometheus": {"url": prometheus_url, "timeout_s": 5.0, "step_s": 2.0, "scrape_interval_s": 1.0, "rate_window_s": 10.0},
         "kubernetes": {"kubeconfig": str(kubeconfig), "timeout_s": 5.0},

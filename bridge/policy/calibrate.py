@@ -1,0 +1,246 @@
+"""The pool's safety margin, calibrated on its own history to spend the SLO budget.
+
+The operator states one number per pool, ``pools[].slo_budget``: the share of minutes that may
+see offered load above Ready capacity. Whether a given margin keeps that promise depends on
+the traffic (how fast and how far it moves within a reclaim horizon), so the margin is
+measured, not configured:
+
+- **score** of history step ``i``: how far demand at ``i`` rose above the base forecast made a
+  reclaim horizon earlier, ``(d'[i] + c) / (b[i - h] + c)``, ``d'`` the largest capacity in whole
+  nodes that would *not* have served ``d`` (capacity is rounded up to nodes); ``b`` is the peak over the lend
+  lookback (what a lend must fit under), ``h`` the reclaim horizon in steps (capacity wanted
+  at ``i`` must have been asked for at ``i - h``), ``c`` a smoothing term in replicas so that
+  a near-idle pool does not give wild ratios;
+- **margin** = the conformal quantile of the scores at level ``1 - a``: keeping
+  ``margin * (b + c) - c`` replicas would have let through a share ``a`` of the steps;
+- **adaptive level** (adaptive conformal inference, unrolled so it is a function of history
+  rather than of kept state): ``a = budget * (AIM * allowed + 1) / (spent + 1)``, where ``spent``
+  is the steps of the same window in which demand *did* exceed the Ready replicas (the
+  violations the policy really had, the unavoidable ones above the whole pool excluded) and
+  ``allowed = budget * steps``. Spending less than ``AIM`` (80 %) of the budget loosens the
+  margin, spending more tightens it, so the realised rate is pulled just under the budget
+  whatever the traffic.
+
+Everything is computed from arrays of history (one value per step), vectorised with numpy:
+the daemon fills them from Prometheus (``query_range``) at start-up, the simulator from the
+trace; ``Calibrator`` keeps them incrementally and recomputes every ``interval_s``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bridge.config import Config, PoolConfig
+from bridge.model import Calibration, LoadSignals
+from bridge.policy.demand import replicas_needed
+
+
+# The feedback aims at this share of the budget: violations come in clusters (a level shift
+# costs several minutes before reclaimed capacity is Ready) and the level reacts only after
+# them, so aiming at the whole budget would overshoot it about half the time.
+AIM = 0.8
+
+
+def sliding_max(x: np.ndarray, w: int) -> np.ndarray:
+    """``out[i] = max(x[i - w + 1 .. i])`` ignoring NaN (``-inf`` where all are NaN), in
+    O(n log w) by doubling."""
+    y = np.where(np.isnan(x), -np.inf, x).astype(float)
+    if w <= 1 or y.size == 0:
+        return y
+    span = 1
+    while span * 2 <= w:
+        z = y.copy()
+        z[span:] = np.maximum(y[span:], y[:-span])
+        y, span = z, span * 2
+    rest = w - span
+    if rest > 0:
+        z = y.copy()
+        z[rest:] = np.maximum(y[rest:], y[:-rest])
+        y = z
+    return y
+
+
+def calibrate(
+    demand: np.ndarray,
+    ready: np.ndarray,
+    *,
+    step_s: float,
+    horizon_s: float,
+    lookback_s: float,
+    budget: float,
+    smoothing: float,
+    capacity: float,
+    min_samples: int,
+    at: float = 0.0,
+    hours: np.ndarray | None = None,
+    replicas_per_node: int = 1,
+) -> Calibration:
+    """The margin from per-step arrays (oldest first; NaN = unknown): ``demand`` the peak
+    demand of each step in replicas, ``ready`` the fewest Ready replicas in it. ``capacity``:
+    replicas the whole pool can serve (demand above it is no one's violation)."""
+    d = np.asarray(demand, dtype=float)
+    r = np.asarray(ready, dtype=float)
+    h = max(1, math.ceil(horizon_s / step_s - 1e-9))
+    b = sliding_max(d, max(1, math.ceil(lookback_s / step_s - 1e-9)))
+    c = smoothing
+    if d.size > h:
+        num, den = d[h:], b[:-h]
+        ok = np.isfinite(num) & np.isfinite(den)
+        # capacity comes in whole nodes: keeping margin * (b + c) - c replicas, rounded up to
+        # nodes, serves d exactly when margin exceeds this score (so rounding is not counted twice)
+        below = replicas_per_node * (np.ceil(num[ok] / replicas_per_node - 1e-9) - 1.0)
+        scores = (np.maximum(below, 0.0) + c) / (den[ok] + c) * (1.0 + 1e-9)
+        where = np.nonzero(ok)[0] + h
+    else:
+        scores = np.empty(0)
+        where = np.empty(0, dtype=np.int64)
+    n = int(scores.size)
+    known = np.isfinite(d) & np.isfinite(r)
+    spent = int(np.count_nonzero(known & (d > r + 1e-6) & (d <= capacity + 1e-6)))
+    allowed = budget * int(np.count_nonzero(known))
+    alpha = min(0.5, budget * (AIM * allowed + 1.0) / (spent + 1.0))
+    margin: float | None = None
+    by_hour: tuple[float, ...] = ()
+    if n >= max(1, min_samples):
+        k = math.ceil((n + 1) * (1.0 - alpha))  # conformal rank (1-based)
+        margin = max(1.0, _rank(scores, k))
+        if hours is not None:
+            by_hour = _by_hour(np.log(scores), np.asarray(hours)[where], k)
+    return Calibration(
+        margin=margin,
+        level=1.0 - alpha,
+        samples=n,
+        needed=max(1, min_samples),
+        spent=spent,
+        allowed=allowed,
+        budget=budget,
+        horizon_s=horizon_s,
+        smoothing=c,
+        at=at,
+        by_hour=by_hour,
+        peak_seen=float(np.nanmax(d)) if np.isfinite(d).any() else 0.0,
+    )
+
+
+def _rank(x: np.ndarray, k: int) -> float:
+    """The k-th smallest (1-based) of ``x``; its maximum when ``k`` is beyond it."""
+    if k >= x.size:
+        return float(x.max())
+    return float(np.partition(x, k - 1)[k - 1])
+
+
+# An hour's typical rise is shrunk toward all hours' with this weight in scores (a week of
+# one-minute steps of one hour): one day of history barely moves it, a week weighs half.
+HOUR_PRIOR_SAMPLES = 420
+HOUR_LEVEL = 0.9  # the hour's typical rise: this quantile of its log-scores
+MIN_HOUR_SEEN = 30  # scores (minutes) of an hour of the day before anything is lent across it
+
+
+def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int) -> tuple[float, ...]:
+    """Margins by hour of the day (locally shifted conformal): each log-score minus its hour's
+    typical rise is exchangeable across hours, so one conformal rank of the shifted scores
+    plus each hour's own typical rise gives a margin per hour whose misses still total the
+    level over the day: hours whose load habitually jumps (a morning ramp) get more, calm
+    hours less. An hour's typical rise is shrunk toward the typical rise of all hours, by
+    its number of scores (``HOUR_PRIOR_SAMPLES``), so a day of history barely moves it. An
+    hour with fewer than ``MIN_HOUR_SEEN`` scores has no margin (``inf``)."""
+    n = logs.size
+    base = _rank(logs, int(HOUR_LEVEL * (n - 1)) + 1)
+    # each hour's HOUR_LEVEL quantile (lower order statistic) in one sort, not 24 quantile calls
+    order = np.lexsort((logs, hour))
+    counts = np.bincount(hour, minlength=24)[:24]
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    have = counts > 0
+    q_hour = np.full(24, base)
+    q_hour[have] = logs[order][starts[have] + (HOUR_LEVEL * (counts[have] - 1)).astype(np.int64)]
+    w = counts / (counts + HOUR_PRIOR_SAMPLES)
+    mu = w * q_hour + (1.0 - w) * base
+    q = _rank(logs - mu[hour], k)
+    # an hour the history has not shown yet (a fresh pool's first day) gets no margin of its
+    # own (inf): its rise is unknown (a morning ramp first seen live); plan() then keeps
+    # capacity for the highest load seen so far
+    return tuple(max(1.0, math.exp(q + m)) if c >= MIN_HOUR_SEEN else math.inf for m, c in zip(mu, counts, strict=True))
+
+
+class Calibrator:
+    """One pool's calibration input (peak demand and fewest Ready replicas per step) kept
+    incrementally, and its ``Calibration`` recomputed at most every ``interval_s``.
+
+    Only a cache: ``add`` the same samples (the daemon's Prometheus history at start-up, then
+    each new sample) and the same calibration comes out."""
+
+    def __init__(self, config: Config, pool: PoolConfig) -> None:
+        cal = config.policy.calibration
+        self.config = config
+        self.pool = pool
+        self.step_s = cal.step_s
+        self.window_steps = max(1, math.ceil(cal.window_s / cal.step_s))
+        # a ring of one slot per step of the window: slot = step % size, with the step it holds
+        self._size = self.window_steps + 1
+        self._key = np.full(self._size, -1, dtype=np.int64)
+        self._demand = np.full(self._size, np.nan)
+        self._ready = np.full(self._size, np.nan)
+        self._last = -1
+        self._cached: tuple[tuple[int, float, float], Calibration] | None = None
+
+    def add(self, s: LoadSignals) -> None:
+        """Record a sample (in time order; older than the newest step is ignored)."""
+        key = math.floor(s.t / self.step_s)
+        if key < self._last:
+            return
+        d = replicas_needed(s, self.pool.target)
+        dv = math.nan if d is None else d
+        rv = float(s.replicas_reporting) if d is not None else math.nan
+        i = key % self._size
+        if key == self._last:
+            pd, pr = float(self._demand[i]), float(self._ready[i])
+            self._demand[i] = dv if math.isnan(pd) else (pd if math.isnan(dv) else max(pd, dv))
+            self._ready[i] = rv if math.isnan(pr) else (pr if math.isnan(rv) else min(pr, rv))
+            return
+        self._key[i], self._demand[i], self._ready[i] = key, dv, rv
+        self._last = key
+
+    def arrays(self, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per-step demand and ready over the window ending at ``now``'s step (NaN = gap)."""
+        k_now = math.floor(now / self.step_s)
+        keys = np.arange(k_now - self.window_steps + 1, k_now + 1, dtype=np.int64)
+        slots = keys % self._size
+        held = self._key[slots] == keys
+        return np.where(held, self._demand[slots], np.nan), np.where(held, self._ready[slots], np.nan)
+
+    def _hours(self, now: float) -> np.ndarray:
+        """UTC hour of the day of each step of the window ending at ``now``."""
+        k_now = math.floor(now / self.step_s)
+        keys = np.arange(k_now - self.window_steps + 1, k_now + 1, dtype=np.int64)
+        return ((keys * self.step_s) % 86400.0 // 3600.0).astype(np.int64)
+
+    def calibration(self, now: float, *, capacity: float, horizon_s: float | None = None) -> Calibration:
+        """The calibration as of ``now`` (recomputed every ``policy.calibration.interval_s``)."""
+        cal = self.config.policy.calibration
+        from bridge.policy.forecast import horizon_s as configured_horizon
+
+        h = max(configured_horizon(self.config, self.pool), horizon_s or 0.0)
+        slot = math.floor(now / cal.interval_s)
+        key = (slot, capacity, h)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        d, r = self.arrays(now)
+        f = self.config.policy.forecast
+        got = calibrate(
+            d,
+            r,
+            step_s=self.step_s,
+            horizon_s=h,
+            lookback_s=max(f.lend_lookback_s, f.burst_window_s),
+            budget=self.pool.slo_budget,
+            smoothing=f.burst_smoothing_replicas,
+            capacity=capacity,
+            min_samples=math.ceil(cal.min_history_s / self.step_s),
+            at=now,
+            hours=self._hours(now) if cal.by_time_of_day else None,
+            replicas_per_node=self.pool.replicas_per_node,
+        )
+        self._cached = (key, got)
+        return got

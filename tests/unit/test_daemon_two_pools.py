@@ -22,12 +22,14 @@ def config(pools: Mapping[str, tuple[str, ...]]) -> Config:
     return parse_config(
         {
             "pools": [{"name": name, "namespace": "serving", "deployment": f"vllm-{name}", "model_name": f"m-{name}",
-                       "min_serving": 1, "cold_start_s": 3, "drain_s": 2, "headroom_replicas": 0.2,
+                       "min_serving": 1, "cold_start_s": 3, "drain_s": 2, "headroom": 0.2, "headroom_replicas": 0.2,
                        "target": {"concurrency_per_replica": 60, "kv_cache_usage": None}} for name in pools],
             "slurm": {"grace_s": 5, "min_runtime_s": 0},
             "policy": {"tick_s": 1, "scale_down_window_s": 5, "min_lend_s": 3, "max_lends_per_tick": 1,
                        "signal_max_age_s": 10, "blind_after_s": 30,
-                       "forecast": {"margin_s": 1, "burst_window_s": 5, "trend_window_s": 10, "compare_window_s": 10}},
+                       "forecast": {"margin_s": 1, "burst_window_s": 5, "trend_window_s": 10, "compare_window_s": 10},
+                       # seconds-scale fake world: the headroom floors, no week-long calibration
+                       "calibration": {"enabled": False}},
             "prometheus": {"scrape_interval_s": 1, "step_s": 1},
         }
     )

@@ -6,6 +6,11 @@
   test stopped one, every job cancelled, every node resumed and idle). Use it in any test that
   submits jobs or changes node state; the test may still clean up itself.
 - ``sandbox_dir`` (function): a short fresh directory under /tmp for a test's own Sandbox.
+- ``slurm2411_sandbox`` (session) / ``slurm2411_clean`` (function): the same Slurm cluster
+  (4 nodes, GraceTime 10 s, both partitions; no Prometheus) run by Debian 13's Slurm 24.11 in a
+  cached trixie tree (bridge.sandbox.nspawn; the first use builds it, ~1 min). Daemons and
+  clients run through ``sb.slurm.command_prefix`` (Slurm's clients must match slurmctld);
+  munged is the host's. The container binds /tmp, so test files are seen alike inside.
 """
 
 from __future__ import annotations
@@ -48,3 +53,29 @@ def sandbox_dir() -> Iterator[Path]:
     d = _short_tmpdir("gbsx-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm2411_sandbox() -> Iterator[Sandbox]:
+    from bridge.sandbox import nspawn
+
+    tree = nspawn.ensure_tree("trixie")
+    d = _short_tmpdir("gb24-")
+    box = nspawn.Container(tree, binds=["/tmp"], log_path=d / "nspawn.log").start()
+    try:
+        sb = Sandbox(d, nodes=4, grace_s=10, prometheus=False, vllm=False,
+                     slurm_command_prefix=box.host_pid_prefix(), slurm_root=tree)
+        try:
+            sb.up()
+            yield sb
+        finally:
+            sb.down()
+    finally:
+        box.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm2411_clean(slurm2411_sandbox: Sandbox) -> Iterator[Sandbox]:
+    yield slurm2411_sandbox
+    slurm2411_sandbox.reset()

@@ -158,6 +158,7 @@ class Container:
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen[bytes] | None = None
         self.leader: int | None = None
+        self._host_proc = False
 
     def argv(self) -> list[str]:
         out = [
@@ -174,6 +175,23 @@ class Container:
         if self.leader is None:
             raise SandboxError("container: not started")
         return ["nsenter", "-t", str(self.leader), "-m", "-u", "-i", "-p", "-C", "--"]
+
+    def host_pid_prefix(self) -> list[str]:
+        """argv prefix that runs a command on the tree's file system but in the host's PID
+        namespace (``nsenter -m``, which execs without forking): its PID is the daemon's own, so
+        signals and process tracking work from the host. The container's /proc is replaced once
+        by one of the host's PID namespace, so tools inside (Slurm's proctrack/linuxproc,
+        /proc/self) see the processes they run with."""
+        if self.leader is None:
+            raise SandboxError("container: not started")
+        prefix = ["nsenter", "-t", str(self.leader), "-m", "--"]
+        if not self._host_proc:
+            res = subprocess.run([*prefix, "mount", "-t", "proc", "proc", "/proc"], capture_output=True, text=True,
+                                 timeout=30, check=False)
+            if res.returncode != 0:
+                raise SandboxError(f"container: cannot mount the host's /proc: {res.stderr.strip()[-300:]}")
+            self._host_proc = True
+        return prefix
 
     def start(self, timeout_s: float = 60.0) -> Container:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115

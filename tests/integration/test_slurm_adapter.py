@@ -1,4 +1,5 @@
-"""CliSlurm against the real sandbox Slurm (22.05): reads, drain/resume only ours, the hold job
+"""CliSlurm against the real sandbox Slurm, 22.05 (Debian 12, the host's) and 24.11 (Debian 13's,
+in a cached trixie tree run through ``slurm.command_prefix``; marker ``slurm2411``): reads, drain/resume only ours, the hold job
 preempts and requeues a research job (Slurm's way, and with the daemon's early requeue at the
 end of GraceTime), cancel_hold touches only our holds, lookups fail closed."""
 
@@ -29,8 +30,16 @@ def wait_until(check: Callable[[], object], timeout_s: float, what: str) -> obje
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def slurm_for(sb: Sandbox) -> CliSlurm:
-    return CliSlurm(env={"SLURM_CONF": str(sb.slurm.slurm_conf)}, timeout_s=10)
+@pytest.fixture(params=["22.05", pytest.param("24.11", marks=pytest.mark.slurm2411)])
+def slurm_clean(request: pytest.FixtureRequest) -> Sandbox:
+    """The clean sandbox of each Slurm release (tests/sandbox_fixtures.py)."""
+    sb: Sandbox = request.getfixturevalue("slurm_clean" if request.param == "22.05" else "slurm2411_clean")
+    return sb
+
+
+def slurm_for(sb: Sandbox, timeout_s: float = 10, conf: str | None = None) -> CliSlurm:
+    return CliSlurm(env={"SLURM_CONF": conf or str(sb.slurm.slurm_conf)}, timeout_s=timeout_s,
+                    command_prefix=sb.slurm.command_prefix)
 
 
 def research_job(sb: Sandbox, tmp_path: Path, *extra: str) -> str:
@@ -126,12 +135,12 @@ def test_cancel_hold_touches_only_our_holds(slurm_clean: Sandbox) -> None:
 
 def test_lookups_fail_closed_when_slurmctld_is_gone(slurm_clean: Sandbox) -> None:
     sb = slurm_clean
-    slurm = CliSlurm(env={"SLURM_CONF": str(sb.slurm.slurm_conf)}, timeout_s=3)
+    slurm = slurm_for(sb, timeout_s=3)
     sb.stop_process("slurmctld")
     for call in (slurm.ping, slurm.nodes, slurm.jobs, slurm.holds, lambda: slurm.drain("gpu-node-01", "x")):
         with pytest.raises(AdapterError) as ei:
             call()
         assert re.search(r"failed \(rc \d+\)|timed out|not UP", str(ei.value)), str(ei.value)
-    broken = CliSlurm(env={"SLURM_CONF": "/nonexistent/slurm.conf"}, timeout_s=3)
+    broken = slurm_for(sb, timeout_s=3, conf="/nonexistent/slurm.conf")
     with pytest.raises(AdapterError):
         broken.nodes()

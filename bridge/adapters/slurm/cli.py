@@ -22,6 +22,7 @@ from .hostlist import validate_job_id, validate_node_name
 from .parse import parse_jobs, parse_nodes, parse_ping, parse_scontrol_node
 from .types import SlurmJobInfo, SlurmNode
 
+SINFO_ARGV = ("sinfo", "--json", "--Node")
 MAX_REASON = 200
 MAX_STDERR = 500
 HOLD_WRAP = "exec sleep infinity"  # fixed text: nothing from data ever goes into a command
@@ -127,7 +128,10 @@ class CliSlurm:
 
     def nodes(self, names: Iterable[str] | None = None) -> tuple[SlurmNode, ...]:
         wanted = None if names is None else [validate_node_name(n) for n in names]
-        all_nodes = parse_nodes(self._run(["sinfo", "--json"]).stdout)
+        # --Node: one entry per node (and partition). Slurm 24.11 otherwise groups nodes of the
+        # same state into one entry carrying one node's reason and the group's gres use; 22.05
+        # lists nodes one by one either way.
+        all_nodes = parse_nodes(self._run(SINFO_ARGV).stdout)
         if wanted is None:
             return all_nodes
         by_name = {n.name: n for n in all_nodes}

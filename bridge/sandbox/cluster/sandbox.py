@@ -254,8 +254,13 @@ class Sandbox:
         real_memory_mb: int = 16000,
         gpus_per_node: int = 4,
         timeout_s: float = 60.0,
+        slurm_command_prefix: Sequence[str] = (),
+        slurm_root: Path | str | None = None,
     ) -> None:
         self.dir = Path(dir).absolute()
+        # Slurm of another release in a tree (bridge.sandbox.nspawn): run through this prefix
+        self.slurm_command_prefix = tuple(slurm_command_prefix)
+        self.slurm_root = Path(slurm_root) if slurm_root is not None else None
         if len(str(self.dir)) > 60:
             # Slurm's and munge's unix sockets live under DIR; sun_path is limited to 108 bytes.
             raise SandboxError(f"--dir: {self.dir} is too long (max 60 characters: unix socket paths)")
@@ -340,6 +345,8 @@ class Sandbox:
                 hold_group=_bridge_group(),
                 extra=self.extra_slurm_conf,
                 job_submit_lua=self.job_submit_lua is not None,
+                command_prefix=self.slurm_command_prefix,
+                root=self.slurm_root,
             )
         return self._slurm
 

@@ -39,7 +39,8 @@ from bridge.sandbox.daemon_config import sandbox_config, write_config
 from bridge.sandbox.e2e import World, put_load, wait_until
 from bridge.sandbox.serving import serving_sandbox
 
-pytestmark = [pytest.mark.integration, pytest.mark.systemd, pytest.mark.slow]
+# the first run builds the Debian 12 tree (about 80 s) inside the fixture
+pytestmark = [pytest.mark.integration, pytest.mark.systemd, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "gpu-bridge.service"

@@ -101,6 +101,12 @@ class MungeComponent:
 
     def start(self, sb: Sandbox) -> None:
         munge.prepare(sb.munge_paths)
+        if sb.slurm_command_prefix:
+            # Slurm from another tree: that tree's munged too, as the host's munge uid (which owns
+            # the key and the socket dir; the tree's own munge user may have another uid)
+            sb.spawn("munged", [*sb.slurm_command_prefix, *munge.setpriv_argv(), *munge.argv(sb.munge_paths)],
+                     sb.log_dir / "munged.out")
+            return
         sb.spawn("munged", munge.argv(sb.munge_paths), sb.log_dir / "munged.out", user=munge.MUNGE_USER)
 
     def wait_ready(self, sb: Sandbox, timeout_s: float) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import os
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.systemd, pytest.mark.slow, py
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "gpu-bridge.service"
 ENV_FILE = ROOT / "systemd" / "gpu-bridge.env"
+KUBECONFIG = "/etc/gpu-bridge/kubeconfig"  # the shipped environment file's value
 NODES = 3
 MIN_SERVING = 1
 GRACE_S = 5
@@ -102,12 +104,11 @@ def put(box: nspawn.Container, path: str, text: str, mode: str = "0644") -> None
 
 
 def env_file_for(sb: Any) -> str:
-    """The shipped environment file with the sandbox's paths filled in, as an operator edits it."""
+    """The shipped environment file with the sandbox's slurm.conf, as an operator edits it
+    (KUBECONFIG stays the shipped /etc/gpu-bridge/kubeconfig)."""
     out = []
     for line in ENV_FILE.read_text().splitlines():
-        if line.startswith("KUBECONFIG="):
-            line = f"KUBECONFIG={sb.kubeconfig}"
-        elif line.startswith("#SLURM_CONF="):
+        if line.startswith("#SLURM_CONF="):
             line = f"SLURM_CONF={sb.slurm.slurm_conf}"
         out.append(line)
     return "\n".join(out) + "\n"
@@ -132,10 +133,12 @@ def svc() -> Iterator[Svc]:
         assert sb.vllm_url
         put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})  # low load: lend down to MIN_SERVING
         etc.chmod(0o750)
-        cfg = sandbox_config(prometheus_url=sb.prometheus_url, kubeconfig=sb.kubeconfig, slurm_conf=sb.slurm.slurm_conf,
+        shutil.copyfile(sb.kubeconfig, etc / "kubeconfig")  # the token and CA are inline
+        (etc / "kubeconfig").chmod(0o640)
+        cfg = sandbox_config(prometheus_url=sb.prometheus_url, kubeconfig=KUBECONFIG, slurm_conf=sb.slurm.slurm_conf,
                              grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=4,
                              min_lend_s=5)
-        write_config(etc / "gpu-bridge.yaml", cfg)
+        write_config(etc / "gpu-bridge.yaml", cfg).chmod(0o640)  # as the operator guide installs it
         (etc / "gpu-bridge.env").write_text(env_file_for(sb))
         (etc / "gpu-bridge.env").chmod(0o640)
         ro = [str(ROOT), f"{UNIT}:/etc/systemd/system/gpu-bridge.service", f"{etc}:/etc/gpu-bridge"]
@@ -153,6 +156,11 @@ def svc() -> Iterator[Svc]:
         put(box, f"{site.stdout.strip()}/gpu-bridge-project.pth", f"import site; site.addsitedir({str(VENV_SITE)!r})\n")
         put(box, "/opt/gpu-bridge/.venv/bin/gpu-bridge",
             "#!/opt/gpu-bridge/.venv/bin/python\nimport sys\nfrom bridge.cli import main\nsys.exit(main())\n", "0755")
+        # the unit's own install steps: its user, and /etc/gpu-bridge root:gpu-bridge 0750/0640
+        box.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "gpu-bridge"])
+        gid = int(box.run(["id", "-g", "gpu-bridge"]).stdout)
+        for f in (etc, *etc.iterdir()):
+            os.chown(f, 0, gid)
         box.run(["systemctl", "daemon-reload"])
         shipped = box.run(["systemd-analyze", "security", "--no-pager", "gpu-bridge"]).stdout
         put(box, "/etc/systemd/system/gpu-bridge.service.d/sandbox.conf",
@@ -280,6 +288,26 @@ def test_unit_under_real_systemd(svc: Svc) -> None:
     assert stop_s < stop_budget_s
     assert svc.lease_holder() is None, "the Lease is released on stop"
     assert any(e.get("event") == "lease_released" for e in svc.events())
+    # 6. the unit exactly as shipped (User=gpu-bridge, no drop-in), in a dry run (that user has
+    # no Slurm operator rights here): it starts, runs as that user and stops cleanly
+    phases_before = w.phases()
+    svc.sh("rm", "/etc/systemd/system/gpu-bridge.service.d/sandbox.conf")
+    env = (svc.etc / "gpu-bridge.env").read_text().replace("\nGPU_BRIDGE_OPTS=\n", "\nGPU_BRIDGE_OPTS=--dry-run\n")
+    assert "GPU_BRIDGE_OPTS=--dry-run" in env
+    (svc.etc / "gpu-bridge.env").write_text(env)
+    svc.sh("systemctl", "daemon-reload")
+    svc.sh("systemctl", "start", "gpu-bridge", timeout_s=seconds(unit_setting("TimeoutStartSec")) + 10)
+    st4 = svc.show("ActiveState", "MainPID", "StatusText", "User")
+    assert st4["ActiveState"] == "active" and st4["User"] == "gpu-bridge", st4
+    assert not st4["StatusText"].startswith("tick failed"), st4
+    uid = svc.sh("id", "-u", "gpu-bridge").strip()
+    status4 = svc.sh("cat", f"/proc/{st4['MainPID']}/status")
+    assert re.search(rf"^Uid:\s+{uid}\s+{uid}\s+{uid}\s+{uid}$", status4, re.M), status4
+    assert any(e.get("event") == "dry_run_mode" for e in svc.events())
+    svc.sh("systemctl", "stop", "gpu-bridge", timeout_s=stop_budget_s + 10)
+    st5 = svc.show("ActiveState", "Result", "ExecMainStatus")
+    assert (st5["ActiveState"], st5["Result"], st5["ExecMainStatus"]) == ("inactive", "success", "0"), st5
+    assert w.phases() == phases_before  # a dry run writes nothing
     print(f"\nsystemd {svc.sh('systemctl', '--version').split()[1]}: start-to-READY {ready_s:.2f} s "
           f"(systemctl start returned after {start_s:.2f} s); watchdog: SIGSTOP to restarted and READY "
           f"{restart_total_s:.1f} s, killed {kill_after_s:.1f} s after the stall (WatchdogSec {watchdog_s:g} s, "

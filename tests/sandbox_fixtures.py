@@ -16,12 +16,15 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bridge.errors import SandboxError
 from bridge.sandbox.cluster import Sandbox
 
 
@@ -55,6 +58,19 @@ def sandbox_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def cancel_all_jobs(sb: Sandbox, timeout_s: float = 20.0) -> None:
+    """Cancel every job and wait for them to go, before ``down``: a 24.11 slurmstepd keeps no
+    environment or command line naming the sandbox, so ``down``'s sweep cannot find one that
+    outlives its slurmd (a hold job's ``sleep infinity`` would run on)."""
+    try:
+        sb.run_slurm(["scancel", "--full", "--user=root"], check=False)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and sb.run_slurm(["squeue", "-h", "-o", "%i"], check=False).stdout.split():
+            time.sleep(0.3)
+    except (OSError, subprocess.SubprocessError, SandboxError):
+        pass  # slurmctld already gone: down() does what it can
+
+
 @pytest.fixture(scope="session")
 def slurm2411_sandbox() -> Iterator[Sandbox]:
     from bridge.sandbox import nspawn
@@ -69,6 +85,7 @@ def slurm2411_sandbox() -> Iterator[Sandbox]:
             sb.up()
             yield sb
         finally:
+            cancel_all_jobs(sb)
             sb.down()
     finally:
         box.stop()

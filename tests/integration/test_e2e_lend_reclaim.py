@@ -23,6 +23,11 @@ from bridge.sandbox.daemon_config import sandbox_config, write_config
 from bridge.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, wait_until
 from bridge.sandbox.serving import serving_sandbox
 
+try:
+    from sandbox_fixtures import cancel_all_jobs
+except ImportError:  # tests/ became a package
+    from ..sandbox_fixtures import cancel_all_jobs  # type: ignore[no-redef]
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NODES = 4
@@ -53,6 +58,8 @@ def world(request: pytest.FixtureRequest) -> Iterator[tuple[Any, World, Path]]:
             yield sb, world, d
         finally:
             world.close()
+            if box is not None:
+                cancel_all_jobs(sb)
             sb.down()
     finally:
         if box is not None:

@@ -10,7 +10,7 @@
   (4 nodes, GraceTime 10 s, both partitions; no Prometheus) run by Debian 13's Slurm 24.11 in a
   cached trixie tree (bridge.sandbox.nspawn; the first use builds it, ~1 min). Daemons and
   clients run through ``sb.slurm.command_prefix`` (Slurm's clients must match slurmctld);
-  munged is the host's. The container binds /tmp, so test files are seen alike inside.
+  munged too (Debian 13's). The container binds /tmp, so test files are seen alike inside.
 """
 
 from __future__ import annotations

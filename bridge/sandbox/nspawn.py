@@ -202,25 +202,49 @@ class Container:
                                      start_new_session=True)
         if log is not subprocess.DEVNULL:
             log.close()
-        deadline = time.monotonic() + timeout_s
+        try:
+            deadline = time.monotonic() + timeout_s
+            self.leader = self._find_leader(deadline)
+            if self.boot:
+                self._wait_running(deadline)
+            else:
+                # --as-pid2 execs the payload (sleep) only once the container is set up (root
+                # pivoted, /proc mounted): entering it earlier would see the host's file system
+                while not self._payload_started():
+                    if time.monotonic() > deadline or self.proc.poll() is not None:
+                        raise SandboxError(f"container: not set up after {timeout_s:g} s: {self._log_tail()}")
+                    time.sleep(0.02)
+        except BaseException:
+            self.stop()  # never leave a container (or its Popen) behind a failed start
+            raise
+        return self
+
+    def _payload_started(self) -> bool:
+        for kid in _children(self.leader or 0):
+            try:
+                if Path(f"/proc/{kid}/comm").read_text().strip() == "sleep":
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def _find_leader(self, deadline: float) -> int:
+        """The container's PID 1: nspawn's child in a PID namespace of its own. nspawn first
+        forks an "outer child" (host PID namespace) that clones the real one and exits, so the
+        first child seen may not be it."""
+        assert self.proc is not None
+        own = os.readlink("/proc/self/ns/pid")
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise SandboxError(f"systemd-nspawn exited (rc {self.proc.returncode}): {self._log_tail()}")
-            kids = _children(self.proc.pid)
-            if kids:
-                # --as-pid2: nspawn's child is the stub PID 1 and ours is its child; with --boot it is systemd.
-                self.leader = kids[0]
-                break
-            time.sleep(0.05)
-        else:
-            self.stop()
-            raise SandboxError(f"systemd-nspawn: no container after {timeout_s:g} s: {self._log_tail()}")
-        if self.boot:
-            self._wait_running(deadline)
-        else:
-            while time.monotonic() < deadline and self.run(["/bin/true"], timeout_s=5, check=False).returncode != 0:
-                time.sleep(0.05)
-        return self
+            for kid in _children(self.proc.pid):
+                try:
+                    if os.readlink(f"/proc/{kid}/ns/pid") != own:
+                        return kid
+                except OSError:
+                    continue  # gone meanwhile (the outer child)
+            time.sleep(0.02)
+        raise SandboxError(f"systemd-nspawn: no container after the start timeout: {self._log_tail()}")
 
     def _wait_running(self, deadline: float) -> None:
         state = ""

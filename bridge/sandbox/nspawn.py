@@ -36,12 +36,24 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 VARIANT = "minbase"
 READY_MARK = ".gpu-bridge-tree"
 
-# What each tree carries. bookworm: systemd to run the unit, python3 for the daemon's venv and
-# Debian 12's Slurm clients (the sandbox's 22.05 controller). trixie: Debian 13's Slurm and munge.
+# What each tree carries: systemd (to boot it), python3 (the daemon's venv: the same minor as
+# the host's Debian) and that release's Slurm clients (the host's sandbox controller is the same
+# release); trixie also Debian 13's Slurm daemons and munge (the 24.11 sandbox on a Debian 12 host).
 TREES: Mapping[str, tuple[str, ...]] = {
     "bookworm": ("systemd", "systemd-sysv", "dbus", "python3", "slurm-client"),
-    "trixie": ("systemd", "systemd-sysv", "dbus", "munge", "slurmctld", "slurmd", "slurm-client"),
+    "trixie": ("systemd", "systemd-sysv", "dbus", "python3", "munge", "slurmctld", "slurmd", "slurm-client"),
 }
+
+
+def host_suite(os_release: Path = Path("/etc/os-release")) -> str | None:
+    """This machine's Debian codename (``bookworm``, ``trixie``), or None."""
+    try:
+        for line in os_release.read_text().splitlines():
+            if line.startswith("VERSION_CODENAME="):
+                return line.split("=", 1)[1].strip().strip('"') or None
+    except OSError:
+        pass
+    return None
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:

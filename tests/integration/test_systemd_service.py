@@ -1,7 +1,8 @@
 """systemd/gpu-bridge.service under a real systemd (252, Debian 12) booted by systemd-nspawn.
 
-PID 1 on these machines is not systemd, so the unit is run by the systemd of a cached Debian 12
-tree (bridge.sandbox.nspawn; built once by debootstrap, ~80 s) booted with the host's network.
+PID 1 on these machines is not systemd, so the unit is run by the systemd of a cached tree of
+the host's own Debian release (bridge.sandbox.nspawn; Debian 12 here; built once by debootstrap,
+~80 s) booted with the host's network.
 The shipped unit and environment file are installed unmodified (bind mounts) next to a config
 for the sandbox that runs on the host (real Slurm 22.05, Prometheus, the Kubernetes API server,
 the vLLM simulator); the project and its virtualenv are mounted in read-only. One drop-in runs
@@ -116,7 +117,10 @@ def env_file_for(sb: Any) -> str:
 
 @pytest.fixture(scope="module")
 def svc() -> Iterator[Svc]:
-    tree = nspawn.ensure_tree("bookworm")
+    # the host's own Debian release: its python3 runs the venv, its Slurm clients match the
+    # sandbox's controller (Debian 12 here: systemd 252, Python 3.11, Slurm 22.05)
+    suite = nspawn.host_suite()
+    tree = nspawn.ensure_tree(suite if suite in nspawn.TREES else "bookworm")
     run_dir = nspawn.cache_dir() / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir.chmod(0o755)

@@ -75,3 +75,12 @@ def test_container_argv_and_prefix() -> None:
         _ = c.prefix
     c.leader = 4242
     assert c.prefix[:3] == ["nsenter", "-t", "4242"] and c.prefix[-1] == "--"
+
+
+def test_host_suite_from_os_release(tmp_path: Path) -> None:
+    f = tmp_path / "os-release"
+    f.write_text('PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nVERSION_CODENAME=trixie\nID=debian\n')
+    assert nspawn.host_suite(f) == "trixie"
+    f.write_text("ID=debian\n")
+    assert nspawn.host_suite(f) is None
+    assert nspawn.host_suite(tmp_path / "absent") is None

@@ -38,6 +38,7 @@ from bridge.errors import ConfigError
 from bridge.model import EVICT_AFTER_S
 
 _MISSING = dataclasses.MISSING
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def setting(
@@ -176,6 +177,18 @@ class SlurmConfig:
         5.0, gt=0, doc="timeout of each scontrol/squeue/sinfo call; keep it well below daemon.lease_duration_s"
     )
     slurm_conf: str | None = setting(None, doc="slurm.conf the Slurm commands use (SLURM_CONF); null = $SLURM_CONF or Slurm's default")
+    command_prefix: tuple[str, ...] = setting(
+        (), doc="argv list put before every Slurm command (e.g. [ssh, login1]); empty = run them on this host"
+    )
+
+    def _check(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for i, arg in enumerate(self.command_prefix):
+            if not arg or _CONTROL_CHARS.search(arg):
+                out.append((f"command_prefix[{i}]", f"expected a non-empty argument without control characters, got {_show(arg)}"))
+        if self.command_prefix and (len(self.command_prefix[0].split()) != 1):
+            out.append(("command_prefix[0]", f"expected a program (an argv list, not a shell command line), got {_show(self.command_prefix[0])}"))
+        return out
 
 
 class CalendarEffect(enum.StrEnum):

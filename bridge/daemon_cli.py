@@ -141,12 +141,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             result = daemon.tick()
             _print_plan(daemon, as_json=False)
             return 0 if result.observed else 1
-        sdnotify.ready("watching")
         interval = sdnotify.watchdog_interval_s()
         last_ping = [0.0]
+        last_status = [""]
 
         def on_tick(result: TickResult) -> None:
+            # READY=1 after the first whole tick (watches synced, Lease checked, one observation
+            # tried), so `systemctl start` returns on a running loop; STATUS= says how it went.
             now = time.monotonic()
+            text = tick_status(result, adapters.leader)
+            if not last_status[0]:
+                sdnotify.ready(text)
+                last_status[0], last_ping[0] = text, now
+                log.info("ready", status=text)
+                return
+            if text != last_status[0]:
+                sdnotify.status(text)
+                last_status[0] = text
             if interval is None or now - last_ping[0] >= interval / 2:
                 sdnotify.watchdog()
                 last_ping[0] = now
@@ -168,6 +179,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         if server is not None:
             server.close()
         log.info("stopped")
+
+
+def tick_status(result: TickResult, leader: Any) -> str:
+    """The one-line STATUS= of ``systemctl status``: leading, standby, or why the tick failed."""
+    if result.error:
+        return f"tick failed: {result.error}"
+    if result.observed:
+        return "leading" if leader is not None else "acting (no leader election)"
+    return "standby: another instance holds the Lease"
 
 
 def _since(t: float, now: float) -> str:

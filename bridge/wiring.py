@@ -181,6 +181,7 @@ def build_adapters(
         env={"SLURM_CONF": config.slurm.slurm_conf} if config.slurm.slurm_conf else None,
         timeout_s=config.slurm.command_timeout_s,
         hold_partition=config.slurm.hold_partition,
+        command_prefix=config.slurm.command_prefix,
     )
     prom = PromAdapter(
         config.prometheus.url,

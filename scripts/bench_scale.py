@@ -137,7 +137,7 @@ class SlurmModel:
         argv = list(argv)
         key = " ".join(argv[:2]) if argv[0] == "scontrol" else argv[0]
         self.commands[key] += 1
-        if argv[1:] == ["--json"] and argv[0] in ("sinfo", "squeue"):
+        if argv[1:] in (["--json"], ["--json", "--Node"]) and argv[0] in ("sinfo", "squeue"):
             return CommandResult(0, self._render(argv[0]), "")
         if argv[:4] == ["scontrol", "--oneliner", "show", "node"]:  # the writes' one-node precondition
             n = self.nodes.get(argv[4])

@@ -6,17 +6,25 @@
   test stopped one, every job cancelled, every node resumed and idle). Use it in any test that
   submits jobs or changes node state; the test may still clean up itself.
 - ``sandbox_dir`` (function): a short fresh directory under /tmp for a test's own Sandbox.
+- ``slurm2411_sandbox`` (session) / ``slurm2411_clean`` (function): the same Slurm cluster
+  (4 nodes, GraceTime 10 s, both partitions; no Prometheus) run by Debian 13's Slurm 24.11 in a
+  cached trixie tree (gpu_bridge_lab.sandbox.nspawn; the first use builds it, ~1 min). Daemons and
+  clients run through ``sb.slurm.command_prefix`` (Slurm's clients must match slurmctld);
+  munged too (Debian 13's). The container binds /tmp, so test files are seen alike inside.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bridge.errors import SandboxError
 from gpu_bridge_lab.sandbox.cluster import Sandbox
 
 
@@ -48,3 +56,43 @@ def sandbox_dir() -> Iterator[Path]:
     d = _short_tmpdir("gbsx-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+def cancel_all_jobs(sb: Sandbox, timeout_s: float = 20.0) -> None:
+    """Cancel every job and wait for them to go, before ``down``: a 24.11 slurmstepd keeps no
+    environment or command line naming the sandbox, so ``down``'s sweep cannot find one that
+    outlives its slurmd (a hold job's ``sleep infinity`` would run on)."""
+    try:
+        sb.run_slurm(["scancel", "--full", "--user=root"], check=False)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and sb.run_slurm(["squeue", "-h", "-o", "%i"], check=False).stdout.split():
+            time.sleep(0.3)
+    except (OSError, subprocess.SubprocessError, SandboxError):
+        pass  # slurmctld already gone: down() does what it can
+
+
+@pytest.fixture(scope="session")
+def slurm2411_sandbox() -> Iterator[Sandbox]:
+    from gpu_bridge_lab.sandbox import nspawn
+
+    tree = nspawn.ensure_tree("trixie")
+    d = _short_tmpdir("gb24-")
+    box = nspawn.Container(tree, binds=["/tmp"], log_path=d / "nspawn.log").start()
+    try:
+        sb = Sandbox(d, nodes=4, grace_s=10, prometheus=False, vllm=False,
+                     slurm_command_prefix=box.host_pid_prefix(), slurm_root=tree)
+        try:
+            sb.up()
+            yield sb
+        finally:
+            cancel_all_jobs(sb)
+            sb.down()
+    finally:
+        box.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm2411_clean(slurm2411_sandbox: Sandbox) -> Iterator[Sandbox]:
+    yield slurm2411_sandbox
+    slurm2411_sandbox.reset()

@@ -23,6 +23,11 @@ from gpu_bridge_lab.sandbox.daemon_config import sandbox_config, write_config
 from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
+try:
+    from sandbox_fixtures import cancel_all_jobs
+except ImportError:  # tests/ became a package
+    from ..sandbox_fixtures import cancel_all_jobs  # type: ignore[no-redef]
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NODES = 4
@@ -32,18 +37,33 @@ MIN_SERVING = 1
 JOB_S = 25
 
 
-@pytest.fixture(scope="module")
-def world() -> Iterator[tuple[Any, World, Path]]:
+@pytest.fixture(scope="module", params=["22.05", pytest.param("24.11", marks=[pytest.mark.slurm2411, pytest.mark.timeout(600)])])
+def world(request: pytest.FixtureRequest) -> Iterator[tuple[Any, World, Path]]:
+    """The serving sandbox with the host's Slurm 22.05, or with Debian 13's 24.11 from its cached
+    tree (daemons and every Slurm command, the daemon's too, through ``slurm.command_prefix``)."""
     d = Path(tempfile.mkdtemp(prefix="gb-e2e-", dir="/tmp"))
     sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
                          shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"))
-    sb.up()
-    world = World(sb)
+    box = None
+    if request.param == "24.11":
+        from gpu_bridge_lab.sandbox import nspawn
+
+        tree = nspawn.ensure_tree("trixie")
+        box = nspawn.Container(tree, binds=["/tmp"], log_path=d / "nspawn.log").start()
+        sb.slurm_command_prefix, sb.slurm_root = tuple(box.host_pid_prefix()), tree
     try:
-        yield sb, world, d
+        sb.up()
+        world = World(sb)
+        try:
+            yield sb, world, d
+        finally:
+            world.close()
+            if box is not None:
+                cancel_all_jobs(sb)
+            sb.down()
     finally:
-        world.close()
-        sb.down()
+        if box is not None:
+            box.stop()
 
 
 def test_lend_then_reclaim_requeues_jobs_and_restores_serving(world: tuple[Any, World, Path]) -> None:
@@ -51,11 +71,11 @@ def test_lend_then_reclaim_requeues_jobs_and_restores_serving(world: tuple[Any, 
     vllm = sb.vllm_url
     assert vllm
     put_load(vllm, {"rate": 2.0, "cv": 1.0})  # ~0.2 replicas of demand: lend down to min_serving
-    cfg = write_config(
-        d / "gpu-bridge.yaml",
-        sandbox_config(prometheus_url=sb.prometheus_url, kubeconfig=sb.kubeconfig, slurm_conf=sb.slurm.slurm_conf, grace_s=GRACE_S,
-                       cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6, min_lend_s=5),
-    )
+    doc = sandbox_config(prometheus_url=sb.prometheus_url, kubeconfig=sb.kubeconfig, slurm_conf=sb.slurm.slurm_conf,
+                         grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6,
+                         min_lend_s=5)
+    doc["slurm"]["command_prefix"] = list(sb.slurm.command_prefix)  # empty for the host's Slurm
+    cfg = write_config(d / "gpu-bridge.yaml", doc)
     log_path = d / "daemon.log"
     daemon = DaemonProc(cfg, log_path, sb.env).start()
     watcher = Watcher(w, min_serving=MIN_SERVING)

@@ -1,4 +1,5 @@
-"""CliSlurm against the real sandbox Slurm (22.05): reads, drain/resume only ours, the hold job
+"""CliSlurm against the real sandbox Slurm, 22.05 (Debian 12, the host's) and 24.11 (Debian 13's,
+in a cached trixie tree run through ``slurm.command_prefix``; marker ``slurm2411``): reads, drain/resume only ours, the hold job
 preempts and requeues a research job (Slurm's way, and with the daemon's early requeue at the
 end of GraceTime), cancel_hold touches only our holds, lookups fail closed."""
 
@@ -29,8 +30,16 @@ def wait_until(check: Callable[[], object], timeout_s: float, what: str) -> obje
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def slurm_for(sb: Sandbox) -> CliSlurm:
-    return CliSlurm(env={"SLURM_CONF": str(sb.slurm.slurm_conf)}, timeout_s=10)
+@pytest.fixture(params=["22.05", pytest.param("24.11", marks=[pytest.mark.slurm2411, pytest.mark.timeout(600)])])
+def slurm_clean(request: pytest.FixtureRequest) -> Sandbox:
+    """The clean sandbox of each Slurm release (tests/sandbox_fixtures.py)."""
+    sb: Sandbox = request.getfixturevalue("slurm_clean" if request.param == "22.05" else "slurm2411_clean")
+    return sb
+
+
+def slurm_for(sb: Sandbox, timeout_s: float = 10, conf: str | None = None) -> CliSlurm:
+    return CliSlurm(env={"SLURM_CONF": conf or str(sb.slurm.slurm_conf)}, timeout_s=timeout_s,
+                    command_prefix=sb.slurm.command_prefix)
 
 
 def research_job(sb: Sandbox, tmp_path: Path, *extra: str) -> str:
@@ -126,12 +135,63 @@ def test_cancel_hold_touches_only_our_holds(slurm_clean: Sandbox) -> None:
 
 def test_lookups_fail_closed_when_slurmctld_is_gone(slurm_clean: Sandbox) -> None:
     sb = slurm_clean
-    slurm = CliSlurm(env={"SLURM_CONF": str(sb.slurm.slurm_conf)}, timeout_s=3)
+    slurm = slurm_for(sb, timeout_s=3)
     sb.stop_process("slurmctld")
     for call in (slurm.ping, slurm.nodes, slurm.jobs, slurm.holds, lambda: slurm.drain("gpu-node-01", "x")):
         with pytest.raises(AdapterError) as ei:
             call()
         assert re.search(r"failed \(rc \d+\)|timed out|not UP", str(ei.value)), str(ei.value)
-    broken = CliSlurm(env={"SLURM_CONF": "/nonexistent/slurm.conf"}, timeout_s=3)
+    broken = slurm_for(sb, timeout_s=3, conf="/nonexistent/slurm.conf")
     with pytest.raises(AdapterError):
         broken.nodes()
+
+
+def test_full_lend_reclaim_cycle(slurm_clean: Sandbox, tmp_path: Path) -> None:
+    """One node through the adapter calls of a whole cycle, as the lifecycle makes them: lend
+    (our serving drain lifted), a research job publishing its checkpoint runs on it, reclaim (the
+    hold job preempts it, its signal, GraceTime, our requeue, the hold runs, our drain with its
+    reason), lend again (hold cancelled, drain lifted) and the requeued job resumes there. The
+    other nodes carry an administrator's drain (each its own reason) that is never touched."""
+    sb, slurm = slurm_clean, slurm_for(slurm_clean)
+    node, others = sb.node_names[0], sb.node_names[1:]
+    for i, other in enumerate(others):
+        sb.run_slurm(["scontrol", "update", f"NodeName={other}", "State=DRAIN", f"Reason=maintenance {i}: fan"])
+    assert slurm.drain(node, "serving (pool default)") is True
+    reasons = {n.name: n.reason for n in slurm.nodes()}
+    assert reasons == {node: "gpu-bridge: serving (pool default)"} | {o: f"maintenance {i}: fan" for i, o in enumerate(others)}
+
+    # lend: our drain lifted, research jobs may land
+    assert slurm.resume(node) is True
+    ckpt = int(time.time()) - 100
+    jid = research_job(sb, tmp_path, "--signal=B:USR1@5", f"--comment=gpu-bridge:checkpoint={ckpt}")
+    running = wait_until(lambda: (j := job(slurm, jid)) is not None and j.state == "running" and j, 30, "running")
+    assert running.nodes == (node,) and running.checkpoint_time == ckpt and running.requeueable  # type: ignore[union-attr]
+    assert running.gpus_per_node == 4 and running.restart_count == 0  # type: ignore[union-attr]
+    assert slurm.node(node).gpus_used == 4
+
+    # reclaim: hold job -> Slurm preempts (signal now, GraceTime) -> our requeue at its end
+    hold = slurm.submit_hold(node)
+    victim = wait_until(lambda: (j := job(slurm, jid)) is not None and j.preempt_time and j, 10, "preempt_time set")
+    assert abs(victim.end_time - victim.preempt_time - sb.grace_s) <= 1  # type: ignore[union-attr,operator]
+    wait_until(lambda: "usr1" in (tmp_path / "out").read_text(), sb.grace_s, "the pre-preemption signal")
+    while not victim.grace_over(time.time()):  # type: ignore[union-attr]
+        time.sleep(0.1)
+    if slurm.requeue(jid) is False:  # Slurm may have requeued it itself at the same moment
+        assert job(slurm, jid).state != "running"  # type: ignore[union-attr]
+    wait_until(lambda: (h := slurm.holds().get(node)) is not None and h.state == "running", 20, "hold running")
+    assert slurm.drain(node, "serving: reclaimed for pool default") is True
+    n = slurm.node(node)
+    assert n.drained_by_us and n.reason == "gpu-bridge: serving: reclaimed for pool default" and n.allocated
+    requeued = job(slurm, jid)
+    assert requeued is not None and requeued.state == "pending" and requeued.restart_count == 1
+    assert requeued.checkpoint_time == ckpt and requeued.nodes == ()
+    assert {n.name: n.reason for n in slurm.nodes() if n.name != node} == {o: f"maintenance {i}: fan" for i, o in enumerate(others)}
+
+    # lend again: the hold goes, the drain is lifted, the requeued job resumes on the node
+    assert slurm.cancel_hold(node) == (hold,)
+    wait_until(lambda: node not in slurm.holds(), 15, "hold gone")
+    assert slurm.resume(node) is True
+    again = wait_until(lambda: (j := job(slurm, jid)) is not None and j.state == "running" and j, 40, "the job to run again")
+    assert again.nodes == (node,) and again.restart_count == 1  # type: ignore[union-attr]
+    wait_until(lambda: f"start {node} 1" in (tmp_path / "out").read_text(), 15, "the restarted job's first line")
+    assert all(slurm.node(o).drained_by_other for o in others)

@@ -152,14 +152,14 @@ class Runner:
 
     def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
         self.calls.append(list(argv))
-        if list(argv) == ["sinfo", "--json"]:
+        if list(argv) == ["sinfo", "--json", "--Node"]:
             return CommandResult(0, sinfo(NODES), "")
         if list(argv) == ["squeue", "--json"]:
             return CommandResult(0, squeue(NODES), "")
         return CommandResult(0, "901\n" if argv[0] == "sbatch" else "", "")
 
     def writes(self) -> list[list[str]]:
-        return [c for c in self.calls if c[1:] != ["--json"]]
+        return [c for c in self.calls if c[1:2] != ["--json"]]
 
 
 class BrokenDeploymentKube(FakeKube):

@@ -138,7 +138,7 @@ def test_unadopted_pool_nodes_with_bad_names_never_reach_a_subprocess(recorder: 
     for _ in range(3):
         d.tick()
     assert_clean(recorder, BAD_K8S)
-    writes = [a for a in recorder.argvs if a[1:] != ["--json"]]
+    writes = [a for a in recorder.argvs if a[1:2] != ["--json"]]
     assert writes and all(any(GOOD in arg for arg in a) for a in writes)  # hold job / drain of the good node only
 
 

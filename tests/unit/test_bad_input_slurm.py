@@ -156,14 +156,14 @@ class Runner:
 
     def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
         self.calls.append(list(argv))
-        if argv[0] in self.out and list(argv[1:]) == ["--json"]:
+        if argv[0] in self.out and list(argv[1:2]) == ["--json"]:
             return CommandResult(0, self.out[argv[0]], "")
         if argv[0] == "sbatch":
             return CommandResult(0, "900\n", "")
         return CommandResult(0, "", "")
 
     def writes(self) -> list[list[str]]:
-        return [c for c in self.calls if c[1:] != ["--json"]]
+        return [c for c in self.calls if c[1:2] != ["--json"]]
 
 
 def world(sinfo_text: str, squeue_text: str, *, load_replicas: float) -> tuple[Daemon, FakeKube, Runner]:

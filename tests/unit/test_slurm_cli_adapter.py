@@ -41,7 +41,7 @@ class FakeRunner:
         self.timeouts.append(timeout_s)
         if argv[0] in self.fail:
             return self.fail[argv[0]]
-        if list(argv) == ["sinfo", "--json"]:
+        if list(argv) == ["sinfo", "--json", "--Node"]:
             return CommandResult(0, self.sinfo, "")
         if list(argv) == ["squeue", "--json"]:
             return CommandResult(0, self.squeue, "")
@@ -56,9 +56,9 @@ class FakeRunner:
         return CommandResult(0, "", "")
 
     def writes(self) -> list[list[str]]:
-        reads = (["sinfo", "--json"], ["squeue", "--json"], ["scontrol", "ping"], ["scontrol", "--oneliner"],
+        reads = (["sinfo", "--json", "--Node"], ["squeue", "--json"], ["scontrol", "ping"], ["scontrol", "--oneliner"],
                  ["squeue", "--noheader"])
-        return [c for c in self.calls if c[:2] not in reads]
+        return [c for c in self.calls if c[:2] not in reads and c not in reads]
 
 
 def adapter(version: str = "22.05", **kw: object) -> tuple[CliSlurm, FakeRunner]:

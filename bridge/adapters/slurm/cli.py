@@ -22,6 +22,7 @@ from bridge.names import validate_job_id, validate_node_name
 from .parse import parse_jobs, parse_nodes, parse_ping, parse_scontrol_node
 from .types import SlurmJobInfo, SlurmNode
 
+SINFO_ARGV = ("sinfo", "--json", "--Node")
 MAX_REASON = 200
 MAX_STDERR = 500
 HOLD_WRAP = "exec sleep infinity"  # fixed text: nothing from data ever goes into a command
@@ -50,19 +51,24 @@ class CommandRunner(Protocol):
 
 
 class SubprocessRunner:
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+    """Runs the Slurm tools here, or through ``prefix`` (an argv list such as ``["ssh", "login1"]``
+    or ``["nsenter", "-t", PID, "-m", "-p", "--"]``) where clients match the controller's release."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, prefix: Sequence[str] = ()) -> None:
         self.env = dict(os.environ if env is None else env)
+        self.prefix = tuple(prefix)
 
     def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
         try:
             res = subprocess.run(
-                list(argv), capture_output=True, text=True, timeout=timeout_s, env=self.env, check=False,
+                [*self.prefix, *argv], capture_output=True, text=True, timeout=timeout_s, env=self.env, check=False,
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired:
             raise AdapterError("slurm", f"{argv[0]}: timed out after {timeout_s:g} s") from None
         except OSError as e:
-            raise AdapterError("slurm", f"{argv[0]}: cannot run: {e.strerror or e}") from None
+            via = f" (through {self.prefix[0]})" if self.prefix else ""
+            raise AdapterError("slurm", f"{argv[0]}{via}: cannot run: {e.strerror or e}") from None
         return CommandResult(res.returncode, res.stdout, res.stderr)
 
 
@@ -87,7 +93,8 @@ def hold_job_name(node: str) -> str:
 
 class CliSlurm:
     """SlurmReader + SlurmWriter over the Slurm CLI. ``env`` e.g. ``{"SLURM_CONF": ...}`` merged
-    over os.environ; ``runner`` replaces subprocess (tests)."""
+    over os.environ; ``command_prefix`` an argv list put before every command (config
+    ``slurm.command_prefix``); ``runner`` replaces subprocess (tests)."""
 
     def __init__(
         self,
@@ -97,8 +104,9 @@ class CliSlurm:
         timeout_s: float = 10.0,
         hold_partition: str = wellknown.SLURM_HOLD_PARTITION,
         hold_user: str | None = None,
+        command_prefix: Sequence[str] = (),
     ) -> None:
-        self.run_cmd: CommandRunner = runner or SubprocessRunner({**os.environ, **(env or {})})
+        self.run_cmd: CommandRunner = runner or SubprocessRunner({**os.environ, **(env or {})}, prefix=command_prefix)
         self.timeout_s = timeout_s
         self.hold_partition = hold_partition
         self.hold_user = hold_user  # only hold jobs of this user count as ours (None: any user)
@@ -120,7 +128,10 @@ class CliSlurm:
 
     def nodes(self, names: Iterable[str] | None = None) -> tuple[SlurmNode, ...]:
         wanted = None if names is None else [validate_node_name(n) for n in names]
-        all_nodes = parse_nodes(self._run(["sinfo", "--json"]).stdout)
+        # --Node: one entry per node (and partition). Slurm 24.11 otherwise groups nodes of the
+        # same state into one entry carrying one node's reason and the group's gres use; 22.05
+        # lists nodes one by one either way.
+        all_nodes = parse_nodes(self._run(SINFO_ARGV).stdout)
         if wanted is None:
             return all_nodes
         by_name = {n.name: n for n in all_nodes}

@@ -196,15 +196,20 @@ def _nodes_24(entries: Any) -> list[SlurmNode]:
             raise _fail(what, "'gres' must be an object")
         part = rec.get("partition") or {}
         pname = part.get("name") if isinstance(part, dict) else None
-        for group in names:
-            for name in expand(str(group)):
-                prev = by_name.get(name)
-                parts = (prev.partitions if prev else ()) + ((str(pname),) if pname else ())
-                by_name[name] = SlurmNode(
-                    name=name, state=base, flags=fl, reason=reason,
-                    gpus=gpu_count(str(gres.get("total") or "")), gpus_used=gpu_count(str(gres.get("used") or "")),
-                    partitions=tuple(dict.fromkeys(parts)), reason_user=r_user, reason_time=r_time,
-                )
+        expanded = [name for group in names for name in expand(str(group))]
+        if len(expanded) > 1:
+            # 24.11 groups nodes of one state without --Node: the entry carries one node's
+            # reason and the group's gres use, so no node's own reason can be known
+            raise _fail(what, f"{len(expanded)} nodes in one entry ({str(names)[:60]}): per-node facts lost; "
+                              "run sinfo --json with --Node")
+        for name in expanded:
+            prev = by_name.get(name)
+            parts = (prev.partitions if prev else ()) + ((str(pname),) if pname else ())
+            by_name[name] = SlurmNode(
+                name=name, state=base, flags=fl, reason=reason,
+                gpus=gpu_count(str(gres.get("total") or "")), gpus_used=gpu_count(str(gres.get("used") or "")),
+                partitions=tuple(dict.fromkeys(parts)), reason_user=r_user, reason_time=r_time,
+            )
     return list(by_name.values())
 
 

@@ -106,6 +106,19 @@ def write_events(log_path: Path) -> list[dict[str, Any]]:
 _LIVE_JOB_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"})
 
 
+def _plain_job(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Slurm 24.11's ``job_state: ["RUNNING"]`` and ``{"set","infinite","number"}`` values as
+    22.05 writes them (``"RUNNING"``, plain numbers), so checks read both releases alike."""
+    out: dict[str, Any] = {}
+    for k, v in job.items():
+        if k == "job_state" and isinstance(v, list):
+            v = str(v[0]) if v else ""
+        elif isinstance(v, dict) and set(v) == {"set", "infinite", "number"}:
+            v = v["number"] if v["set"] and not v["infinite"] else 0
+        out[k] = v
+    return out
+
+
 class World:
     """Read-only views of both schedulers of a serving sandbox."""
 
@@ -156,8 +169,9 @@ class World:
         return int(dep.spec.replicas or 0)
 
     def jobs(self) -> list[dict[str, Any]]:
+        """squeue's jobs in 22.05's plain shape (24.11's state lists and number objects flattened)."""
         out = self.sb.run_slurm(["squeue", "--json"]).stdout
-        return list(json.loads(out)["jobs"])
+        return [_plain_job(j) for j in json.loads(out)["jobs"]]
 
     def slurm_states(self) -> dict[str, str]:
         return sandbox_slurm.node_states(self.sb.slurm)

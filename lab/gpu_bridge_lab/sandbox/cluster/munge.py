@@ -109,6 +109,12 @@ def argv(paths: MungePaths) -> list[str]:
     ]
 
 
+def setpriv_argv() -> list[str]:
+    """``setpriv`` to the host's munge uid/gid by number (for a munged run in another tree)."""
+    pw = pwd.getpwnam(MUNGE_USER)
+    return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--"]
+
+
 def works(paths: MungePaths) -> bool:
     """``munge -n -S SOCK | unmunge -S SOCK`` without a shell."""
     if not paths.socket.exists():

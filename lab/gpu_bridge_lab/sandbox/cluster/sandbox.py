@@ -101,6 +101,12 @@ class MungeComponent:
 
     def start(self, sb: Sandbox) -> None:
         munge.prepare(sb.munge_paths)
+        if sb.slurm_command_prefix:
+            # Slurm from another tree: that tree's munged too, as the host's munge uid (which owns
+            # the key and the socket dir; the tree's own munge user may have another uid)
+            sb.spawn("munged", [*sb.slurm_command_prefix, *munge.setpriv_argv(), *munge.argv(sb.munge_paths)],
+                     sb.log_dir / "munged.out")
+            return
         sb.spawn("munged", munge.argv(sb.munge_paths), sb.log_dir / "munged.out", user=munge.MUNGE_USER)
 
     def wait_ready(self, sb: Sandbox, timeout_s: float) -> None:
@@ -254,8 +260,13 @@ class Sandbox:
         real_memory_mb: int = 16000,
         gpus_per_node: int = 4,
         timeout_s: float = 60.0,
+        slurm_command_prefix: Sequence[str] = (),
+        slurm_root: Path | str | None = None,
     ) -> None:
         self.dir = Path(dir).absolute()
+        # Slurm of another release in a tree (gpu_bridge_lab.sandbox.nspawn): run through this prefix
+        self.slurm_command_prefix = tuple(slurm_command_prefix)
+        self.slurm_root = Path(slurm_root) if slurm_root is not None else None
         if len(str(self.dir)) > 60:
             # Slurm's and munge's unix sockets live under DIR; sun_path is limited to 108 bytes.
             raise SandboxError(f"--dir: {self.dir} is too long (max 60 characters: unix socket paths)")
@@ -340,6 +351,8 @@ class Sandbox:
                 hold_group=_bridge_group(),
                 extra=self.extra_slurm_conf,
                 job_submit_lua=self.job_submit_lua is not None,
+                command_prefix=self.slurm_command_prefix,
+                root=self.slurm_root,
             )
         return self._slurm
 

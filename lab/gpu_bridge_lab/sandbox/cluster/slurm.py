@@ -51,6 +51,10 @@ class SlurmLayout:
     job_submit_lua: bool = False
     slurm_user: str = "root"
     extra_partitions: Sequence[str] = field(default_factory=tuple)
+    # Slurm from another tree (Debian 13's 24.11 under systemd-nspawn, gpu_bridge_lab.sandbox.nspawn):
+    # every daemon and client runs through ``command_prefix``; binaries are looked up in ``root``.
+    command_prefix: tuple[str, ...] = ()
+    root: Path | None = None
 
     @property
     def etc(self) -> Path:
@@ -195,10 +199,13 @@ def parse_version(text: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def installed_version() -> tuple[int, int]:
-    """The installed slurmd's (major, minor), from ``slurmd -V``."""
+def installed_version(lay: SlurmLayout | None = None) -> tuple[int, int]:
+    """The installed slurmd's (major, minor), from ``slurmd -V`` (the layout's tree's, if any)."""
+    prefix = lay.command_prefix if lay is not None else ()
+    root = lay.root if lay is not None else None
     try:
-        res = subprocess.run([str(real_binary("slurmd")), "-V"], capture_output=True, text=True, timeout=10, check=False)
+        res = subprocess.run([*prefix, str(real_binary("slurmd", root)), "-V"], capture_output=True, text=True,
+                             timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return (0, 0)
     return parse_version(res.stdout + res.stderr)
@@ -213,8 +220,27 @@ def render_cgroup_conf(version: tuple[int, int]) -> str | None:
     return None
 
 
-def real_binary(name: str) -> Path:
-    """The real file behind /usr/sbin/NAME (alternatives link), so our symlink can carry the name."""
+def _resolve_in(root: Path, path: str) -> Path | None:
+    """``path`` resolved as seen from inside ``root`` (absolute links stay in the tree)."""
+    p = path
+    for _ in range(40):
+        full = root / p.lstrip("/")
+        if full.is_symlink():
+            target = os.readlink(full)
+            p = target if target.startswith("/") else os.path.normpath(os.path.join(os.path.dirname(p), target))
+            continue
+        return Path(p) if full.exists() else None
+    return None
+
+
+def real_binary(name: str, root: Path | None = None) -> Path:
+    """The real file behind /usr/sbin/NAME (alternatives link), so our symlink can carry the name.
+    With ``root``: the path inside that tree (where the daemons run, through a prefix)."""
+    if root is not None:
+        found = _resolve_in(root, f"/usr/sbin/{name}")
+        if found is None:
+            raise SandboxError(f"{name} not found in {root}")
+        return found
     for cand in (shutil.which(name), f"/usr/sbin/{name}"):
         if cand and os.path.exists(cand):
             return Path(os.path.realpath(cand))
@@ -236,10 +262,10 @@ def write_files(lay: SlurmLayout, job_submit_lua: Path | None = None) -> None:
         link = lay.bin_dir / name
         if link.is_symlink() or link.exists():
             link.unlink()
-        link.symlink_to(real_binary(name))
+        link.symlink_to(real_binary(name, lay.root))
     lay.slurm_conf.write_text(render_slurm_conf(lay))
     lay.gres_conf.write_text(render_gres_conf(lay))
-    cgroup = render_cgroup_conf(installed_version())
+    cgroup = render_cgroup_conf(installed_version(lay))
     if cgroup is not None:
         (lay.etc / "cgroup.conf").write_text(cgroup)
     if job_submit_lua is not None:
@@ -247,11 +273,12 @@ def write_files(lay: SlurmLayout, job_submit_lua: Path | None = None) -> None:
 
 
 def ctld_argv(lay: SlurmLayout) -> list[str]:
-    return [str(lay.bin_dir / "slurmctld"), "-D", "-f", str(lay.slurm_conf)]
+    return [*lay.command_prefix, str(lay.bin_dir / "slurmctld"), "-D", "-f", str(lay.slurm_conf)]
 
 
 def slurmd_argv(lay: SlurmLayout, node: str) -> list[str]:
     return [
+        *lay.command_prefix,
         str(lay.bin_dir / "slurmd"),
         "-D",
         "-N",
@@ -271,7 +298,8 @@ def client_env(lay: SlurmLayout, base: Mapping[str, str] | None = None) -> dict[
 
 def run_client(lay: SlurmLayout, argv: Sequence[str], timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        list(argv), env=client_env(lay), capture_output=True, text=True, timeout=timeout_s, check=False
+        [*lay.command_prefix, *argv], env=client_env(lay), capture_output=True, text=True, timeout=timeout_s,
+        check=False,
     )
 
 

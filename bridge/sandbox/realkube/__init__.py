@@ -1,0 +1,18 @@
+"""A real Kubernetes control plane for the sandbox, from binaries built from Go modules by
+``scripts/build_kube.sh`` (cached by version outside the checkout): etcd, kube-apiserver
+(TLS, ``--authorization-mode=Node,RBAC``, default admission), kube-controller-manager,
+kube-scheduler and kwok (the kubelets: node status and Lease heartbeats, pods Ready after the
+configured cold start, gone after their termination grace). See docs/real-kubernetes.md.
+
+Selected with ``Sandbox(kube_impl="real")``, ``gpu-bridge sandbox up --kube-impl real`` or
+``GPU_BRIDGE_KUBE=real``; the serving side (nodes, namespace, Deployment, PDB) is created
+through the API, and ``deploy/kubernetes/rbac.yaml`` is applied for the daemon's
+ServiceAccount, whose bound token (TokenRequest API) goes into ``DIR/kube/kubeconfig-daemon``.
+"""
+
+from __future__ import annotations
+
+from bridge.sandbox.realkube.binaries import Binaries, find_binaries, versions
+from bridge.sandbox.realkube.component import RealKubeComponent, parse_kube_args
+
+__all__ = ["Binaries", "RealKubeComponent", "find_binaries", "parse_kube_args", "versions"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bridge.sandbox.daemon_config import sandbox_config, write_config
+from bridge.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from bridge.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, wait_until
 from bridge.sandbox.serving import serving_sandbox
 
@@ -53,7 +53,7 @@ def test_lend_then_reclaim_requeues_jobs_and_restores_serving(world: tuple[Any, 
     put_load(vllm, {"rate": 2.0, "cv": 1.0})  # ~0.2 replicas of demand: lend down to min_serving
     cfg = write_config(
         d / "gpu-bridge.yaml",
-        sandbox_config(prometheus_url=sb.prometheus_url, kubeconfig=sb.kubeconfig, slurm_conf=sb.slurm.slurm_conf, grace_s=GRACE_S,
+        sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf, grace_s=GRACE_S,
                        cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6, min_lend_s=5),
     )
     log_path = d / "daemon.log"

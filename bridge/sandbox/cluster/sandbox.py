@@ -540,6 +540,10 @@ class Sandbox:
     def down(self, timeout_s: float = 10.0) -> dict[int, str]:
         """Stop every recorded process (SIGTERM, SIGKILL after ``timeout_s``), then sweep what
         they left behind (slurmstepd, job scripts); returns the PIDs swept."""
+        for c in self.components:  # a component may stop its own processes first (in order)
+            before = getattr(c, "before_down", None)
+            if before is not None:
+                before(self)
         pids = {r.pid: r.start_ticks for r in self.records.values()}
         procs.terminate(pids, timeout_s)
         for name in list(self._popens):

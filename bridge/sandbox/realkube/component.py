@@ -24,6 +24,7 @@ import yaml
 
 from bridge import wellknown
 from bridge.errors import SandboxError
+from bridge.sandbox.cluster import procs
 from bridge.sandbox.realkube import pki as pki_mod
 from bridge.sandbox.realkube.binaries import ROOT, Binaries, find_binaries
 
@@ -103,7 +104,9 @@ class RealKubeComponent:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok."""
 
     name = "kube"
-    ready_before_next = True  # the vLLM simulator follows the Deployment's pods
+    # start() returns with the apiserver serving and the objects created, which is all the
+    # vLLM simulator (it watches the pods) needs; readiness (nodes, replicas) is awaited last.
+    ready_before_next = False
 
     def __init__(self, kube_args: Sequence[str] = ()) -> None:
         self.args = parse_kube_args(kube_args)
@@ -245,8 +248,33 @@ class RealKubeComponent:
 
     # ---- the Component protocol -------------------------------------------------------
     def wait_ready(self, sb: Sandbox, timeout_s: float) -> None:
+        """Every seeded node Ready, and the vLLM Deployment's replicas all available (so a
+        sandbox is up with its serving capacity, as it would be on a site)."""
+        t0 = time.monotonic()
         want = self.args.nodes + self.args.spare_nodes if self.args.seed_serving else 0
         sb.wait(lambda: self._nodes_ready(sb) >= want, timeout_s, f"{want} Kubernetes nodes Ready (kwok)", "kwok")
+        if self.args.seed_serving:
+            replicas = self.args.nodes if self.args.replicas is None else self.args.replicas
+            left = max(1.0, timeout_s - (time.monotonic() - t0))
+            sb.wait(lambda: self._available(sb) >= replicas, left,
+                    f"{replicas} vLLM replicas available (cold start {self.args.pod_start_delay_s:g} s)",
+                    "kube-controller-manager")
+
+    def _available(self, sb: Sandbox) -> int:
+        from kubernetes import client as k8s
+        from kubernetes import config as k8s_config
+
+        try:
+            api = k8s_config.new_client_from_config(config_file=str(sb.kubeconfig))
+        except Exception:  # noqa: BLE001
+            return -1
+        try:
+            d = k8s.AppsV1Api(api).read_namespaced_deployment("vllm", "serving", _request_timeout=5)
+            return int(d.status.available_replicas or 0) if d.status.observed_generation == d.metadata.generation else -1
+        except Exception:  # noqa: BLE001 - poll again
+            return -1
+        finally:
+            api.close()
 
     def _nodes_ready(self, sb: Sandbox) -> int:
         from kubernetes import client as k8s
@@ -267,6 +295,13 @@ class RealKubeComponent:
             return -1
         finally:
             api.close()
+
+    def before_down(self, sb: Sandbox) -> None:
+        """Clients first, then kube-apiserver at once: on SIGTERM it stops listening but waits
+        for its in-flight watches to time out (about a minute); a sandbox has nothing to drain."""
+        for names, wait_s in ((("kwok", "kube-scheduler", "kube-controller-manager"), 5.0), (("kube-apiserver",), 0.5)):
+            recs = {sb.records[n].pid: sb.records[n].start_ticks for n in names if n in sb.records}
+            procs.terminate(recs, wait_s)
 
     def env(self, sb: Sandbox) -> dict[str, str]:
         out = {"KUBECONFIG": str(sb.kubeconfig), "GPU_BRIDGE_DAEMON_KUBECONFIG": str(self.daemon_kubeconfig(sb))}

@@ -74,7 +74,7 @@ def test_serving_side_on_the_real_control_plane(real: tuple[Any, Path]) -> None:
     core = k8s.CoreV1Api(api)
     try:
         nodes = {n.metadata.name: n for n in core.list_node().items}
-        assert sorted(nodes) == sb.node_names
+        assert sorted(nodes) == list(sb.node_names)
         for n in nodes.values():
             assert n.status.allocatable["nvidia.com/gpu"] == "4"
             assert n.metadata.labels["gpu-bridge.io/pool"] == "default"
@@ -128,7 +128,8 @@ def test_daemon_identity_is_its_service_account_with_exactly_the_manifest(real: 
                                      ("create", "pods/eviction", "serving", "yes"), ("delete", "pods", "serving", "no"),
                                      ("list", "secrets", "serving", "no"), ("patch", "deployments/scale", "serving", "yes"),
                                      ("create", "leases", "gpu-bridge", "yes"), ("create", "leases", "serving", "no")):
-        args = ["auth", "can-i", verb, what] + (["-n", ns] if ns else [])
+        res, _, sub = what.partition("/")
+        args = ["auth", "can-i", verb, res] + ([f"--subresource={sub}"] if sub else []) + (["-n", ns] if ns else [])
         got = _kubectl(kc, *args).stdout.strip()
         assert got == allowed, f"can-i {verb} {what} in {ns}: {got}, expected {allowed}"
 

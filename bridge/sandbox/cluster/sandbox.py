@@ -338,6 +338,14 @@ class Sandbox:
         return real if "kube" in self.ports and real.exists() else self.kubeconfig
 
     @property
+    def kube_tls(self) -> tuple[Path, Path] | None:
+        """The real apiserver's serving (certificate, key), for a proxy that answers in its name."""
+        pki = self.dir / "kube" / "pki"
+        if "etcd" in self.ports and (pki / "apiserver.crt").exists():
+            return pki / "apiserver.crt", pki / "apiserver.key"
+        return None
+
+    @property
     def slurm(self) -> slurm.SlurmLayout:
         if self._slurm is None:
             self._slurm = slurm.SlurmLayout(

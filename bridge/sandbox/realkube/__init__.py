@@ -12,7 +12,31 @@ ServiceAccount, whose bound token (TokenRequest API) goes into ``DIR/kube/kubeco
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
 from bridge.sandbox.realkube.binaries import Binaries, find_binaries, versions
 from bridge.sandbox.realkube.component import RealKubeComponent, parse_kube_args
 
-__all__ = ["Binaries", "RealKubeComponent", "find_binaries", "parse_kube_args", "versions"]
+__all__ = ["Binaries", "RealKubeComponent", "control_plane", "find_binaries", "parse_kube_args", "versions"]
+
+
+@contextmanager
+def control_plane(**kwargs: Any) -> Iterator[Any]:
+    """A bare real control plane (no serving side, no Prometheus, no simulator; the sandbox's
+    minimal Slurm comes along) in a fresh /tmp directory, for benchmarks and contract tests:
+    ``with control_plane() as sb: sb.kubeconfig``."""
+    from bridge.sandbox.cluster import Sandbox
+
+    d = Path(tempfile.mkdtemp(prefix="gbcp-", dir="/tmp"))
+    sb = Sandbox(d, kube=True, kube_impl="real", vllm=False, prometheus=False, nodes=1, **kwargs)
+    try:
+        sb.up()
+        yield sb
+    finally:
+        sb.down()
+        shutil.rmtree(d, ignore_errors=True)

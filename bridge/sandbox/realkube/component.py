@@ -179,6 +179,8 @@ class RealKubeComponent:
             f"--service-account-private-key-file={pki.sa_key}", f"--root-ca-file={pki.ca_crt}",
             "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--concurrent-deployment-syncs=5", "--concurrent-replicaset-syncs=5",
+            # the default 20 requests/s makes a large Deployment (bench_scale) take minutes
+            "--kube-api-qps=200", "--kube-api-burst=400",
         ], sb.log_dir / "kube-controller-manager.log")
         sb.spawn("kube-scheduler", [str(b.kube_scheduler), f"--kubeconfig={kcs['scheduler']}", *common],
                  sb.log_dir / "kube-scheduler.log")

@@ -335,7 +335,7 @@ class Sandbox:
         """The kubeconfig the daemon uses: on the real control plane its ServiceAccount's
         (bound token, exactly deploy/kubernetes/rbac.yaml), on the emulator the only one."""
         real = self.dir / "kube" / "kubeconfig-daemon"
-        return real if "kube" in self.ports and real.exists() else self.kubeconfig
+        return real if "etcd" in self.ports and real.exists() else self.kubeconfig
 
     @property
     def kube_tls(self) -> tuple[Path, Path] | None:

@@ -3,7 +3,9 @@ build script and the sandbox), kube_args, kwok's stages, rbac.yaml's objects as 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,34 @@ def test_rbac_documents_are_the_manifest_with_its_rolebinding_per_serving_namesp
     # nothing else changed: every other object is in the manifest as written
     rest = [d for d in docs if d not in bindings]
     assert all(d in raw for d in rest)
+
+
+def test_sandbox_selects_and_reattaches_the_real_control_plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bridge.sandbox.cluster import Sandbox
+    from bridge.sandbox.realkube import RealKubeComponent
+
+    monkeypatch.delenv("GPU_BRIDGE_KUBE", raising=False)
+    d = Path(tempfile.mkdtemp(prefix="gbrt-", dir="/tmp"))
+    try:
+        assert Sandbox(d, kube=True).kube_impl == "emulator"
+        monkeypatch.setenv("GPU_BRIDGE_KUBE", "real")
+        sb = Sandbox(d, kube=True, vllm=False, prometheus=False, kube_args=("--seed-serving", "--nodes", "2"))
+        comps = sb._components()
+        assert [type(c).__name__ for c in comps] == ["MungeComponent", "RealKubeComponent", "SlurmComponent"]
+        assert comps[1].args.nodes == 2 and comps[1].args.seed_serving
+        sb.components = comps
+        sb.ports = {"slurmctld": 7000, "kube": 6443, "etcd": 2379, "etcd-peer": 2380}
+        sb.node_ports = {n: 7001 + i for i, n in enumerate(sb.node_names)}
+        sb._save_state("running")
+        back = Sandbox.attach(d)
+        assert any(isinstance(c, RealKubeComponent) for c in back.components)
+        assert back.ports["etcd"] == 2379
+        # no daemon kubeconfig written yet: the admin one; with it, the ServiceAccount's
+        assert back.daemon_kubeconfig == back.kubeconfig
+        (d / "kube").mkdir()
+        (d / "kube" / "kubeconfig-daemon").write_text("x")
+        assert back.daemon_kubeconfig == d / "kube" / "kubeconfig-daemon"
+        with pytest.raises(SandboxError, match="kube_impl"):
+            Sandbox(d, kube_impl="kind")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

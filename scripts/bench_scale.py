@@ -357,7 +357,10 @@ def main() -> int:
         if args.kube == "real":
             from bridge.sandbox.realkube import control_plane
 
-            sb = stack.enter_context(control_plane(kube_args=("--pod-start-delay-s", "0.2")))
+            # kwok renews 2,000 node Leases: every 60 s, not 10 s, on 2 shared cores (else nodes
+            # go NotReady because the simulator is late, which real kubelets would not be)
+            sb = stack.enter_context(control_plane(kube_args=("--pod-start-delay-s", "0.2",
+                                                              "--node-heartbeat-s", "60")))
             server = None
             seed_s, total_pods = seed_api(sb.kubeconfig, names, lent, args.pods, now)
             kubeconfig = sb.kubeconfig

@@ -8,8 +8,10 @@ keeps its capacity."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -132,6 +134,14 @@ def test_daemon_identity_is_its_service_account_with_exactly_the_manifest(real: 
         args = ["auth", "can-i", verb, res] + ([f"--subresource={sub}"] if sub else []) + (["-n", ns] if ns else [])
         got = _kubectl(kc, *args).stdout.strip()
         assert got == allowed, f"can-i {verb} {what} in {ns}: {got}, expected {allowed}"
+    # the operator CLI works with the same account
+    cfg = write_config(_d / "cli.yaml", sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb),
+                                                       slurm_conf=sb.slurm.slurm_conf, grace_s=5, cold_start_s=2))
+    env = {**os.environ, **sb.env}
+    for argv in (["status", "--json"], ["plan"], ["pin", sb.node_names[-1], "serving"], ["unpin", sb.node_names[-1]]):
+        r = subprocess.run([sys.executable, "-m", "bridge", *argv, "--config", str(cfg)], env=env,
+                           capture_output=True, text=True, timeout=60, check=False)
+        assert r.returncode == 0, f"gpu-bridge {' '.join(argv)} as the ServiceAccount: {r.stdout}{r.stderr}"
 
 
 def test_a_rule_removed_from_the_manifest_fails_that_step_with_a_logged_403_and_no_damage(

@@ -44,12 +44,16 @@ def test_kube_args_are_the_emulators_flags() -> None:
         True, 3, "p", "m", 1.5, 7, 1)
     with pytest.raises(SandboxError, match="--grace-s: must be >= 0"):
         component.parse_kube_args(["--grace-s", "-1"])
+    with pytest.raises(SandboxError, match="--node-heartbeat-s: must be > 0"):
+        component.parse_kube_args(["--node-heartbeat-s", "0"])
     with pytest.raises(SandboxError, match="cannot parse"):
         component.parse_kube_args(["--no-such-flag"])
 
 
 def test_kwok_stages_carry_the_cold_start_and_the_grace() -> None:
-    docs = list(yaml.safe_load_all(component.stages_yaml(2500)))
+    docs = list(yaml.safe_load_all(component.stages_yaml(2500, node_heartbeat_s=60)))
+    assert docs[0]["kind"] == "KwokConfiguration" and docs[0]["options"]["nodeLeaseDurationSeconds"] == 240
+    assert yaml.safe_load_all(component.stages_yaml(0)).__next__()["options"]["nodeLeaseDurationSeconds"] == 40
     stages = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Stage"}
     assert set(stages) == {"node-initialize", "pod-create", "pod-ready", "pod-delete"}
     assert stages["pod-ready"]["delay"]["durationMilliseconds"] == 2500

@@ -50,6 +50,7 @@ class KubeArgs:
     model: str = "meta-llama/Llama-3.1-70B-Instruct"
     grace_s: int = 30
     pod_start_delay_s: float = 2.0
+    node_heartbeat_s: float = 10.0
 
 
 def parse_kube_args(argv: Sequence[str]) -> KubeArgs:
@@ -62,6 +63,11 @@ def parse_kube_args(argv: Sequence[str]) -> KubeArgs:
     p.add_argument("--model", default=KubeArgs.model)
     p.add_argument("--grace-s", type=int, default=30)
     p.add_argument("--pod-start-delay-s", type=float, default=2.0)
+    # kwok renews each node's Lease every this many seconds (Kubernetes' default is 10 s); the
+    # node lifecycle controller's grace is 5x that. Thousands of simulated nodes on 2 shared
+    # cores fall behind 10 s and would go NotReady, which real kubelets on their own machines
+    # would not: bench_scale raises it.
+    p.add_argument("--node-heartbeat-s", type=float, default=10.0)
     p.add_argument("--pod-stop-s", type=float, default=None)  # emulator only: kwok waits the full grace
     p.add_argument("--token", default=None)  # emulator only: the real apiserver has its own identities
     try:
@@ -72,17 +78,21 @@ def parse_kube_args(argv: Sequence[str]) -> KubeArgs:
                         ("--pod-start-delay-s", a.pod_start_delay_s)):
         if value < 0:
             raise SandboxError(f"kube_args: {flag}: must be >= 0, got {value}")
+    if a.node_heartbeat_s <= 0:
+        raise SandboxError(f"kube_args: --node-heartbeat-s: must be > 0, got {a.node_heartbeat_s}")
     return KubeArgs(a.seed_serving, a.nodes, a.spare_nodes, a.replicas, a.pool, a.model, a.grace_s,
-                    a.pod_start_delay_s)
+                    a.pod_start_delay_s, a.node_heartbeat_s)
 
 
-def stages_yaml(pod_ready_ms: int) -> str:
+def stages_yaml(pod_ready_ms: int, node_heartbeat_s: float = 10.0) -> str:
     """kwok's configuration: node status and Lease heartbeats, pods Running then Ready
     ``pod_ready_ms`` after their creation on a node (per pod: annotation
     ``pod-ready.stage.kwok.x-k8s.io/delay``), and a deleted pod gone when its grace period
     ends (its deletionTimestamp): the vLLM drain."""
     tpl = (Path(__file__).parent / "kwok-stages.yaml").read_text()
-    return tpl.replace("__POD_READY_MS__", str(int(pod_ready_ms)))
+    # kwok renews a node's Lease at a quarter of its duration (as kubelet does)
+    return (tpl.replace("__POD_READY_MS__", str(int(pod_ready_ms)))
+            .replace("__NODE_LEASE_S__", str(max(4, round(4 * node_heartbeat_s)))))
 
 
 def _kubeconfig(server: str, ca: Path, user: str, token: str) -> dict[str, Any]:
@@ -181,11 +191,12 @@ class RealKubeComponent:
             "--concurrent-deployment-syncs=5", "--concurrent-replicaset-syncs=5",
             # the default 20 requests/s makes a large Deployment (bench_scale) take minutes
             "--kube-api-qps=200", "--kube-api-burst=400",
+            f"--node-monitor-grace-period={round(5 * self.args.node_heartbeat_s)}s",
         ], sb.log_dir / "kube-controller-manager.log")
         sb.spawn("kube-scheduler", [str(b.kube_scheduler), f"--kubeconfig={kcs['scheduler']}", *common],
                  sb.log_dir / "kube-scheduler.log")
         stages = kd / "kwok.yaml"
-        stages.write_text(stages_yaml(round(self.args.pod_start_delay_s * 1000)))
+        stages.write_text(stages_yaml(round(self.args.pod_start_delay_s * 1000), self.args.node_heartbeat_s))
         sb.spawn("kwok", [
             str(b.kwok), f"--kubeconfig={kcs['kwok']}", "--manage-all-nodes=true", f"--config={stages}",
             "--node-ip=10.0.1.1", "--cidr=10.1.0.0/16", "--v=INFO",

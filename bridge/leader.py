@@ -29,7 +29,7 @@ from kubernetes import client as k8s
 
 from bridge import logs
 from bridge import wellknown as wk
-from bridge.adapters.kube.calls import ApiCalls, KubeApiError, read_json
+from bridge.adapters.kube.calls import ApiCalls, KubeApiError, read_json, send_json
 from bridge.errors import AdapterError
 
 log = logs.get(__name__)
@@ -74,6 +74,26 @@ class LeaseRecord:
         )
 
 
+class _Leases:
+    """The three Lease calls of ``CoordinationV1Api``; the writes send their body as built
+    (``calls.send_json``): the generated client would rewrite a renewTime of .000000 into a
+    form a real apiserver refuses."""
+
+    def __init__(self, api_client: k8s.ApiClient) -> None:
+        self._client = api_client
+        self._typed = k8s.CoordinationV1Api(api_client)
+
+    def read_namespaced_lease(self, name: str, namespace: str, **kw: Any) -> Any:
+        return self._typed.read_namespaced_lease(name, namespace, **kw)
+
+    def create_namespaced_lease(self, namespace: str, body: dict[str, Any], **kw: Any) -> Any:
+        return send_json(self._client, "POST", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases", body, **kw)
+
+    def replace_namespaced_lease(self, name: str, namespace: str, body: dict[str, Any], **kw: Any) -> Any:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        return send_json(self._client, "PUT", path, body, **kw)
+
+
 class LeaderElector:
     """Call ``try_acquire_or_renew()`` every tick; act only while ``is_leader``."""
 
@@ -101,7 +121,7 @@ class LeaderElector:
         self.retry_period_s = retry_period_s if retry_period_s is not None else min(2.0, self.renew_deadline_s / 3)
         self.request_timeout_s = request_timeout_s if request_timeout_s is not None else max(0.5, min(5.0, self.renew_deadline_s / 3))
         self.calls = ApiCalls()
-        self._api = k8s.CoordinationV1Api(api_client)
+        self._api = _Leases(api_client)
         self._monotonic = monotonic
         self._wall = wall
         self._held = False

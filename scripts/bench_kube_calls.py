@@ -6,7 +6,9 @@ Starts the sandbox's Kubernetes API server, seeds N pool nodes, starts the real 
 does) and change C nodes per tick (set_phase + fence or unfence). Prints the API requests
 per tick by verb/resource for each N, and the time a cache read of all nodes takes:
 
-    .venv/bin/python scripts/bench_kube_calls.py [--nodes 10,100,400] [--changes 2] [--ticks 20]
+    .venv/bin/python scripts/bench_kube_calls.py [--nodes 10,100,400] [--changes 2] [--ticks 20] [--kube real]
+
+``--kube real`` runs it against the real control plane (gpu_bridge_lab.sandbox.realkube) instead.
 """
 
 from __future__ import annotations
@@ -40,7 +42,13 @@ def seed(api: k8s.ApiClient, n: int) -> None:
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"gpu-node-{i:04d}", "labels": {wk.LABEL_POOL: "llama"}}})
 
 
-def run(n: int, changes: int, ticks: int) -> None:
+def run(n: int, changes: int, ticks: int, impl: str = "emulator") -> None:
+    if impl == "real":
+        from gpu_bridge_lab.sandbox.realkube import control_plane
+
+        with control_plane() as sb:
+            measure(sb.kubeconfig, n, changes, ticks)
+        return
     from gpu_bridge_lab.sandbox.kube.server import KubeServer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -50,37 +58,41 @@ def run(n: int, changes: int, ticks: int) -> None:
         try:
             kubeconfig = Path(tmp) / "kubeconfig"
             server.write_kubeconfig(str(kubeconfig))
-            seeder = api_client_from_config(kubeconfig=str(kubeconfig))
-            seed(seeder, n)
-            kube = KubeAdapter(api_client_from_config(kubeconfig=str(kubeconfig)), pools=[PoolTarget("llama", "serving", "vllm")], identity="bench")
-            t0 = time.perf_counter()
-            kube.start()
-            assert kube.wait_synced(60), "cache never synced"
-            sync_s = time.perf_counter() - t0
-            base = kube.calls.snapshot()
-            read_s = 0.0
-            for tick in range(ticks):
-                r0 = time.perf_counter()
-                nodes = kube.nodes()
-                kube.pods("llama")
-                kube.deployment("llama")
-                read_s += time.perf_counter() - r0
-                for j in range(changes):
-                    name = nodes[(tick * changes + j) % len(nodes)].name
-                    kube.set_phase(name, Phase.LENDING, "bench", float(tick))
-                    if tick % 2 == 0:
-                        kube.fence(name)
-                    else:
-                        kube.unfence(name)
-            after = kube.calls.snapshot()
-            delta = {f"{v} {r}": after[(v, r)] - base.get((v, r), 0) for (v, r) in sorted(after) if after[(v, r)] != base.get((v, r), 0)}
-            per_tick = sum(delta.values()) / ticks
-            print(f"nodes={n:5d} changes/tick={changes} ticks={ticks}: {per_tick:5.2f} API calls/tick {delta}; "
-                  f"initial sync {sync_s * 1000:.0f} ms ({sum(base.values())} calls); cache read of all nodes+pods {read_s / ticks * 1e6:.0f} us/tick")
-            kube.stop()
-            seeder.close()
+            measure(kubeconfig, n, changes, ticks)
         finally:
             server.stop()
+
+
+def measure(kubeconfig: Path, n: int, changes: int, ticks: int) -> None:
+    seeder = api_client_from_config(kubeconfig=str(kubeconfig))
+    seed(seeder, n)
+    kube = KubeAdapter(api_client_from_config(kubeconfig=str(kubeconfig)), pools=[PoolTarget("llama", "serving", "vllm")], identity="bench")
+    t0 = time.perf_counter()
+    kube.start()
+    assert kube.wait_synced(60), "cache never synced"
+    sync_s = time.perf_counter() - t0
+    base = kube.calls.snapshot()
+    read_s = 0.0
+    for tick in range(ticks):
+        r0 = time.perf_counter()
+        nodes = kube.nodes()
+        kube.pods("llama")
+        kube.deployment("llama")
+        read_s += time.perf_counter() - r0
+        for j in range(changes):
+            name = nodes[(tick * changes + j) % len(nodes)].name
+            kube.set_phase(name, Phase.LENDING, "bench", float(tick))
+            if tick % 2 == 0:
+                kube.fence(name)
+            else:
+                kube.unfence(name)
+    after = kube.calls.snapshot()
+    delta = {f"{v} {r}": after[(v, r)] - base.get((v, r), 0) for (v, r) in sorted(after) if after[(v, r)] != base.get((v, r), 0)}
+    per_tick = sum(delta.values()) / ticks
+    print(f"nodes={n:5d} changes/tick={changes} ticks={ticks}: {per_tick:5.2f} API calls/tick {delta}; "
+          f"initial sync {sync_s * 1000:.0f} ms ({sum(base.values())} calls); cache read of all nodes+pods {read_s / ticks * 1e6:.0f} us/tick")
+    kube.stop()
+    seeder.close()
 
 
 def main() -> None:
@@ -88,10 +100,12 @@ def main() -> None:
     ap.add_argument("--nodes", default="10,100,400", help="comma-separated pool sizes")
     ap.add_argument("--changes", type=int, default=2, help="nodes changed per tick")
     ap.add_argument("--ticks", type=int, default=20)
+    ap.add_argument("--kube", choices=("emulator", "real"), default="emulator",
+                    help="the project's API server (default) or the real control plane")
     args = ap.parse_args()
     logs.configure(json=False, level="warning")
     for n in (int(x) for x in args.nodes.split(",")):
-        run(n, args.changes, args.ticks)
+        run(n, args.changes, args.ticks, args.kube)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ squeue 6.1 MiB per read):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import cProfile
 import gc
@@ -188,7 +189,7 @@ class Load:
     def __init__(self, clock: Any, replicas: float, reporting: int) -> None:
         self.clock, self.replicas, self.reporting = clock, replicas, reporting
 
-    def current(self, pool: PromPool, *, at: float | None = None) -> SignalsReading:
+    def current(self, pool: PromPool, *, at: float | None = None, live_pods: Any = None) -> SignalsReading:
         s = LoadSignals(t=self.clock(), running=self.replicas * TARGET_PER_REPLICA, waiting=0.0,
                         kv_cache_usage_sum=0.05 * self.reporting, tokens_per_s=None, replicas_reporting=self.reporting)
         return SignalsReading(pool=pool.name, signals=s)
@@ -256,6 +257,63 @@ def seed(server: KubeServer, names: list[str], lent: set[str], pods_total: int, 
     return time.perf_counter() - t0
 
 
+def seed_api(kubeconfig: Path, names: list[str], lent: set[str], pods_total: int, now: float) -> tuple[float, int]:
+    """The same world written through the API of a real control plane (kwok runs the pods, the
+    real ReplicaSet controller and scheduler place the vLLM replicas). Returns (seconds, pods)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kubernetes import client as k8s
+
+    t0 = time.perf_counter()
+    api = api_client_from_config(kubeconfig=str(kubeconfig))
+    api.rest_client.pool_manager.connection_pool_kw["maxsize"] = 16
+    core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
+    for ns in (NS, "batch"):
+        core.create_namespace({"metadata": {"name": ns}})
+    for ns in (NS, "batch", "kube-system"):  # admission refuses pods until "default" exists
+        try:
+            core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+        except k8s.exceptions.ApiException as e:
+            if e.status != 409:
+                raise
+
+    def node(i_n: tuple[int, str]) -> None:
+        i, n = i_n
+        obj = node_object(n, POOL, 4, i % 250)
+        obj["status"] = {k: v for k, v in obj["status"].items() if k in ("capacity", "allocatable", "addresses")}
+        obj["metadata"]["labels"][wk.LABEL_PHASE] = "lent" if n in lent else "serving"
+        obj["metadata"]["annotations"] = {wk.ANNOTATION_PHASE_SINCE: f"{now - 86400:.3f}",
+                                          wk.ANNOTATION_REASON: "bench", wk.ANNOTATION_OWNER: "bench"}
+        if n in lent:
+            obj["spec"] = {"unschedulable": True, "taints": [{"key": wk.TAINT_KEY, "effect": wk.TAINT_EFFECT}]}
+            obj["metadata"]["annotations"][wk.ANNOTATION_CORDONED] = "true"
+        core.create_node(obj)
+
+    def pod(i: int) -> None:
+        body = other_pod(i, names[i % len(names)])
+        body.pop("status", None)
+        core.create_namespaced_pod(body["metadata"]["namespace"], body)
+
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(node, enumerate(names, 1)))
+        print(f"  {len(names)} nodes created in {time.perf_counter() - t0:.1f} s", flush=True)
+        serving = len(names) - len(lent)
+        model = ServingModel(nodes=serving, pool=POOL, namespace=NS, replicas=serving, termination_grace_s=1)
+        apps.create_namespaced_deployment(NS, deployment_object(model))
+        list(ex.map(pod, range(max(0, pods_total - serving))))
+        print(f"  {max(0, pods_total - serving)} other pods created at {time.perf_counter() - t0:.1f} s", flush=True)
+    deadline = time.monotonic() + 1200
+    while time.monotonic() < deadline:
+        d = apps.read_namespaced_deployment("vllm", NS)
+        if (d.status.available_replicas or 0) >= serving:
+            break
+        time.sleep(1.0)
+    total = sum(1 for _ in json.loads(core.list_pod_for_all_namespaces(
+        _preload_content=False, _request_timeout=120).data)["items"])
+    api.close()
+    return time.perf_counter() - t0, total
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
@@ -273,6 +331,9 @@ def main() -> int:
     ap.add_argument("--no-freeze", action="store_true",
                     help="do not gc.freeze() after seeding (the in-process API server's heap is then scanned by "
                          "every full collection the daemon's allocations trigger)")
+    ap.add_argument("--kube", choices=("emulator", "real"), default="emulator",
+                    help="the project's API server in this process (default) or the real control plane "
+                         "(gpu_bridge_lab.sandbox.realkube; seeded through its API)")
     args = ap.parse_args()
     logs.configure(json=True, level="error", stream=io.StringIO())  # the daemon's logs cost I/O, not measured here
 
@@ -292,17 +353,30 @@ def main() -> int:
     for i in range(args.pending_jobs):
         slurm_model.add_job(f"sweep-{i}", "bob", wk.SLURM_PREEMPT_PARTITION, None, None)
 
-    with KubeServer(port=0, pod_start_delay_s=0.2, pod_stop_s=0.2, bookmark_interval_s=3600,
-                    event_log_size=400_000) as server:
-        seed_s = seed(server, names, lent, args.pods, now)
-        total_pods = len(server.store.objs(R.core("pods")))
+    with contextlib.ExitStack() as stack:
+        if args.kube == "real":
+            from gpu_bridge_lab.sandbox.realkube import control_plane
+
+            # kwok renews 2,000 node Leases: every 60 s, not 10 s, on 2 shared cores (else nodes
+            # go NotReady because the simulator is late, which real kubelets would not be)
+            sb = stack.enter_context(control_plane(kube_args=("--pod-start-delay-s", "0.2",
+                                                              "--node-heartbeat-s", "60")))
+            server = None
+            seed_s, total_pods = seed_api(sb.kubeconfig, names, lent, args.pods, now)
+            kubeconfig = sb.kubeconfig
+        else:
+            server = stack.enter_context(KubeServer(port=0, pod_start_delay_s=0.2, pod_stop_s=0.2,
+                                                    bookmark_interval_s=3600, event_log_size=400_000))
+            seed_s = seed(server, names, lent, args.pods, now)
+            total_pods = len(server.store.objs(R.core("pods")))
+            kubeconfig = server.write_kubeconfig(Path(f"/tmp/gpu-bridge-bench-scale-{server.port}.kubeconfig"))
+            stack.callback(kubeconfig.unlink, missing_ok=True)
         sinfo_kb = len(slurm_model._render("sinfo")) / 1024
         squeue_kb = len(slurm_model._render("squeue")) / 1024
         print(f"world: {len(names)} pool nodes ({len(serving)} serving, {len(lent)} lent), {total_pods} pods "
               f"({len(serving)} vLLM), {len(slurm_model.jobs)} Slurm jobs; seeded in {seed_s:.1f} s")
         print(f"slurm output per read: sinfo --json {sinfo_kb:.0f} KiB, squeue --json {squeue_kb:.0f} KiB")
 
-        kubeconfig = server.write_kubeconfig(Path(f"/tmp/gpu-bridge-bench-scale-{server.port}.kubeconfig"))
         api = api_client_from_config(kubeconfig=str(kubeconfig))
         kube = KubeAdapter(api, pools=[PoolTarget(POOL, NS, "vllm")], identity="bench", watch_timeout_s=300)
         t0 = time.perf_counter()
@@ -328,11 +402,10 @@ def main() -> int:
         finally:
             kube.stop()
             api.close()
-            kubeconfig.unlink(missing_ok=True)
 
 
 def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, prom: Load, clock: Clock,
-        server: KubeServer, names: list[str], lent: set[str]) -> int:
+        server: KubeServer | None, names: list[str], lent: set[str]) -> int:
     tick_s = daemon.config.policy.tick_s
 
     gc_time = [0.0]

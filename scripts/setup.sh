@@ -54,4 +54,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ lab/pyproject.toml 
 else
     say "virtualenv .venv is up to date"
 fi
+# The sandbox's real Kubernetes control plane, built from Go modules and cached by version
+# outside the checkout (a no-op when cached; the first build takes 20-40 min on 2 cores).
+bash "$here/scripts/build_kube.sh"
 say "ready: $(.venv/bin/gpu-bridge --version)"

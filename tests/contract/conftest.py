@@ -1,7 +1,9 @@
 """Contract tests of the Kubernetes API: real kubectl (subprocesses, each test with its own
 HOME so kubectl's discovery cache is private) and the official client.
 
-By default they run against an in-process ``KubeServer(port=0)``. Set
+By default they run against an in-process ``KubeServer(port=0)``; with ``GPU_BRIDGE_KUBE=real``
+against a real control plane started for the session (gpu_bridge_lab.sandbox.realkube) and the kubectl
+built with it. Set
 ``GPU_BRIDGE_CONTRACT_KUBECONFIG=1`` and ``KUBECONFIG`` to run them against a real cluster
 instead: every test then works in its own namespace and on Node objects it creates itself
 (names prefixed ``c<6 hex>-``), and the few tests that need the sandbox (compaction,
@@ -17,12 +19,34 @@ import pytest
 from kube_contract import Kube, Serving, make_node, serving_objects, wait_for
 
 
+@pytest.fixture(scope="session")
+def real_control_plane() -> Iterator[Path | None]:
+    """With GPU_BRIDGE_KUBE=real: one real control plane (etcd, kube-apiserver, controllers,
+    kwok; gpu_bridge_lab.sandbox.realkube) for the session; its admin kubeconfig."""
+    if os.environ.get("GPU_BRIDGE_KUBE") != "real" or os.environ.get("GPU_BRIDGE_CONTRACT_KUBECONFIG"):
+        yield None
+        return
+    import shutil
+    import tempfile
+
+    from gpu_bridge_lab.sandbox.cluster import Sandbox
+
+    d = Path(tempfile.mkdtemp(prefix="gbkc-", dir="/tmp"))
+    sb = Sandbox(d, kube=True, kube_impl="real", vllm=False, prometheus=False, nodes=1)
+    try:
+        sb.up()
+        yield sb.kubeconfig
+    finally:
+        sb.down()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture
-def kube(tmp_path: Path) -> Iterator[Kube]:
+def kube(tmp_path: Path, real_control_plane: Path | None) -> Iterator[Kube]:
     home = tmp_path / "home"
     home.mkdir()
-    if os.environ.get("GPU_BRIDGE_CONTRACT_KUBECONFIG"):
-        kc = Path(os.environ["KUBECONFIG"])
+    if os.environ.get("GPU_BRIDGE_CONTRACT_KUBECONFIG") or real_control_plane is not None:
+        kc = real_control_plane or Path(os.environ["KUBECONFIG"])
         k = Kube(kc, home)
         try:
             yield k

@@ -14,7 +14,19 @@ from typing import Any
 
 # the kubectl under test: $GPU_BRIDGE_KUBECTL (e.g. Debian 12's kubernetes-client 1.20, unpacked
 # somewhere), else the one on PATH
-KUBECTL = os.environ.get("GPU_BRIDGE_KUBECTL") or shutil.which("kubectl") or "/usr/bin/kubectl"
+# the kubectl under test: $GPU_BRIDGE_KUBECTL, else (GPU_BRIDGE_KUBE=real) the one built with the
+# control plane, of the same release, else the one on PATH
+def _kubectl() -> str:
+    if os.environ.get("GPU_BRIDGE_KUBECTL"):
+        return os.environ["GPU_BRIDGE_KUBECTL"]
+    if os.environ.get("GPU_BRIDGE_KUBE") == "real":
+        from gpu_bridge_lab.sandbox.realkube import find_binaries
+
+        return str(find_binaries().kubectl)
+    return shutil.which("kubectl") or "/usr/bin/kubectl"
+
+
+KUBECTL = _kubectl()
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -204,7 +205,9 @@ def test_describe_events_and_api_resources(kube: Kube, serving: Serving) -> None
     out = kube.kubectl("describe", "node", node).stdout
     assert "nvidia.com/gpu:" in out and pod.metadata.name in out  # allocatable and its non-terminated pod
     out = kube.kubectl("describe", "pod", "-n", serving.ns, pod.metadata.name).stdout
-    assert "Controlled By:  ReplicaSet/vllm-" in out and "Status:       Running" in out and node in out
+    # (column widths follow the longest label present: a real pod has "Service Account:")
+    assert re.search(r"^Controlled By:\s+ReplicaSet/vllm-", out, re.M), out
+    assert re.search(r"^Status:\s+Running$", out, re.M) and node in out, out
     ev = kube.kubectl("get", "events", "-n", serving.ns, "--field-selector",
                       f"involvedObject.name={pod.metadata.name}").stdout
     assert "Scheduled" in ev or not kube.sandbox

@@ -81,3 +81,28 @@ def test_leader_election_takeover_after_the_holder_is_killed(kube: Kube) -> None
         if b is not None:
             b.kill()
         core.delete_namespace(ns)
+
+
+def test_our_elector_writes_a_renew_time_of_whole_seconds(kube: Kube) -> None:
+    """A MicroTime of exactly .000000 (here a whole-second clock): the generated client would
+    re-serialize it as "...:00+00:00", which a real apiserver refuses (400); the elector sends
+    its Lease body as built (bridge.adapters.kube.calls.send_json)."""
+    from bridge.leader import LeaderElector
+
+    client, api = kube.client()
+    core, coord = client.CoreV1Api(api), client.CoordinationV1Api(api)
+    ns = kube.name("le-sec")
+    core.create_namespace({"metadata": {"name": ns}})
+    clock = [1_796_000_000.0]
+    try:
+        e = LeaderElector(api, namespace=ns, identity="a", lease_duration_s=15, wall=lambda: clock[0],
+                          monotonic=lambda: clock[0])
+        assert e.try_acquire_or_renew()
+        clock[0] += 3.0
+        assert e.try_acquire_or_renew()
+        lease = coord.read_namespaced_lease(e.name, ns)
+        assert lease.spec.holder_identity == "a"
+        assert lease.spec.renew_time.timestamp() == clock[0]
+        assert e.release()
+    finally:
+        core.delete_namespace(ns)

@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from gpu_bridge_lab.sandbox.daemon_config import sandbox_config, write_config
+from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
-
 try:
     from sandbox_fixtures import cancel_all_jobs
 except ImportError:  # tests/ became a package
@@ -71,7 +70,7 @@ def test_lend_then_reclaim_requeues_jobs_and_restores_serving(world: tuple[Any, 
     vllm = sb.vllm_url
     assert vllm
     put_load(vllm, {"rate": 2.0, "cv": 1.0})  # ~0.2 replicas of demand: lend down to min_serving
-    doc = sandbox_config(prometheus_url=sb.prometheus_url, kubeconfig=sb.kubeconfig, slurm_conf=sb.slurm.slurm_conf,
+    doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf,
                          grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6,
                          min_lend_s=5)
     doc["slurm"]["command_prefix"] = list(sb.slurm.command_prefix)  # empty for the host's Slurm

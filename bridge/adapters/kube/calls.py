@@ -122,6 +122,28 @@ class ApiCalls:
             self._errors[(verb, resource, status)] += 1
 
 
+def send_json(api_client: Any, method: str, path: str, body: Mapping[str, Any], *, _preload_content: bool = False,
+              _request_timeout: float | None = None) -> Any:
+    """A write whose JSON body goes out exactly as built; returns the raw response (for
+    ``read_json``), raises ``ApiException`` on a non-2xx answer like the generated methods.
+
+    Why: the generated client (37.x) coerces a dict body into its model and serializes time
+    fields back with ``datetime.isoformat()``, which drops a zero microsecond; a MicroTime (a
+    Lease's renewTime or acquireTime) of exactly ``.000000`` then goes out as ``...:50+00:00``
+    and a real apiserver answers 400 ("cannot parse ... as .000000"). Found on the real
+    control plane; the project's emulator accepted it."""
+    del _preload_content  # always raw: the caller decodes with read_json
+    m, url, headers, data, post = api_client.param_serialize(
+        method, path, header_params={"Content-Type": "application/json", "Accept": "application/json"},
+        body=dict(body), auth_settings=["BearerToken"])
+    resp = api_client.call_api(m, url, headers, data, post, _request_timeout=_request_timeout)
+    if not 200 <= int(resp.status) <= 299:
+        raw = resp.read()
+        raise ApiException(status=resp.status, reason=resp.reason,
+                           body=raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
+    return resp.response
+
+
 def read_json(resp: Any) -> Any:
     """The body of a raw (``_preload_content=False``) response, decoded; the connection
     released. A body that is not a JSON object is an AdapterError, like any bad answer."""

@@ -24,7 +24,7 @@ from gpu_bridge_lab.demo.jobs import JobSubmitter, job_plan
 from gpu_bridge_lab.demo.shape import DAY_S, DayShape, clock, day_shape, replica_rps_at_target
 from gpu_bridge_lab.demo.timeline import Display, Event, daemon_event, job_event, progress_text
 from gpu_bridge_lab.demo.watch import JobTracker, LogTail, Observer, Sample, log_time
-from gpu_bridge_lab.sandbox.daemon_config import sandbox_config, write_config
+from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 from bridge.trace import load_trace
 
@@ -150,7 +150,7 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
 def _config(sb: Any, minutes: float) -> dict[str, Any]:
     """The sandbox config with the anti-thrash windows scaled with the day: about 70 trace
     minutes of low demand before a lend, 50 trace minutes lent at least."""
-    doc = sandbox_config(prometheus_url=sb.prometheus_url, kubeconfig=sb.kubeconfig, grace_s=GRACE_S,
+    doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), grace_s=GRACE_S,
                          cold_start_s=POD_START_S, min_serving=MIN_SERVING,
                          concurrency_per_replica=CONCURRENCY_PER_REPLICA,
                          scale_down_window_s=max(5.0, 3.0 * minutes), min_lend_s=max(4.0, 2.0 * minutes))

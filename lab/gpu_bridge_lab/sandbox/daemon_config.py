@@ -33,6 +33,7 @@ def sandbox_config(
     min_runtime_s: float = 0.0,
     lease_duration_s: float = 6.0,
     forecast: bool = True,
+    lease_namespace: str = serving.NAMESPACE,
 ) -> dict[str, Any]:
     """The YAML document (a dict) for a daemon run against the sandbox."""
     return {
@@ -83,10 +84,19 @@ def sandbox_config(
         "daemon": {
             "metrics_host": "127.0.0.1",
             "metrics_port": metrics_port,
-            "lease_namespace": serving.NAMESPACE,
+            "lease_namespace": lease_namespace,
             "lease_duration_s": lease_duration_s,
         },
     }
+
+
+def daemon_identity(sb: Any) -> dict[str, Any]:
+    """``sandbox_config`` arguments for the daemon's own identity on ``sb``: on the real control
+    plane its ServiceAccount's kubeconfig (bound token, exactly deploy/kubernetes/rbac.yaml) and
+    the Lease namespace that manifest grants; on the emulator the one kubeconfig it has."""
+    if getattr(sb, "kube_impl", "emulator") == "real":
+        return {"kubeconfig": sb.daemon_kubeconfig, "lease_namespace": "gpu-bridge"}
+    return {"kubeconfig": sb.kubeconfig, "lease_namespace": serving.NAMESPACE}
 
 
 def write_config(path: str | Path, doc: dict[str, Any]) -> Path:

@@ -1,4 +1,6 @@
-"""A small TCP/HTTP fault proxy in front of the sandbox's (plain HTTP) Kubernetes API server.
+"""A small TCP/HTTP fault proxy in front of the sandbox's Kubernetes API server (plain HTTP,
+or TLS: given the apiserver's serving certificate and key, the proxy terminates TLS itself to
+answer 500/429, and passes the encrypted bytes through untouched otherwise).
 
 Modes, switchable at any time (``set_mode``; open connections are cut so that clients,
 including long-lived watches, reconnect into the new mode):
@@ -13,6 +15,7 @@ including long-lived watches, reconnect into the new mode):
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from pathlib import Path
 
@@ -35,8 +38,12 @@ def pipe(src: socket.socket, dst: socket.socket) -> None:
                 pass
 
 class FaultProxy:
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, tls: tuple[Path, Path] | None = None) -> None:
         self._target = ("127.0.0.1", target_port)
+        self._tls: ssl.SSLContext | None = None
+        if tls is not None:  # (cert, key): the client's CA trusts it, as it trusts the apiserver
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(str(tls[0]), str(tls[1]))
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -117,6 +124,8 @@ class FaultProxy:
     def _fault(self, client: socket.socket, mode: str) -> None:
         try:
             client.settimeout(30)
+            if self._tls is not None and mode != "hang":
+                client = self._tls.wrap_socket(client, server_side=True)
             buf = b""
             while b"\r\n\r\n" not in buf:
                 chunk = client.recv(65536)

@@ -206,8 +206,8 @@ def signals_stale(h: Harness, when: str, *, blind_after_s: float = 10.0, hold_s:
 
 
 def kube_api(h: Harness, mode: str, when: str, *, hold_s: float = 12.0) -> OutageRow:
-    proxy = FaultProxy(h.sb.ports["kube"])
-    kc = proxied_kubeconfig(h.sb.kubeconfig, proxy.port, h.dir / "kubeconfig-proxy")
+    proxy = FaultProxy(h.sb.ports["kube"], tls=h.sb.kube_tls)
+    kc = proxied_kubeconfig(h.sb.daemon_kubeconfig, proxy.port, h.dir / "kubeconfig-proxy")
     cfg = h.write_config(h.dir / "proxied.yaml", kubeconfig=kc)
     try:
         return run_outage(h, f"kube API {mode}", when, lambda: proxy.set_mode(mode), lambda: proxy.set_mode("pass"),

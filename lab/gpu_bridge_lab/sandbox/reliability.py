@@ -26,7 +26,7 @@ from typing import Any
 
 from gpu_bridge_lab import faults
 from bridge import wellknown as wk
-from gpu_bridge_lab.sandbox.daemon_config import sandbox_config, write_config
+from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, poll, put_load, read_events, write_events
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
@@ -92,7 +92,10 @@ class Harness:
         return self
 
     def config_doc(self, kubeconfig: Path | None = None, min_serving: int | None = None, **policy: Any) -> dict[str, Any]:
-        doc = sandbox_config(prometheus_url=self.sb.prometheus_url, kubeconfig=kubeconfig or self.sb.kubeconfig,
+        ident = daemon_identity(self.sb)
+        if kubeconfig is not None:
+            ident["kubeconfig"] = kubeconfig
+        doc = sandbox_config(prometheus_url=self.sb.prometheus_url, **ident,
                              grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=min_serving or self.min_serving,
                              scale_down_window_s=6, min_lend_s=10, lease_duration_s=6.0, forecast=False)
         doc["policy"].update(self.policy_overrides)

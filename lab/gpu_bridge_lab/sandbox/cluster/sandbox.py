@@ -256,6 +256,7 @@ class Sandbox:
         kube: bool = False,
         prometheus: bool = True,
         kube_args: Sequence[str] = (),
+        kube_impl: str | None = None,
         cpus_per_node: int = 8,
         real_memory_mb: int = 16000,
         gpus_per_node: int = 4,
@@ -282,6 +283,11 @@ class Sandbox:
         self.kube_enabled = kube
         self.prometheus_enabled = prometheus  # False: a Slurm-only sandbox, ready in about 1 s
         self.kube_args = tuple(kube_args)
+        # "emulator" (gpu_bridge_lab.sandbox.kube) or "real" (etcd + kube-apiserver + controllers + kwok,
+        # gpu_bridge_lab.sandbox.realkube); default from $GPU_BRIDGE_KUBE.
+        self.kube_impl = kube_impl or os.environ.get("GPU_BRIDGE_KUBE") or "emulator"
+        if self.kube_impl not in ("emulator", "real"):
+            raise SandboxError(f"kube_impl: {self.kube_impl!r} is not 'emulator' or 'real' (GPU_BRIDGE_KUBE)")
         self.cpus_per_node = cpus_per_node
         self.real_memory_mb = real_memory_mb
         self.gpus_per_node = gpus_per_node
@@ -334,6 +340,21 @@ class Sandbox:
     @property
     def kubeconfig(self) -> Path:
         return self.dir / "kube" / "kubeconfig"
+
+    @property
+    def daemon_kubeconfig(self) -> Path:
+        """The kubeconfig the daemon uses: on the real control plane its ServiceAccount's
+        (bound token, exactly deploy/kubernetes/rbac.yaml), on the emulator the only one."""
+        real = self.dir / "kube" / "kubeconfig-daemon"
+        return real if "etcd" in self.ports and real.exists() else self.kubeconfig
+
+    @property
+    def kube_tls(self) -> tuple[Path, Path] | None:
+        """The real apiserver's serving (certificate, key), for a proxy that answers in its name."""
+        pki = self.dir / "kube" / "pki"
+        if "etcd" in self.ports and (pki / "apiserver.crt").exists():
+            return pki / "apiserver.crt", pki / "apiserver.key"
+        return None
 
     @property
     def slurm(self) -> slurm.SlurmLayout:
@@ -449,7 +470,11 @@ class Sandbox:
     # ---- lifecycle ---------------------------------------------------------------------
     def _components(self) -> list[Any]:
         comps: list[Any] = [MungeComponent()]
-        if self.kube_enabled:
+        if self.kube_enabled and self.kube_impl == "real":
+            from gpu_bridge_lab.sandbox.realkube import RealKubeComponent
+
+            comps.append(RealKubeComponent(self.kube_args))
+        elif self.kube_enabled:
             kube = KubeApiComponent(self.kube_args)
             if not kube.available():
                 raise SandboxError("kube: `gpu-bridge sandbox kube` is not available (gpu_bridge_lab.sandbox.kube registers no command)")
@@ -502,14 +527,17 @@ class Sandbox:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.components = self._components()
         names = [c.name for c in self.components]
-        ports = procs.free_ports(2 + len(self.node_names) + ("vllm-sim" in names) + ("kube-api" in names))
+        ports = procs.free_ports(2 + len(self.node_names) + ("vllm-sim" in names)
+                                 + ("kube-api" in names or "kube" in names) + 2 * ("kube" in names))
         self.ports = {"slurmctld": ports.pop()}
         if "prometheus" in names:
             self.ports["prometheus"] = ports.pop()
         if "vllm-sim" in names:
             self.ports["vllm"] = ports.pop()
-        if "kube-api" in names:
+        if "kube-api" in names or "kube" in names:
             self.ports["kube"] = ports.pop()
+        if "kube" in names:  # the real control plane's etcd (client, peer)
+            self.ports["etcd"], self.ports["etcd-peer"] = ports.pop(), ports.pop()
             self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         self.node_ports = {n: ports.pop() for n in self.node_names}
         self._slurm = None
@@ -533,6 +561,10 @@ class Sandbox:
     def down(self, timeout_s: float = 10.0) -> dict[int, str]:
         """Stop every recorded process (SIGTERM, SIGKILL after ``timeout_s``), then sweep what
         they left behind (slurmstepd, job scripts); returns the PIDs swept."""
+        for c in self.components:  # a component may stop its own processes first (in order)
+            before = getattr(c, "before_down", None)
+            if before is not None:
+                before(self)
         pids = {r.pid: r.start_ticks for r in self.records.values()}
         procs.terminate(pids, timeout_s)
         for name in list(self._popens):
@@ -637,6 +669,10 @@ class Sandbox:
             sb.components.append(VllmSimComponent())
         if "kube-api" in names:
             sb.components.append(KubeApiComponent())
+        if "kube" in names:
+            from gpu_bridge_lab.sandbox.realkube import RealKubeComponent
+
+            sb.components.insert(1, RealKubeComponent())
         if "prometheus" in names:
             sb.components.append(PrometheusComponent())
         sb.components.append(SlurmComponent())

@@ -104,7 +104,14 @@ def on_create(r: Resource, obj: dict[str, Any]) -> None:
     elif r.kind == "Node":
         obj.setdefault("spec", {})
     elif r.kind == "Event" and r.group == "":
-        obj.setdefault("involvedObject", {})
+        inv = obj.setdefault("involvedObject", {})
+        # As the real apiserver: an event about a cluster-scoped object (a Node) lives in
+        # "default" (or "kube-system" for new-style events with eventTime), nowhere else.
+        ns = meta.get("namespace") or ""
+        allowed = ("default", "kube-system") if obj.get("eventTime") else ("", "default")
+        if not inv.get("namespace") and ns not in allowed:
+            raise invalid(r, meta.get("name", ""), "involvedObject.namespace",
+                          'Invalid value: "": does not match event.namespace')
     elif r.kind == "PodDisruptionBudget":
         spec = obj.setdefault("spec", {})
         if "minAvailable" in spec and "maxUnavailable" in spec:

@@ -26,9 +26,11 @@ def to_events_v1(core: Mapping[str, Any]) -> dict[str, Any]:
     meta = core.get("metadata") or {}
     out: dict[str, Any] = {
         "kind": "Event", "apiVersion": NEW_API, "metadata": meta,
-        "eventTime": core.get("eventTime") or _micro(core.get("firstTimestamp") or meta.get("creationTimestamp")),
-        "reportingController": core.get("reportingComponent") or src.get("component"),
-        "reportingInstance": core.get("reportingInstance") or src.get("host"),
+        # as the real apiserver: a core/v1 event written without eventTime has none here either
+        "eventTime": core.get("eventTime"),
+        # as the real apiserver: not derived from the deprecated source
+        "reportingController": core.get("reportingComponent"),
+        "reportingInstance": core.get("reportingInstance"),
         "action": core.get("action"), "reason": core.get("reason"), "type": core.get("type"),
         "regarding": core.get("involvedObject"), "related": core.get("related"), "note": core.get("message"),
         "deprecatedSource": src or None, "deprecatedFirstTimestamp": core.get("firstTimestamp"),

@@ -36,7 +36,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="the daemon's YAML config (default: documented defaults)")
     p.add_argument("--pool", help="pool (default: the config's first)")
     p.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (default: prometheus.url of the config)")
-    p.add_argument("--hours", type=int, default=24, help="hours ahead (default 24, at most the shortest seasonal lag)")
+    p.add_argument("--hours", type=int, default=24, help="hours ahead (default 24, at most 24: the outlook's shortest lag, 1 d)")
     p.add_argument("--nodes", type=int, help="with --for: the nodes your job needs")
     p.add_argument("--for", dest="for_", metavar="DUR", help="with --nodes: how long (6h, 90m, 1d)")
     p.add_argument(
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         pool: PoolConfig = cfg.pool(args.pool) if args.pool else cfg.pools[0]
         max_h = int(min(OUTLOOK_LAGS_S) // 3600)
         if not 1 <= args.hours <= max_h:
-            raise ConfigError([f"--hours: must be 1..{max_h} (the shortest seasonal lag), got {args.hours}"])
+            raise ConfigError([f"--hours: must be 1..{max_h} (the outlook's shortest lag, 1 d), got {args.hours}"])
         if (args.nodes is None) != (args.for_ is None):
             raise ConfigError(["--nodes and --for: give both (the nodes your job needs, and for how long)"])
         if args.nodes is not None and args.nodes < 1:

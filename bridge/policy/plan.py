@@ -44,7 +44,7 @@ from bridge.model import (
 )
 from bridge.policy import calendar
 from bridge.policy.calibrate import nodes_with_margin
-from bridge.policy.demand import demand, nodes_for
+from bridge.policy.demand import demand
 from bridge.policy.forecast import Forecast, forecast, horizon_s, lend_horizon_s
 from bridge.policy.victims import choose_victims
 

@@ -211,7 +211,11 @@ class Daemon:
             try:
                 start = math.floor((now - outlook_span_s(self.config, OUTLOOK_HOURS)) / OUTLOOK_STEP_S) * OUTLOOK_STEP_S
                 hist = history_chunked(self.prom, self.prom_pools[pool.name], start=start, end=now, step_s=OUTLOOK_STEP_S)
-                outlook = lendable_outlook(hist, now, config=self.config, pool=pool, nodes=nodes, hours=OUTLOOK_HOURS)
+                ps = obs.view.pools.get(pool.name)  # the calibration the policy has now (``_calibrate``)
+                outlook = lendable_outlook(
+                    hist, now, config=self.config, pool=pool, nodes=nodes, hours=OUTLOOK_HOURS,
+                    calibration=ps.calibration if ps is not None else None,
+                )
             except AdapterError as exc:
                 log.warning("outlook_unavailable", pool=pool.name, error=str(exc))
                 outlook = None

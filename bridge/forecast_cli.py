@@ -36,7 +36,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="the daemon's YAML config (default: documented defaults)")
     p.add_argument("--pool", help="pool (default: the config's first)")
     p.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (default: prometheus.url of the config)")
-    p.add_argument("--hours", type=int, default=24, help="hours ahead (default 24, at most the shortest seasonal lag)")
+    p.add_argument("--hours", type=int, default=24, help="hours ahead (default 24, at most 24: the outlook's shortest lag, 1 d)")
     p.add_argument("--nodes", type=int, help="with --for: the nodes your job needs")
     p.add_argument("--for", dest="for_", metavar="DUR", help="with --nodes: how long (6h, 90m, 1d)")
     p.add_argument(
@@ -74,7 +74,7 @@ def sentence(outlook: Sequence[Any], nodes: int, hours: float, now: float) -> st
 
 def run(args: argparse.Namespace) -> int:
     from bridge.adapters.prom import PromAdapter, PromPool, history_chunked, selector
-    from bridge.policy.outlook import OUTLOOK_STEP_S, lendable_outlook, outlook_span_s
+    from bridge.policy.outlook import OUTLOOK_LAGS_S, OUTLOOK_STEP_S, lendable_outlook, outlook_calibration, outlook_span_s
     from bridge.policy.demand import replicas_needed
     from bridge.simulate.cli import parse_duration, parse_time
 
@@ -88,10 +88,9 @@ def run(args: argparse.Namespace) -> int:
         if args.pool is not None and args.pool not in {p.name for p in cfg.pools}:
             raise ConfigError([f"--pool: no pool named {args.pool!r} in the config (pools: {', '.join(p.name for p in cfg.pools)})"])
         pool: PoolConfig = cfg.pool(args.pool) if args.pool else cfg.pools[0]
-        lags = cfg.policy.forecast.seasonal_lags_s if cfg.policy.forecast.enabled else ()
-        max_h = int(min(lags) // 3600) if lags else 1
+        max_h = int(min(OUTLOOK_LAGS_S) // 3600)
         if not 1 <= args.hours <= max_h:
-            raise ConfigError([f"--hours: must be 1..{max_h} (the shortest seasonal lag), got {args.hours}"])
+            raise ConfigError([f"--hours: must be 1..{max_h} (the outlook's shortest lag, 1 d), got {args.hours}"])
         if (args.nodes is None) != (args.for_ is None):
             raise ConfigError(["--nodes and --for: give both (the nodes your job needs, and for how long)"])
         if args.nodes is not None and args.nodes < 1:
@@ -111,8 +110,11 @@ def run(args: argparse.Namespace) -> int:
         url, timeout_s=max(cfg.prometheus.timeout_s, 30.0), rate_window_s=cfg.prometheus.rate_window_s,
         scrape_interval_s=cfg.prometheus.scrape_interval_s,
     )
-    step = OUTLOOK_STEP_S
-    start = math.floor((now - outlook_span_s(cfg, args.hours)) / step) * step
+    # the calibration needs policy.calibration.window_s at its own step, as the daemon reads it
+    cc = cfg.policy.calibration
+    step = cc.step_s if cc.enabled else OUTLOOK_STEP_S
+    span = max(outlook_span_s(cfg, args.hours), cc.window_s if cc.enabled else 0.0)
+    start = math.floor((now - span) / step) * step
     try:
         hist = history_chunked(adapter, ppool, start=start, end=now, step_s=step)
         nodes = args.pool_nodes
@@ -133,7 +135,16 @@ def run(args: argparse.Namespace) -> int:
     if nodes is None:
         nodes = max(1, math.ceil(max(s.replicas_reporting for s in hist) / pool.replicas_per_node))
         nodes_src = "most replicas seen (no gpu_bridge_nodes in Prometheus; lent nodes are not seen: --pool-nodes)"
-    outlook = lendable_outlook(hist, now, config=cfg, pool=pool, nodes=nodes, hours=args.hours)
+    calib = outlook_calibration(hist, now, config=cfg, pool=pool, nodes=nodes)
+    outlook = lendable_outlook(hist, now, config=cfg, pool=pool, nodes=nodes, hours=args.hours, calibration=calib)
+    if calib is None:
+        margin_note = "calibration off: headroom settings only"
+    elif calib.margin is None:
+        margin_note = (
+            f"calibrating: {calib.samples} of {calib.needed} min of history needed; the policy lends nothing yet"
+        )
+    else:
+        margin_note = calib.describe()
     answer = sentence(outlook, args.nodes, for_h, now) if args.nodes is not None and for_h is not None else None
     oldest = known[0].t
     if args.json:
@@ -143,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
             "pool_nodes": nodes,
             "pool_nodes_source": nodes_src,
             "history_since": oldest,
+            "history_read_s": now - start,
+            "calibration": margin_note,
+            "calibrating": calib is not None and calib.margin is None,
             "hours": [
                 {
                     "start": h.start,
@@ -150,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
                     "serving_nodes": h.serving_nodes,
                     "lendable_nodes": h.lendable_nodes,
                     "basis": h.basis or None,
+                    "margin": h.margin,
                 }
                 for h in outlook
             ],
@@ -159,8 +174,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"pool {pool.name}: {nodes} nodes ({nodes_src}); forecast as of {datetime.fromtimestamp(now, UTC):%Y-%m-%d %H:%M} UTC "
-        f"from {(now - oldest) / 86400:.1f} days of history"
+        f"from {(now - oldest) / 86400:.1f} days of history (read {(now - start) / 86400:.1f} days at {step:g} s steps)"
     )
+    print(f"margin: {margin_note}")
     print(f"{'hour (UTC)':<11} {'demand (replicas)':>17} {'serving':>8} {'lendable':>9}  from")
     for h in outlook:
         if h.demand is None:

@@ -34,7 +34,7 @@ import numpy as np
 
 from bridge.config import Config, PoolConfig
 from bridge.model import Calibration, LoadSignals
-from bridge.policy.demand import replicas_needed
+from bridge.policy.demand import nodes_for, replicas_needed
 
 
 # The feedback aims at this share of the budget: violations come in clusters (a level shift
@@ -244,3 +244,27 @@ class Calibrator:
         )
         self._cached = (key, got)
         return got
+
+
+def nodes_with_margin(
+    replicas: float, cal: Calibration | None, pool: PoolConfig, lo: float, hi: float
+) -> tuple[int, float | None, bool]:
+    """Nodes serving must keep for a base forecast of ``replicas`` that must hold over [lo, hi]
+    (unix s): the calibrated margin for those hours, the configured headroom as a floor. An hour
+    of the day not in the history yet keeps capacity for the highest load seen so far, with the
+    overall margin. Returns (nodes, margin applied or None, whether an unseen hour was hit);
+    the one place the margin is applied (``plan`` and the outlook)."""
+    rpn = pool.replicas_per_node
+    n = nodes_for(replicas, headroom=pool.headroom, headroom_replicas=pool.headroom_replicas, replicas_per_node=rpn)
+    if cal is None:
+        return n, None, False
+    m = cal.margin_over(lo, hi)
+    unseen = False
+    if m is not None and math.isinf(m):
+        m = cal.margin
+        replicas = max(replicas, cal.peak_seen)
+        unseen = True
+    if m is not None:
+        s = cal.smoothing
+        n = max(n, nodes_for(m * (replicas + s) - s, headroom=0.0, headroom_replicas=0.0, replicas_per_node=rpn))
+    return n, m, unseen

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bridge.config import Config, PoolConfig
-from bridge.model import LoadSignals
+from bridge.model import Calibration, LoadSignals
+from bridge.policy.calibrate import Calibrator, nodes_with_margin
 from bridge.policy.demand import replicas_needed
 from bridge.policy.forecast import forecast, lend_span_s, recent_span_s
 
@@ -35,6 +36,9 @@ def _window(history: Sequence[LoadSignals], lo: float, hi: float, pool: PoolConf
 HOUR_S = 3600.0
 OUTLOOK_STEP_S = 300.0  # resolution of the history the outlook reads (max per step keeps peaks)
 OUTLOOK_HOURS = 24  # hours the daemon's metric covers
+# The outlook's own seasonal lags (same time yesterday, same time last week), independent of
+# the policy's optional ``forecast.seasonal_lags_s``: the outlook always needs a daily profile.
+OUTLOOK_LAGS_S = (86400.0, 7 * 86400.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +51,28 @@ class HourOutlook:
     serving_nodes: int | None  # nodes serving keeps, with the policy's margin and floors
     lendable_nodes: int | None
     basis: str  # what the demand came from: "now" (the policy's forecast), "1d", "7d"
+    margin: float | None = None  # the calibrated margin applied (None: calibrating / not calibrated)
 
 
 def outlook_span_s(config: Config, hours: int) -> float:
-    """How far back the outlook reads: the longest seasonal lag plus its compare window (the
-    hours ahead of ``now - lag`` lie inside it as long as ``hours`` <= the lag)."""
+    """How far back the outlook reads: the longest of its lags plus the compare window (the
+    hours ahead of ``now - lag`` lie inside it as long as ``hours`` <= 1 d), and at least what
+    the policy's forecast reads."""
     f = config.policy.forecast
-    lags = f.seasonal_lags_s if f.enabled else ()
-    return max((lag + f.compare_window_s for lag in lags), default=0.0) + max(recent_span_s(config), lend_span_s(config), f.burst_history_s)
+    return max(OUTLOOK_LAGS_S) + f.compare_window_s + max(recent_span_s(config), lend_span_s(config), f.burst_history_s)
+
+
+def outlook_calibration(history: Sequence[LoadSignals], now: float, *, config: Config, pool: PoolConfig, nodes: int) -> Calibration | None:
+    """The pool's calibration as the policy would have it now, built the way the daemon builds
+    it (``Calibrator`` over ``policy.calibration.window_s`` of history); None when calibration
+    is off."""
+    if not config.policy.calibration.enabled:
+        return None
+    cal = Calibrator(config, pool)
+    for s in history:
+        if s.t <= now:
+            cal.add(s)
+    return cal.calibration(now, capacity=nodes * pool.replicas_per_node)
 
 
 def lendable_outlook(
@@ -65,6 +83,7 @@ def lendable_outlook(
     pool: PoolConfig,
     nodes: int,
     hours: int = 24,
+    calibration: Calibration | None = None,
 ) -> tuple[HourOutlook, ...]:
     """Per clock hour ahead (hour 0 holds ``now``), the serving demand the policy's forecast
     expects and the nodes left to lend (pure; read-only callers: ``gpu-bridge forecast`` and
@@ -74,12 +93,13 @@ def lendable_outlook(
     factor, trend, seasonal). Each hour h is the seasonal part of the same forecast stretched
     over the hours: for each lag L (1 d, 7 d) the peak of [now + h - L, now + h + 1 h - L],
     times how today compares with then (the policy's clamped ratio); the highest lag wins.
-    Serving nodes = the policy's margin on that demand (``nodes_for`` with the pool's headroom)
-    and floors (``min_serving``, calendar rules over the hour); lendable = the rest of
-    ``nodes``, at most ``max_lent``. The margin is applied here and only here, so a
-    calibrated margin replaces it in one place."""
+    Serving nodes = the policy's own ``nodes_with_margin`` on that demand: the pool's
+    ``calibration`` (as the policy has it now: ``outlook_calibration`` or the daemon's) for
+    that hour, the headroom settings as floors, then ``min_serving`` and calendar rules over
+    the hour; lendable = the rest of ``nodes``, at most ``max_lent``. While the pool is still
+    calibrating (``calibration.margin`` None) the policy lends nothing: every known hour says
+    0 lendable and ``margin`` None (callers say why)."""
     from bridge.policy import calendar
-    from bridge.policy.demand import nodes_for
 
     if hours < 1:
         raise ValueError(f"hours: must be >= 1, got {hours}")
@@ -88,8 +108,8 @@ def lendable_outlook(
     now_vals = _window(history, now - f.compare_window_s, now, pool)
     now_mean = sum(now_vals) / len(now_vals) if now_vals else None
     ratios: dict[float, float] = {}
-    if f.enabled and now_mean is not None:
-        for lag in f.seasonal_lags_s:
+    if now_mean is not None:
+        for lag in OUTLOOK_LAGS_S:
             then = _window(history, now - lag - f.compare_window_s, now - lag, pool)
             if len(then) >= 2:
                 then_mean = sum(then) / len(then)
@@ -113,13 +133,15 @@ def lendable_outlook(
         if demand is None:
             out.append(HourOutlook(lo, None, None, None, ""))
             continue
-        need = nodes_for(demand, headroom=pool.headroom, headroom_replicas=pool.headroom_replicas, replicas_per_node=pool.replicas_per_node)
+        need, margin, _ = nodes_with_margin(demand, calibration, pool, lo, hi)
         cal, _ = calendar.floor(config.policy.calendar, pool.name, lo, hi)
         serving = min(nodes, max(need, pool.min_serving, cal))
         lendable = nodes - serving
         if pool.max_lent is not None:
             lendable = min(lendable, pool.max_lent)
-        out.append(HourOutlook(lo, demand, serving, max(0, lendable), basis))
+        if calibration is not None and calibration.margin is None:
+            lendable = 0  # the policy's calibrating state: nothing is lent yet
+        out.append(HourOutlook(lo, demand, serving, max(0, lendable), basis, margin))
     return tuple(out)
 
 

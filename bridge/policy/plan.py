@@ -43,7 +43,8 @@ from bridge.model import (
     Reason,
 )
 from bridge.policy import calendar
-from bridge.policy.demand import demand, nodes_for
+from bridge.policy.calibrate import nodes_with_margin
+from bridge.policy.demand import demand
 from bridge.policy.forecast import Forecast, forecast, horizon_s, lend_horizon_s
 from bridge.policy.victims import choose_victims
 
@@ -200,24 +201,17 @@ def _assess(
 
     cal = state.calibration if state is not None else None
     margin = cal.margin if cal is not None else None
-    smooth = cal.smoothing if cal is not None else 0.0
     used: list[float] = []  # margins applied this tick (for the reason)
     unseen: list[float] = []  # spans that reached an hour not in the history yet
 
     def need(replicas: float, span_s: float = 0.0) -> int:
         """Nodes for a base forecast that must hold for ``span_s``: the calibrated margin for
         those hours, and the configured headroom as a floor."""
-        n = nodes_for(replicas, headroom=cfg.headroom, headroom_replicas=cfg.headroom_replicas, replicas_per_node=rpn)
-        m = cal.margin_over(now, now + span_s) if cal is not None else None
-        if cal is not None and m is not None and math.isinf(m):
-            # an hour of the day not in the history yet (a fresh pool's first day): its rise is
-            # unknown, so keep capacity for the highest load seen so far, with the overall margin
-            m = cal.margin
-            replicas = max(replicas, cal.peak_seen)
+        n, m, hit_unseen = nodes_with_margin(replicas, cal, cfg, now, now + span_s)
+        if hit_unseen:
             unseen.append(span_s)
         if m is not None:
             used.append(m)
-            n = max(n, nodes_for(m * (replicas + smooth) - smooth, headroom=0.0, headroom_replicas=0.0, replicas_per_node=rpn))
         return n
 
     def margin_text() -> str:

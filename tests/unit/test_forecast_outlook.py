@@ -20,7 +20,7 @@ from bridge.daemon import Daemon
 from bridge.forecast_cli import sentence
 from bridge.metrics import BridgeMetrics
 from bridge.model import LoadSignals
-from bridge.policy.outlook import HourOutlook, first_free_window, lendable_outlook
+from bridge.policy.outlook import HourOutlook, first_free_window, lendable_outlook, outlook_calibration
 
 DAY = 86400.0
 T0 = 1_800_000_000.0 - 1_800_000_000.0 % DAY  # a UTC midnight
@@ -46,13 +46,24 @@ def night_low(hour: int) -> float:
 def test_outlook_follows_yesterday_with_the_policys_margin() -> None:
     now = T0 + 8 * DAY - 3 * 3600.0 + 60  # 21:01, seven days of profile behind
     hist = [s for s in daily(8, night_low) if s.t <= now]
-    out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24)
+    cal = outlook_calibration(hist, now, config=CFG, pool=POOL, nodes=8)
+    assert cal is not None and cal.margin is not None and cal.smoothing == 1.0
+    out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24, calibration=cal)
     assert len(out) == 24 and out[0].start == now - 60  # clock hours, hour 0 holds now
     by_hour = {int((h.start % DAY) // 3600): h for h in out}
-    # night (00-07): 1 replica -> nodes_for(1, 0.2, 0.5) = ceil(1.7) = 2 serving, 6 lendable
-    assert by_hour[3].demand == pytest.approx(1.0) and by_hour[3].serving_nodes == 2 and by_hour[3].lendable_nodes == 6
-    # day: 5 replicas -> ceil(6.5) = 7 serving, 1 lendable
-    assert by_hour[12].serving_nodes == 7 and by_hour[12].lendable_nodes == 1
+    # The margin is calibrated now (headroom defaults 0): the only rise in the history is the
+    # 08:00 jump 1 -> 5 replicas, score (4 + 1) / (1 + 1) = 2.5, so every hour's margin lies in
+    # (1, 2.5] and the 08:00 hour gets the largest. Night (00-07): 1 replica -> serving keeps
+    # ceil(m * (1 + 1) - 1) nodes (the policy's rule), 3 for m in (1.5, 2]; day: 5 replicas ->
+    # m * 6 - 1 > 8 for m > 1.5, so all 8 serve and nothing is lent.
+    m3 = by_hour[3].margin
+    assert m3 is not None and 1.5 < m3 <= 2.0 and by_hour[8].margin == pytest.approx(2.5)
+    assert by_hour[3].demand == pytest.approx(1.0)
+    assert by_hour[3].serving_nodes == math.ceil(m3 * 2 - 1 - 1e-9) == 3 and by_hour[3].lendable_nodes == 5
+    assert by_hour[12].serving_nodes == 8 and by_hour[12].lendable_nodes == 0
+    # without a calibration (calibration off) the headroom settings (now 0) alone: 1 node at night
+    bare = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24)
+    assert {int((h.start % DAY) // 3600): h for h in bare}[3].serving_nodes == 1
     assert by_hour[3].basis in ("1d", "7d") and out[0].basis == "now"
 
 
@@ -75,6 +86,22 @@ def test_young_pool_says_unknown_not_zero() -> None:
     out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24)
     assert out[0].demand is not None  # the policy's forecast now
     assert all(h.demand is None and h.lendable_nodes is None for h in out[1:])
+    # 3 h of 5-minute samples: 36 steps of the 180 the calibration needs -> calibrating, and
+    # the policy lends nothing then: the outlook says 0 lendable and no margin, not a guess
+    cal = outlook_calibration(hist, now, config=CFG, pool=POOL, nodes=8)
+    assert cal is not None and cal.margin is None and cal.samples < cal.needed
+    out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24, calibration=cal)
+    assert out[0].lendable_nodes == 0 and out[0].margin is None
+
+
+def test_outlook_ignores_the_policys_seasonal_lags_setting() -> None:
+    """The outlook's own 1 d / 7 d lags: the default config (no seasonal lags) still forecasts every hour."""
+    assert CFG.policy.forecast.seasonal_lags_s == ()
+    now = T0 + 8 * DAY + 60
+    hist = [s for s in daily(8, night_low) if s.t <= now]
+    out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24)
+    assert all(h.demand is not None for h in out)
+    assert {int((h.start % DAY) // 3600): h.demand for h in out}[12] == pytest.approx(5.0)
 
 
 def test_max_lent_and_calendar_floor_limit_the_outlook() -> None:
@@ -84,7 +111,8 @@ def test_max_lent_and_calendar_floor_limit_the_outlook() -> None:
     })
     now = T0 + 8 * DAY + 60
     hist = [s for s in daily(8, night_low) if s.t <= now]
-    out = lendable_outlook(hist, now, config=cfg, pool=cfg.pools[0], nodes=8, hours=8)
+    cal = outlook_calibration(hist, now, config=cfg, pool=cfg.pools[0], nodes=8)
+    out = lendable_outlook(hist, now, config=cfg, pool=cfg.pools[0], nodes=8, hours=8, calibration=cal)
     by_hour = {int((h.start % DAY) // 3600): h for h in out}
     assert by_hour[2].lendable_nodes == 3  # max_lent
     assert by_hour[4].lendable_nodes == 0  # calendar
@@ -159,8 +187,17 @@ def test_daemon_exports_the_outlook_and_nan_when_prometheus_fails() -> None:
     m = BridgeMetrics(CollectorRegistry(auto_describe=True))
     d = _daemon(prom, m, now)
     d.tick()
-    # 01:00-02:00: 1 replica -> 2 serving of 4 nodes, 2 lendable; 12:00 (11 h ahead): 5 replicas -> all serve
-    assert _gauge(m, "gpu_bridge_pool_lendable_nodes_forecast", "1") == 2
+    # the metric uses the calibration the policy has (the daemon's Calibrator over Prometheus);
+    # it is the one the CLI builds from the same history (outlook_calibration)
+    cal = d.last_observation.view.pools["llama"].calibration  # type: ignore[union-attr]
+    assert cal is not None and cal == outlook_calibration(prom.histories["llama"], now, config=d.config, pool=d.config.pools[0], nodes=4)
+    # 01:00-02:00: 1 replica; with 4 replicas of capacity the night margin comes out higher than
+    # with 8 (the 08:00 jump to 5 exceeds the pool, the window differs): in (2, 2.5] -> serving
+    # keeps ceil(m * 2 - 1) = 4 of 4 nodes, 0 lendable (it was 2 with the old fixed +20 % +0.5 headroom)
+    m1 = cal.margin_over(T0 + 8 * DAY + 3600.0, T0 + 8 * DAY + 7200.0)
+    assert m1 is not None and 2.0 < m1 <= 2.5
+    assert _gauge(m, "gpu_bridge_pool_demand_forecast_replicas", "1") == pytest.approx(1.0)
+    assert _gauge(m, "gpu_bridge_pool_lendable_nodes_forecast", "1") == 0
     assert _gauge(m, "gpu_bridge_pool_lendable_nodes_forecast", "11") == 0
     assert _gauge(m, "gpu_bridge_pool_demand_forecast_replicas", "11") == pytest.approx(5.0)
     for fail in (False, True):  # no history for the hours ahead; Prometheus failing

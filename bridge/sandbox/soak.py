@@ -216,8 +216,10 @@ class Soak:
 
     def cli(self, argv: list[str], timeout_s: float = 10.0) -> str:
         if argv[0] == "kubectl":
-            res = subprocess.run(argv, env={**self.h.sb.env, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
-                                 timeout=timeout_s, check=False)
+            # HOME in the soak's dir: kubectl keeps its discovery cache under $HOME/.kube
+            env = {**self.h.sb.env, "PATH": "/usr/bin:/bin", "HOME": str(self.h.dir)}
+            res = subprocess.run(argv, env=env, cwd=self.h.dir, capture_output=True, text=True, timeout=timeout_s,
+                                 check=False)
         else:
             res = self.h.sb.run_slurm(argv, timeout_s=timeout_s, check=False)
         if res.returncode != 0:

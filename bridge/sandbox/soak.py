@@ -120,7 +120,9 @@ class SoakJob:
     job_id: str
     units: int
     mode: str
+    submitted_at: float = 0.0
     states: list[str] = field(default_factory=list)
+    lost: str = ""  # lost by slurmctld (a SIGKILL before it saved the submission): the evidence
 
 
 @dataclass
@@ -136,6 +138,7 @@ class SoakResult:
     samples: int
     skipped_samples: int
     wall_s: float
+    lost_by_slurmctld: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -148,6 +151,7 @@ class SoakResult:
         return (f"soak seed={self.seed} duration={self.duration_s:.0f}s wall={self.wall_s:.0f}s flips={self.flips} "
                 f"faults={len(self.faults)} ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or 'none'}) "
                 f"jobs={self.jobs} completed={self.completed} requeues={self.requeues} "
+                f"lost_by_slurmctld_sigkill={len(self.lost_by_slurmctld)} "
                 f"samples={self.samples} (skipped {self.skipped_samples}) violations={len(self.violations)}")
 
 
@@ -159,6 +163,24 @@ def _parse_scontrol_nodes(text: str) -> dict[str, str]:
         if m and st:
             reason = re.search(r" Reason=(.*?)(?: \[|$)", line)
             out[m.group(1)] = st.group(1) + ("|" + reason.group(1) if reason else "")
+    return out
+
+
+_PURGED = re.compile(r"^\[(\S+)\] Purged files for defunct batch JobId=(\d+)")
+
+
+def purged_jobs(ctld_log: Path) -> dict[str, list[float]]:
+    """job id -> when slurmctld purged a batch job it had no record of (after a restart)."""
+    out: dict[str, list[float]] = {}
+    try:
+        text = ctld_log.read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        m = _PURGED.match(line)
+        if m:
+            t = time.mktime(time.strptime(m.group(1).split(".")[0], "%Y-%m-%dT%H:%M:%S"))
+            out.setdefault(m.group(2), []).append(t + float("0." + m.group(1).split(".")[1]) if "." in m.group(1) else t)
     return out
 
 
@@ -188,6 +210,8 @@ class Soak:
         self.second: DaemonProc | None = None
         self.daemon_ends: dict[str, float] = {}  # log path -> wall time it was SIGKILLed
         self.paused: set[str] = set()
+        self.ctld_kills: list[float] = []
+        self.lost: list[str] = []  # submissions slurmctld lost in a SIGKILL (see judge_lost_submissions)
         self.flips = 0
         self.samples = 0
         self.skipped = 0
@@ -259,12 +283,13 @@ class Soak:
             self.say(f"[{self.now():7.1f} s] sbatch failed (slurmctld down?): {res.stderr.strip()[:120]}")
             return
         job_id = res.stdout.strip().split(";")[0]
-        self.jobs[job_id] = SoakJob(tag, job_id, units, mode)
+        self.jobs[job_id] = SoakJob(tag, job_id, units, mode, submitted_at=time.time())
 
     def top_up(self) -> None:
         if not self.submitting or "slurmctld" not in self.h.sb.records:
             return
-        live = [j for j in self.jobs.values() if not (j.states and j.states[-1] in BAD_JOB_STATES | {"COMPLETED"})]
+        live = [j for j in self.jobs.values()
+                if not j.lost and not (j.states and j.states[-1] in BAD_JOB_STATES | {"COMPLETED"})]
         for _ in range(self.cfg.jobs_in_flight - len(live)):
             self.submit()
 
@@ -282,6 +307,7 @@ class Soak:
         elif kind == "slurmctld_kill" and "slurmctld" in h.sb.records:
             down = round(rng.uniform(2.0, 12.0), 1)
             h.sb.kill_process("slurmctld")
+            self.ctld_kills.append(time.time())
             self.fault(kind, f"SIGKILL slurmctld, restarted in {down} s")
             self.at(down, "restart slurmctld", lambda: h.sb.ensure_daemons())
         elif kind == "prometheus_pause" and "prometheus" not in self.paused:
@@ -358,7 +384,7 @@ class Soak:
             s1, h1 = self._slurm_nodes(), self._holds_running()
             pods = self._pods()
             s2, h2 = self._slurm_nodes(), self._holds_running()
-            jobs = self.cli(["squeue", "-h", "-t", "all", "-o", "%i|%T|%N"])
+            jobs = self.cli(["squeue", "-h", "-t", "all", "-o", "%i|%T|%N|%j"])
         except (RuntimeError, subprocess.TimeoutExpired, ValueError):
             self.skipped += 1  # a fault under way (slurmctld down, API slow): no judgement
             return
@@ -382,10 +408,14 @@ class Soak:
         if ready < self.cfg.min_serving:
             self.violation("min-serving", f"{ready} Ready serving pod(s) < min_serving {self.cfg.min_serving}")
         for line in jobs.splitlines():
-            job_id, _, rest = line.partition("|")
-            state, _, nodes = rest.partition("|")
+            job_id, state, nodes, name = (line.split("|", 3) + ["", "", ""])[:4]
             j = self.jobs.get(job_id)
-            if j is None:
+            if j is None or j.lost:
+                continue
+            if name != f"soak-{j.tag}":
+                # slurmctld reused the id: our submission was lost in a slurmctld SIGKILL
+                # (judged at the end from slurmctld's log; a job that ever ran is a violation)
+                j.lost = j.lost or f"id {job_id} now names {name!r} ({state})"
                 continue
             if not j.states or j.states[-1] != state:
                 j.states.append(state)
@@ -403,8 +433,39 @@ class Soak:
         f = self.h.job_dir / f"runs-{j.tag}"
         return f.read_text().splitlines() if f.exists() else []
 
+    def judge_lost_submissions(self) -> None:
+        """A submission slurmctld had not saved when it was SIGKILLed is gone after the restart
+        (its StateSaveLocation is written asynchronously; the id is handed out again). Slurm's
+        own log says so ("Purged files for defunct batch JobId=N" after the restart). Such a job
+        is reported as lost by the controller, not as a gpu-bridge violation, only if that
+        evidence is there and no run of it ever started (a job that ran and vanished would be
+        a violation)."""
+        purged = purged_jobs(self.h.sb.slurm.ctld_log())
+        for j in self.jobs.values():
+            when = [t for t in purged.get(j.job_id, []) if t >= j.submitted_at - 1.0]
+            seen_done = j.states and j.states[-1] == "COMPLETED"
+            if not when or seen_done:
+                if j.lost and not seen_done:
+                    self.violation("job-vanished", f"job {j.job_id} ({j.tag}): {j.lost}, but slurmctld's log shows "
+                                                   f"no purge of it after its submission; runs: {self._runs(j)}")
+                    j.lost = ""
+                continue
+            runs = [x for x in self._runs(j) if x.startswith("start ")]
+            kills = [k for k in self.ctld_kills if j.submitted_at - 1.0 <= k <= when[0]]
+            if runs or not kills:
+                self.violation("job-vanished", f"job {j.job_id} ({j.tag}) purged by slurmctld at "
+                                               f"{when[0] - self.t0:.1f} s after {len(runs)} run(s); SIGKILLs "
+                                               f"between submission and purge: {len(kills)}; runs: {runs}")
+                continue
+            j.lost = (f"submitted at {j.submitted_at - self.t0:.1f} s, slurmctld SIGKILLed at "
+                      f"{kills[0] - self.t0:.1f} s before saving it, purged on restart at {when[0] - self.t0:.1f} s")
+            self.lost.append(f"job {j.job_id} ({j.tag}): {j.lost}")
+            self.say(f"[{self.now():7.1f} s] lost by slurmctld (not gpu-bridge): {self.lost[-1]}")
+
     def check_jobs(self) -> None:
         for j in self.jobs.values():
+            if j.lost:
+                continue
             f = self.h.job_dir / f"units-{j.tag}"
             lines = f.read_text().splitlines() if f.exists() else []
             units = [line.split() for line in lines if line.startswith("unit ")]
@@ -535,6 +596,7 @@ class Soak:
             self.stop_checks.set()
             checker.join(10)
             self.check_once()  # a last sample, to see final states
+            self.judge_lost_submissions()
             self.check_jobs()
             self.h.load(HIGH)
             poll(self.h.all_serving, 120, 0.5)  # settle: reclaim everything (no job left)
@@ -551,7 +613,7 @@ class Soak:
             self.h.down()
         return SoakResult(cfg.seed, cfg.duration_s, self.faults, self.violations, len(self.jobs),
                           sum(1 for j in self.jobs.values() if j.states and j.states[-1] == "COMPLETED"), requeues,
-                          self.flips, self.samples, self.skipped, time.monotonic() - wall0)
+                          self.flips, self.samples, self.skipped, time.monotonic() - wall0, list(self.lost))
 
     def _keep_evidence(self) -> None:
         """Copy the daemons' logs, the jobs' files and the sandbox's logs out before tear-down."""

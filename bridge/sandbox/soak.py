@@ -23,9 +23,12 @@ and at the end:
 **Exactly once.** A job has N units of work. After a unit it appends ``unit <i> <job> <run>``
 to its units file in one ``write`` (its checkpoint: a run resumes at the number of units
 recorded). A unit a run was doing when it was preempted is redone by the next run, which is
-allowed; a unit recorded twice, out of order, or by another job, or a job recorded done other
-than once after its N units, is a violation. So "exactly once" means: each unit is committed
-once, and every run resumed exactly where the previous one committed.
+allowed; a unit recorded twice, out of order, by another job or after ``done`` is a violation.
+A job requeued after its work was done (a requeue racing its exit, or slurmctld recovering it
+as running after a SIGKILL lost its completion) runs again, finds N units and records
+``done`` again without working: allowed, and counted (``noop_reruns``). So "exactly once"
+means: each unit is committed once, and every run resumed exactly where the previous one
+committed.
 
 Research jobs behave in two ways, drawn per job: ``save`` (on the preemption signal, take a
 random 0 .. GraceTime + 3 s to save, then exit with ``SLURM_REQUEUE_EXIT``: some exit before
@@ -139,6 +142,7 @@ class SoakResult:
     skipped_samples: int
     wall_s: float
     lost_by_slurmctld: list[str] = field(default_factory=list)
+    noop_reruns: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -151,7 +155,7 @@ class SoakResult:
         return (f"soak seed={self.seed} duration={self.duration_s:.0f}s wall={self.wall_s:.0f}s flips={self.flips} "
                 f"faults={len(self.faults)} ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or 'none'}) "
                 f"jobs={self.jobs} completed={self.completed} requeues={self.requeues} "
-                f"lost_by_slurmctld_sigkill={len(self.lost_by_slurmctld)} "
+                f"lost_by_slurmctld_sigkill={len(self.lost_by_slurmctld)} noop_reruns={len(self.noop_reruns)} "
                 f"samples={self.samples} (skipped {self.skipped_samples}) violations={len(self.violations)}")
 
 
@@ -211,6 +215,7 @@ class Soak:
         self.daemon_ends: dict[str, float] = {}  # log path -> wall time it was SIGKILLed
         self.paused: set[str] = set()
         self.ctld_kills: list[float] = []
+        self.noop_reruns: list[str] = []  # requeued after its work was done: reran with nothing to do
         self.lost: list[str] = []  # submissions slurmctld lost in a SIGKILL (see judge_lost_submissions)
         self.flips = 0
         self.samples = 0
@@ -436,10 +441,10 @@ class Soak:
     def judge_lost_submissions(self) -> None:
         """A submission slurmctld had not saved when it was SIGKILLed is gone after the restart
         (its StateSaveLocation is written asynchronously; the id is handed out again). Slurm's
-        own log says so ("Purged files for defunct batch JobId=N" after the restart). Such a job
-        is reported as lost by the controller, not as a gpu-bridge violation, only if that
-        evidence is there and no run of it ever started (a job that ran and vanished would be
-        a violation)."""
+        own log says so ("Purged files for defunct batch JobId=N" after the restart; a run it
+        had started is then an orphan Slurm kills). Such a job is reported as lost by the
+        controller, not as a gpu-bridge violation, only with that evidence and a SIGKILL of
+        slurmctld between its submission and the purge; without them it is a violation."""
         purged = purged_jobs(self.h.sb.slurm.ctld_log())
         for j in self.jobs.values():
             when = [t for t in purged.get(j.job_id, []) if t >= j.submitted_at - 1.0]
@@ -452,13 +457,14 @@ class Soak:
                 continue
             runs = [x for x in self._runs(j) if x.startswith("start ")]
             kills = [k for k in self.ctld_kills if j.submitted_at - 1.0 <= k <= when[0]]
-            if runs or not kills:
+            if not kills:
                 self.violation("job-vanished", f"job {j.job_id} ({j.tag}) purged by slurmctld at "
-                                               f"{when[0] - self.t0:.1f} s after {len(runs)} run(s); SIGKILLs "
-                                               f"between submission and purge: {len(kills)}; runs: {runs}")
+                                               f"{when[0] - self.t0:.1f} s with no SIGKILL of slurmctld since its "
+                                               f"submission; runs: {runs}")
                 continue
             j.lost = (f"submitted at {j.submitted_at - self.t0:.1f} s, slurmctld SIGKILLed at "
-                      f"{kills[0] - self.t0:.1f} s before saving it, purged on restart at {when[0] - self.t0:.1f} s")
+                      f"{kills[0] - self.t0:.1f} s before saving it, purged on restart at {when[0] - self.t0:.1f} s "
+                      f"(runs started before: {len(runs)}; an orphaned run is killed by Slurm)")
             self.lost.append(f"job {j.job_id} ({j.tag}): {j.lost}")
             self.say(f"[{self.now():7.1f} s] lost by slurmctld (not gpu-bridge): {self.lost[-1]}")
 
@@ -476,8 +482,18 @@ class Soak:
                 problems.append(f"units committed {[u[1] for u in units]} != 0..{j.units - 1} once each in order")
             if any(u[2] != j.job_id for u in units):
                 problems.append("units committed by another job id")
-            if len(dones) != 1 or (lines and not lines[-1].startswith("done ")):
-                problems.append(f"{len(dones)} done line(s)")
+            first_done = next((k for k, line in enumerate(lines) if line.startswith("done ")), None)
+            if first_done is None:
+                problems.append("never recorded done")
+            elif any(line.startswith("unit ") for line in lines[first_done:]):
+                problems.append("work recorded after the job was done")
+            if len(dones) > 1:
+                # a run after the job was done: it must have found nothing left to do
+                first_done_run = min(int(d.split()[2]) for d in dones)
+                later = [x.split() for x in self._runs(j) if x.startswith("start ") and int(x.split()[2]) > first_done_run]
+                if any(int(r[3]) != j.units for r in later):
+                    problems.append(f"a run after done started below unit {j.units}")
+                self.noop_reruns.append(f"job {j.job_id} ({j.tag}): ran {len(dones)} times to done, work once")
             if not j.states or j.states[-1] != "COMPLETED":
                 problems.append(f"final state {j.states[-1] if j.states else 'never seen'} (states {j.states})")
             if problems:
@@ -613,7 +629,8 @@ class Soak:
             self.h.down()
         return SoakResult(cfg.seed, cfg.duration_s, self.faults, self.violations, len(self.jobs),
                           sum(1 for j in self.jobs.values() if j.states and j.states[-1] == "COMPLETED"), requeues,
-                          self.flips, self.samples, self.skipped, time.monotonic() - wall0, list(self.lost))
+                          self.flips, self.samples, self.skipped, time.monotonic() - wall0, list(self.lost),
+                          list(self.noop_reruns))
 
     def _keep_evidence(self) -> None:
         """Copy the daemons' logs, the jobs' files and the sandbox's logs out before tear-down."""

@@ -18,7 +18,8 @@ and at the end:
 5. after the faults stop, every node is serving or lent and its phase agrees with Slurm
    (serving: drained by gpu-bridge; lent: usable by Slurm);
 6. only the Lease holder wrote: every write a daemon logged lies within its own leadership
-   (from acquiring the Lease to losing, releasing or dying) and within no other daemon's.
+   (from acquiring the Lease to losing, releasing or dying), and no other daemon acquired the
+   Lease between that acquisition and the write.
 
 **Exactly once.** A job has N units of work. After a unit it appends ``unit <i> <job> <run>``
 to its units file in one ``write`` (its checkpoint: a run resumes at the number of units
@@ -521,7 +522,8 @@ class Soak:
                 self.violation("final-phases", f"{name}: phase {phase} after settling (Slurm {st})")
 
     def check_lease_writes(self) -> None:
-        """Every logged write lies within its daemon's own leadership and no other's."""
+        """Every logged write lies within its daemon's own leadership (Lease acquired .. lost,
+        released or SIGKILLed), and no other daemon acquired the Lease in between."""
         logs = sorted(self.h.dir.glob("daemon-*-soak*.log"))
         spans: dict[str, list[tuple[float, float]]] = {}
         for path in logs:
@@ -543,8 +545,13 @@ class Soak:
         for path in logs:
             for w in write_events(path):
                 t = event_time(w)
-                own = any(a - 0.5 <= t <= b + 0.5 for a, b in spans[path.name])
-                others = [o for o, sp in spans.items() if o != path.name and any(a + 0.5 < t < b - 0.5 for a, b in sp)]
+                mine = [(a, b) for a, b in spans[path.name] if a - 0.5 <= t <= b + 0.5]
+                own = bool(mine)
+                # someone else acquired the Lease after this daemon did and before this write:
+                # the writer had lost it (paused, partitioned) even if it did not know yet
+                since = max((a for a, _ in mine), default=float("-inf"))
+                others = [o for o, sp in spans.items()
+                          if o != path.name and any(since + 0.5 < a < t - 0.5 for a, _ in sp)]
                 if not own or others:
                     self.violation("lease-writes", f"{path.name} wrote {w.get('event')} {w.get('step', '')} on "
                                                    f"{w.get('node', w.get('pool', '?'))} at {t - self.t0:.1f} s "

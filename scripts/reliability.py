@@ -114,6 +114,8 @@ def soak(args: argparse.Namespace) -> int:
         say(r.summary())
         for v in r.violations:
             say(f"  {v}")
+        for twice in r.slurm_double_starts:
+            say(f"  started twice by slurmctld after its SIGKILL (Slurm's, not gpu-bridge's): {twice}")
         for lost in r.lost_by_slurmctld:
             say(f"  lost by slurmctld's SIGKILL before it saved the submission (Slurm's, not gpu-bridge's): {lost}")
     total = sum(r.duration_s for r in results)

@@ -144,6 +144,7 @@ class SoakResult:
     wall_s: float
     lost_by_slurmctld: list[str] = field(default_factory=list)
     noop_reruns: list[str] = field(default_factory=list)
+    slurm_double_starts: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -157,6 +158,7 @@ class SoakResult:
                 f"faults={len(self.faults)} ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items())) or 'none'}) "
                 f"jobs={self.jobs} completed={self.completed} requeues={self.requeues} "
                 f"lost_by_slurmctld_sigkill={len(self.lost_by_slurmctld)} noop_reruns={len(self.noop_reruns)} "
+                f"started_twice_by_slurmctld={len(self.slurm_double_starts)} "
                 f"samples={self.samples} (skipped {self.skipped_samples}) violations={len(self.violations)}")
 
 
@@ -216,6 +218,7 @@ class Soak:
         self.daemon_ends: dict[str, float] = {}  # log path -> wall time it was SIGKILLed
         self.paused: set[str] = set()
         self.ctld_kills: list[float] = []
+        self.slurm_double_starts: list[str] = []  # a run started twice by slurmctld after a SIGKILL
         self.noop_reruns: list[str] = []  # requeued after its work was done: reran with nothing to do
         self.lost: list[str] = []  # submissions slurmctld lost in a SIGKILL (see judge_lost_submissions)
         self.flips = 0
@@ -495,11 +498,36 @@ class Soak:
                 if any(int(r[3]) != j.units for r in later):
                     problems.append(f"a run after done started below unit {j.units}")
                 self.noop_reruns.append(f"job {j.job_id} ({j.tag}): ran {len(dones)} times to done, work once")
-            if not j.states or j.states[-1] != "COMPLETED":
+            final_ok = bool(j.states) and j.states[-1] == "COMPLETED"
+            if not final_ok:
                 problems.append(f"final state {j.states[-1] if j.states else 'never seen'} (states {j.states})")
-            if problems:
+            twice = self._started_twice_by_slurm(j)
+            if problems and final_ok and twice:
+                # gpu-bridge's requeues raise the restart count; two runs with the same count
+                # around a slurmctld SIGKILL are Slurm starting a job whose start it had not saved
+                self.slurm_double_starts.append(f"job {j.job_id} ({j.tag}): {twice}; {'; '.join(problems)}")
+                self.say(f"[{self.now():7.1f} s] started twice by slurmctld (not gpu-bridge): "
+                         f"{self.slurm_double_starts[-1]}")
+            elif problems:
                 self.violation("job-work", f"job {j.job_id} ({j.tag}, {j.mode}, {j.units} units): "
                                            f"{'; '.join(problems)}; runs: {self._runs(j)}")
+
+    def _started_twice_by_slurm(self, j: SoakJob) -> str:
+        """Evidence that Slurm ran the same run of a job twice: two starts with the same
+        SLURM_RESTART_COUNT with a SIGKILL of slurmctld between them ("" if not so)."""
+        starts: dict[str, list[float]] = {}
+        for x in self._runs(j):
+            f = x.split()
+            if f[0] == "start" and len(f) >= 5:
+                starts.setdefault(f[2], []).append(float(f[4]))
+        for run, times in sorted(starts.items()):
+            if len(times) > 1:
+                first, second = sorted(times)[:2]
+                kills = [k for k in self.ctld_kills if first <= k <= second]
+                if kills:
+                    return (f"run {run} started at {first - self.t0:.1f} s and again at {second - self.t0:.1f} s "
+                            f"after a slurmctld SIGKILL at {kills[0] - self.t0:.1f} s lost its start")
+        return ""
 
     def check_phases(self) -> None:
         try:
@@ -637,7 +665,7 @@ class Soak:
         return SoakResult(cfg.seed, cfg.duration_s, self.faults, self.violations, len(self.jobs),
                           sum(1 for j in self.jobs.values() if j.states and j.states[-1] == "COMPLETED"), requeues,
                           self.flips, self.samples, self.skipped, time.monotonic() - wall0, list(self.lost),
-                          list(self.noop_reruns))
+                          list(self.noop_reruns), list(self.slurm_double_starts))
 
     def _keep_evidence(self) -> None:
         """Copy the daemons' logs, the jobs' files and the sandbox's logs out before tear-down."""

@@ -19,7 +19,7 @@ class _H:
 def _soak(d: Path) -> S.Soak:
     so = S.Soak.__new__(S.Soak)
     so.h = _H(d)  # type: ignore[assignment]
-    so.violations, so.noop_reruns, so.lost, so.ctld_kills = [], [], [], []
+    so.violations, so.noop_reruns, so.lost, so.ctld_kills, so.slurm_double_starts = [], [], [], [], []
     so.lock = threading.Lock()
     so.say = lambda _s: None
     so.t0 = 0.0
@@ -98,3 +98,20 @@ def test_purged_jobs_reads_slurmctlds_log(tmp_path: Path) -> None:
                    "[2026-12-03T10:15:03.560] _slurm_rpc_submit_batch_job: JobId=80 InitPrio=1 usec=826\n")
     got = S.purged_jobs(log)
     assert list(got) == ["80"] and len(got["80"]) == 1
+
+
+def test_a_run_started_twice_around_a_slurmctld_sigkill_is_slurms(tmp_path: Path) -> None:
+    # seed 201: job 45 started on node 03, slurmctld SIGKILLed before saving that, restarted
+    # it on node 01 with the same restart count while the first still ran: unit 6 twice
+    units = ["unit 0 7 0", "unit 1 7 0", "unit 2 7 0", "done 7 0", "unit 2 7 0", "done 7 0"]
+    runs = ["start 7 0 0 100.0", "start 7 0 2 117.0"]
+    so = _soak(tmp_path)
+    _job(so, tmp_path, units, runs)
+    so.ctld_kills = [110.0]
+    so.check_jobs()
+    assert so.violations == [] and "again at 117.0 s after a slurmctld SIGKILL at 110.0 s" in so.slurm_double_starts[0]
+    so = _soak(tmp_path)  # the same without a SIGKILL between the starts: a violation
+    _job(so, tmp_path, units, runs)
+    so.ctld_kills = [90.0]
+    so.check_jobs()
+    assert [v.kind for v in so.violations] == ["job-work"] and so.slurm_double_starts == []

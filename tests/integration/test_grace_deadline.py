@@ -57,8 +57,8 @@ for try in $(seq 50); do  # a busy slurmctld may time out: ask again
 done
 echo "signal $(date +%s.%N) endtime $end_s" >> "$out"
 now=$(date +%s.%N)
-delay=$(echo "$end_s + $offset - $now" | bc -l)
-if [ "$(echo "$delay > 0" | bc -l)" = 1 ]; then sleep "$delay"; fi
+delay=$(awk -v e="$end_s" -v o="$offset" -v n="$now" 'BEGIN { d = e + o - n; printf "%.3f", (d > 0 ? d : 0) }')
+sleep "$delay"
 echo "exit $(date +%s.%N)" >> "$out"
 if [ "$mode" = finish ]; then
     echo "work-2" >> "$out"; echo "done" >> "$out"; exit 0

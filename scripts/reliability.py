@@ -96,17 +96,23 @@ def two() -> tuple[rel.TwoInstanceResult, bool]:
     return r, ok
 
 
-def soak(args: argparse.Namespace) -> int:
-    from bridge.sandbox.soak import Soak, SoakConfig
-
+def soak_args_problem(args: argparse.Namespace) -> str:
+    """What is wrong with the soak's arguments ("" if nothing), before anything starts."""
     try:
         seeds = [int(x) for x in str(args.seed).split(",") if x.strip()]
     except ValueError:
-        say(f"--seed: expected an integer or a comma list of integers, got {args.seed!r}")
-        return 2
+        return f"--seed: expected an integer or a comma list of integers, got {args.seed!r}"
+    if not seeds:
+        return f"--seed: expected an integer or a comma list of integers, got {args.seed!r}"
     if args.duration <= 0:
-        say(f"--duration: must be > 0 seconds, got {args.duration:g}")
-        return 2
+        return f"--duration: must be > 0 seconds, got {args.duration:g}"
+    return ""
+
+
+def soak(args: argparse.Namespace) -> int:
+    from bridge.sandbox.soak import Soak, SoakConfig
+
+    seeds = [int(x) for x in str(args.seed).split(",") if x.strip()]
     results = []
     for seed in seeds:
         r = Soak(SoakConfig(seed=seed, duration_s=args.duration), log=say, keep_dir=Path(args.keep)).run()
@@ -138,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=120.0, help="soak: seconds of faults per seed")
     ap.add_argument("--keep", default="/tmp/gpu-bridge-soak", help="soak: where a failed run's logs are copied")
     args = ap.parse_args(argv)
+    if args.soak:
+        problem = soak_args_problem(args)
+        if problem:
+            say(problem)
+            return 2
     logs.configure(json=True, level="error")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-ups (sandbox down)
     if args.soak:

@@ -115,3 +115,22 @@ def test_a_run_started_twice_around_a_slurmctld_sigkill_is_slurms(tmp_path: Path
     so.ctld_kills = [90.0]
     so.check_jobs()
     assert [v.kind for v in so.violations] == ["job-work"] and so.slurm_double_starts == []
+
+
+def _reliability_script():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "reliability.py"
+    spec = importlib.util.spec_from_file_location("reliability_script", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_soak_arguments_are_checked_before_anything_starts(capsys) -> None:  # type: ignore[no-untyped-def]
+    mod = _reliability_script()
+    assert mod.main(["--soak", "--seed", "7,x"]) == 2
+    assert "--seed: expected an integer or a comma list of integers, got '7,x'" in capsys.readouterr().out
+    assert mod.main(["--soak", "--seed", "7", "--duration", "0"]) == 2
+    assert "--duration: must be > 0 seconds, got 0" in capsys.readouterr().out

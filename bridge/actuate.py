@@ -70,6 +70,7 @@ EVENT_REASONS: Mapping[Step | Phase, str] = {
     Step.EVICT_POD: "GpuBridgeEvicting",
     Step.ABORT_LEND: "GpuBridgeLendAborted",
     Step.BLOCKED: "GpuBridgeBlocked",
+    Step.REQUEUE_JOBS: "GpuBridgeRequeued",
 }
 
 _MARKS: Mapping[Step, Phase] = {
@@ -176,9 +177,11 @@ class Actuator:
         elif step is Step.CANCEL_HOLD:
             changed = bool(self.slurm.cancel_hold(node))
         elif step is Step.REQUEUE_JOBS:
-            for job in facts.research_jobs:
-                changed |= self.slurm.requeue(job)
-            detail = f"GraceTime over, requeued {', '.join(facts.research_jobs)}"
+            requeued = [job for job in facts.research_jobs if self.slurm.requeue(job)]
+            changed = bool(requeued)
+            detail = _requeue_detail(requeued, [j for j in facts.research_jobs if j not in requeued])
+            if changed:
+                self._event(node, EVENT_REASONS[Step.REQUEUE_JOBS], detail)
         elif step is Step.RESUME:
             changed = self.slurm.resume(node)
         elif step is Step.BLOCKED:
@@ -229,6 +232,16 @@ def _mark_reason(step: Step, facts: NodeFacts) -> str:
     if step is Step.MARK_RETURNING:
         return "research jobs requeued and node drained in Slurm; returning to serving"
     return "serving replica Ready"
+
+
+def _requeue_detail(requeued: list[str], not_running: list[str]) -> str:
+    """What the requeue step did, and only that."""
+    parts = []
+    if requeued:
+        parts.append(f"requeued {', '.join(requeued)}")
+    if not_running:
+        parts.append(f"{', '.join(not_running)} no longer running (ended or requeued by Slurm): nothing to requeue")
+    return "GraceTime over: " + "; ".join(parts)
 
 
 def _blocked_reason(facts: NodeFacts) -> str:

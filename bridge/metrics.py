@@ -31,6 +31,9 @@ from bridge.policy.victims import saves_within_grace
 RECLAIM_BUCKETS_S: tuple[float, ...] = (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1200, 1800)
 # One tick observes, plans and starts actions; it should take well under a second.
 TICK_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# How long a job had been running (since its current run started) when a reclaim preempted it:
+# the first buckets count jobs preempted within minutes of (re)starting.
+RUNTIME_BUCKETS_S: tuple[float, ...] = (30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 48 * 3600)
 API_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 RECLAIM_PHASES: tuple[str, ...] = ("detection", "slurm_release", "kubernetes_ready")
@@ -137,6 +140,12 @@ class BridgeMetrics:
         )
         self.preempted_jobs = Counter(
             "gpu_bridge_preempted_jobs", "Slurm jobs preempted (requeued) by reclaims.", ["pool"], registry=r,
+        )
+        self.preempted_runtime = Histogram(
+            "gpu_bridge_preempted_job_runtime_seconds",
+            "How long a job preempted by a reclaim had been running since its current run started; "
+            "rerun=yes: it had been requeued before.",
+            ["pool", "rerun"], buckets=RUNTIME_BUCKETS_S, registry=r,
         )
         self.lost_gpu_hours = Counter(
             "gpu_bridge_lost_gpu_hours",
@@ -271,6 +280,9 @@ class BridgeMetrics:
         since its last published checkpoint, or since its start when it published none;
         nothing if it checkpoints on the preemption signal within ``grace_s``."""
         self.preempted_jobs.labels(pool=pool).inc()
+        if job.start_time is not None and now >= job.start_time:
+            rerun = "yes" if job.restart_count > 0 else "no"
+            self.preempted_runtime.labels(pool=pool, rerun=rerun).observe(now - job.start_time)
         lost = 0.0
         saves = saves_within_grace(job, grace_s)
         since = job.checkpoint_time if job.checkpoint_time is not None else job.start_time

@@ -39,6 +39,15 @@ SLURM_HOLD_JOB_PREFIX = "gpu-bridge-hold:"  # job name of a placeholder holding 
 SLURM_CHECKPOINT_COMMENT = "gpu-bridge:checkpoint="  # jobs publish their last checkpoint time
 # jobs that checkpoint on the preemption signal publish how long that takes (seconds)
 SLURM_SIGNAL_SAVE_COMMENT = "gpu-bridge:save-on-signal="
+# Exit code of a job that saved its work on the preemption signal and wants to run again:
+# slurm.conf's RequeueExit makes slurmctld requeue it, whenever it exits (before, at or after
+# the end of GraceTime, with or without gpu-bridge running). 75 is EX_TEMPFAIL (sysexits.h):
+# "temporary failure, try again". Exported to jobs as GPU_BRIDGE_REQUEUE_EXIT.
+SLURM_REQUEUE_EXIT = 75
+# OverTimeLimit (minutes) of the preemptible partition: a job that finishes its work and exits
+# 0 after its preemption end time (EndTime = PreemptTime + GraceTime), before Slurm's periodic
+# time-limit sweep (30 s on 22.05) has requeued it, ends COMPLETED instead of TIMEOUT.
+SLURM_PREEMPT_OVER_TIME_LIMIT_MIN = 2
 
 # --- Leader election -----------------------------------------------------------------------
 LEASE_NAME = "gpu-bridge"

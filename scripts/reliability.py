@@ -13,6 +13,13 @@
    within the lease duration and finishes the half-done transition;
 4. scripts/bench_scale.py (another engineer's) if it exists, last.
 Exit status 1 if any invariant did not hold.
+
+Soak mode (lab/gpu_bridge_lab/sandbox/soak.py): random load flips and faults from a seed, research jobs in
+flight, invariants checked every second through the real CLIs; prints the seed, every fault
+and every violation with its evidence; exit status 1 on any violation:
+
+    .venv/bin/python scripts/reliability.py --soak --seed 7 --duration 120
+    .venv/bin/python scripts/reliability.py --soak --seed 1,2,3,4,5,6 --duration 1200   # 2 h
 """
 
 from __future__ import annotations
@@ -89,14 +96,63 @@ def two() -> tuple[rel.TwoInstanceResult, bool]:
     return r, ok
 
 
+def soak_args_problem(args: argparse.Namespace) -> str:
+    """What is wrong with the soak's arguments ("" if nothing), before anything starts."""
+    try:
+        seeds = [int(x) for x in str(args.seed).split(",") if x.strip()]
+    except ValueError:
+        return f"--seed: expected an integer or a comma list of integers, got {args.seed!r}"
+    if not seeds:
+        return f"--seed: expected an integer or a comma list of integers, got {args.seed!r}"
+    if args.duration <= 0:
+        return f"--duration: must be > 0 seconds, got {args.duration:g}"
+    return ""
+
+
+def soak(args: argparse.Namespace) -> int:
+    from gpu_bridge_lab.sandbox.soak import Soak, SoakConfig
+
+    seeds = [int(x) for x in str(args.seed).split(",") if x.strip()]
+    results = []
+    for seed in seeds:
+        r = Soak(SoakConfig(seed=seed, duration_s=args.duration), log=say, keep_dir=Path(args.keep)).run()
+        results.append(r)
+        say(r.summary())
+        for v in r.violations:
+            say(f"  {v}")
+        for twice in r.slurm_double_starts:
+            say(f"  started twice by slurmctld after its SIGKILL (Slurm's, not gpu-bridge's): {twice}")
+        for lost in r.lost_by_slurmctld:
+            say(f"  lost by slurmctld's SIGKILL before it saved the submission (Slurm's, not gpu-bridge's): {lost}")
+    total = sum(r.duration_s for r in results)
+    bad = sum(len(r.violations) for r in results)
+    say(f"soak total: {len(results)} seed(s) {','.join(str(r.seed) for r in results)}, {total / 60:.1f} min of faults, "
+        f"{sum(len(r.faults) for r in results)} faults, {sum(r.jobs for r in results)} jobs "
+        f"({sum(r.completed for r in results)} completed, {sum(r.requeues for r in results)} requeues, "
+        f"{sum(len(r.lost_by_slurmctld) for r in results)} lost by slurmctld SIGKILLs), "
+        f"violations: {bad}")
+    return 0 if bad == 0 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="crash,outages,two,scale", help="comma list of crash,outages,two,scale")
     ap.add_argument("--points", default="", help="crash: only these injection points (comma list)")
     ap.add_argument("--faults", default="", help="outages: only these (prometheus,stale,kube-500,...,slurmctld,slurmd,pdb,notready)")
+    ap.add_argument("--soak", action="store_true", help="the randomized soak instead of the tables")
+    ap.add_argument("--seed", default="1", help="soak: seed, or a comma list of seeds run one after another")
+    ap.add_argument("--duration", type=float, default=120.0, help="soak: seconds of faults per seed")
+    ap.add_argument("--keep", default="/tmp/gpu-bridge-soak", help="soak: where a failed run's logs are copied")
     args = ap.parse_args(argv)
+    if args.soak:
+        problem = soak_args_problem(args)
+        if problem:
+            say(problem)
+            return 2
     logs.configure(json=True, level="error")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-ups (sandbox down)
+    if args.soak:
+        return soak(args)
     parts = set(args.only.split(","))
     t_start = time.monotonic()
     ok = True

@@ -13,7 +13,9 @@ What it enforces, for the nodes gpu-bridge lends to Slurm:
     enforces it too; this gives the clear message). A researcher cannot fake a hold job,
     because gpu-bridge reads its holds by name.
   * Research jobs get the environment variable GPU_BRIDGE_GRACE_S (the preemptible
-    partition's GraceTime), so a job script knows how long it has to checkpoint.
+    partition's GraceTime), so a job script knows how long it has to checkpoint, and
+    GPU_BRIDGE_REQUEUE_EXIT (slurm.conf's RequeueExit), the code to exit with after saving
+    on the signal so that Slurm requeues the job whenever it exits.
 
 The default pre-preemption signal (--signal=B:URG@<grace>) cannot be set here: Slurm's
 job_submit/lua does not expose the job's warn_signal/warn_time fields (22.05 to 25.x).
@@ -28,6 +30,8 @@ local HOLD_JOB_PREFIX = "gpu-bridge-hold:" -- bridge.wellknown.SLURM_HOLD_JOB_PR
 local BRIDGE_USERS = { ["gpu-bridge"] = true }
 -- GraceTime of the preemptible partition, seconds; exported to jobs as GPU_BRIDGE_GRACE_S.
 local GRACE_S = 120
+-- slurm.conf's RequeueExit; exported to jobs as GPU_BRIDGE_REQUEUE_EXIT.
+local REQUEUE_EXIT = 75                    -- bridge.wellknown.SLURM_REQUEUE_EXIT
 -- ----------------------------------------------------------------------------------------
 
 local NO_VAL16 = 65534
@@ -102,6 +106,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       job_desc.requeue = 1
       if job_desc.script ~= nil then -- batch jobs only: srun/salloc carry no environment here
          job_desc.environment.GPU_BRIDGE_GRACE_S = tostring(GRACE_S)
+         job_desc.environment.GPU_BRIDGE_REQUEUE_EXIT = tostring(REQUEUE_EXIT)
       end
    end
    return slurm.SUCCESS

@@ -141,6 +141,8 @@ class Metrics:
     reclaims: int
     slo_violation_minutes: int
     trace_minutes: int
+    early_preemptions: int = 0  # preempted within research.EARLY_PREEMPTION_S of (re)starting
+    early_lost_gpu_hours: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -153,6 +155,8 @@ class Metrics:
             "reclaims": self.reclaims,
             "slo_violation_minutes": self.slo_violation_minutes,
             "trace_minutes": self.trace_minutes,
+            "early_preemptions": self.early_preemptions,
+            "early_lost_gpu_hours": round(self.early_lost_gpu_hours, 3),
         }
 
 
@@ -452,6 +456,8 @@ class Engine:
             reclaims=self.reclaims,
             slo_violation_minutes=int(viol.size),
             trace_minutes=s.workload.minutes if s.workload.usable is None else int(s.workload.usable.sum()),
+            early_preemptions=acct.early_preemptions,
+            early_lost_gpu_hours=acct.early_lost_gpu_s / 3600.0,
         )
         return Result(
             metrics=m,

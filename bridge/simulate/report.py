@@ -22,6 +22,8 @@ KEYS: tuple[str, ...] = (
     "reclaims",
     "slo_violation_minutes",
     "trace_minutes",
+    "early_preemptions",
+    "early_lost_gpu_hours",
 )
 
 
@@ -36,7 +38,7 @@ def to_json(results: Sequence[Result]) -> str:
 
 def table(results: Sequence[Result], *, wall: bool = True) -> str:
     """A fixed-width text table, one row per run (plus the wall time of each run)."""
-    head = ["policy", "lent GPU-h", "useful GPU-h", "lost GPU-h", "preempt", "lends", "reclaims", "SLO-viol min", "of min", "viol %"]
+    head = ["policy", "lent GPU-h", "useful GPU-h", "lost GPU-h", "preempt", "early", "lends", "reclaims", "SLO-viol min", "of min", "viol %"]
     if wall:
         head.append("wall s")
     rows = [head]
@@ -48,6 +50,7 @@ def table(results: Sequence[Result], *, wall: bool = True) -> str:
             f"{m.useful_gpu_hours:.1f}",
             f"{m.lost_gpu_hours:.1f}",
             str(m.preemptions),
+            str(m.early_preemptions),
             str(m.lends),
             str(m.reclaims),
             str(m.slo_violation_minutes),

@@ -155,11 +155,19 @@ class Job:
         return self.run_start + k * ck if k >= 1 else None
 
 
+# A preemption this soon after the job's (re)start counts as "early" (issue 16: a requeued job
+# restarted on another lent node and was preempted again 20 s later). Five minutes: a reporting
+# threshold, the daemon's gpu_bridge_preempted_job_runtime_seconds has the whole distribution.
+EARLY_PREEMPTION_S = 300.0
+
+
 @dataclass(slots=True)
 class Accounts:
     useful_gpu_s: float = 0.0
     lost_gpu_s: float = 0.0
     preemptions: int = 0
+    early_preemptions: int = 0  # preempted within EARLY_PREEMPTION_S of the run's start
+    early_lost_gpu_s: float = 0.0  # the work those lost
     completed: int = 0
     started: int = 0
 
@@ -288,6 +296,9 @@ class Research:
         self.acct.useful_gpu_s += (kept_to - j.run_start) * j.gpus
         self.acct.lost_gpu_s += (now - kept_to) * j.gpus
         self.acct.preemptions += 1
+        if now - j.run_start < EARLY_PREEMPTION_S:
+            self.acct.early_preemptions += 1
+            self.acct.early_lost_gpu_s += (now - kept_to) * j.gpus
         j.done_s = min(j.work_s, j.done_s + (kept_to - j.run_start))
         j.state = "completing"
         j.free_at = now + grace_s

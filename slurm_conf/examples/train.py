@@ -5,6 +5,10 @@ What a real job should copy from it:
   * checkpoint periodically, and at once on SIGUSR1 (the pre-preemption signal gpu-bridge's
     Slurm setup sends at the start of GraceTime) and on SIGTERM (end of GraceTime; SIGKILL
     follows KillWait seconds later);
+  * after saving on the signal, exit with GPU_BRIDGE_REQUEUE_EXIT (75, slurm.conf's
+    RequeueExit): Slurm then requeues the job whenever it exits, before or after the end of
+    its GraceTime (exit 0 would end it COMPLETED with its work unfinished, any other code
+    FAILED), and the node is free for serving at once;
   * write checkpoints atomically (temp file + rename), so a kill mid-write leaves the old one;
   * publish the checkpoint time in the job's comment, `gpu-bridge:checkpoint=<unix time>`,
     and how long a checkpoint on the signal takes, `gpu-bridge:save-on-signal=<seconds>`:
@@ -29,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+REQUEUE_EXIT = int(os.environ.get("GPU_BRIDGE_REQUEUE_EXIT", "75"))  # bridge.wellknown.SLURM_REQUEUE_EXIT
 COMMENT_PREFIX = "gpu-bridge:checkpoint="  # bridge.wellknown.SLURM_CHECKPOINT_COMMENT
 SAVE_PREFIX = "gpu-bridge:save-on-signal="  # bridge.wellknown.SLURM_SIGNAL_SAVE_COMMENT
 MASK = (1 << 64) - 1
@@ -98,9 +103,8 @@ def main() -> int:
             t = save(ckpt, step, state)
             publish(job_id, t, step_s + (time.monotonic() - t0) + 1.0)
             log(f"checkpoint at step {step} on SIG{why}")
-            if why == "TERM":
-                log("exiting; Slurm requeues the job and it resumes from this checkpoint")
-                return 143
+            log(f"exiting {REQUEUE_EXIT}: Slurm requeues the job and it resumes from this checkpoint")
+            return REQUEUE_EXIT
         time.sleep(step_s)
         state = step_fn(state, step)
         step += 1

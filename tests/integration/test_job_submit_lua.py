@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from bridge import wellknown as wk
+
 try:
     from slurm_mini import MiniSlurm, have_slurm
 except ImportError:  # tests/integration became a package
@@ -166,7 +168,7 @@ def test_default_signal_on_preemption(cluster: MiniSlurm) -> None:
     cluster.run(["scancel", "-u", "root"])
     loop = "for i in $(seq 240); do sleep 0.25; done"
     aware_out, plain_out = cluster.work / "aware.out", cluster.work / "plain.out"
-    aware_script = f'echo "grace=$GPU_BRIDGE_GRACE_S"; trap \'echo "URG $(date +%s)"\' URG; {loop}'
+    aware_script = f'echo "grace=$GPU_BRIDGE_GRACE_S requeue_exit=$GPU_BRIDGE_REQUEUE_EXIT"; trap \'echo "URG $(date +%s)"\' URG; {loop}'
     jobs = []
     for out, script in ((aware_out, aware_script), (plain_out, f"echo start; {loop}")):
         r = cluster.run(["sbatch", "--parsable", "-p", "preempt", "-n1", "-o", str(out), "--wrap", script])
@@ -183,6 +185,7 @@ def test_default_signal_on_preemption(cluster: MiniSlurm) -> None:
     _wait(lambda: "URG" in aware_out.read_text(), 10)
     text = aware_out.read_text()
     assert "grace=%d" % GRACE_S in text
+    assert "requeue_exit=%d" % wk.SLURM_REQUEUE_EXIT in text
     got = int(re.search(r"URG (\d+)", text).group(1))  # type: ignore[union-attr]
     assert got - t0 < GRACE_S  # at the start of GraceTime, not at its end
     time.sleep(1.0)

@@ -3,9 +3,8 @@ job_submit.lua and cli_filter.lua installed.
 
 Two identical jobs run side by side; one is preempted mid-run by a hold job in the
 `gpu-bridge` partition pinned to its node (exactly how gpu-bridge reclaims a node), and
-requeued once its GraceTime has passed (slurmctld itself would do so only at its next 30 s
-time-limit sweep). Checked:
-the preempted job got SIGUSR1 and checkpointed, was requeued (Restarts=1), resumed from its
+requeued by Slurm itself as soon as it exits after saving (RequeueExit). Checked:
+the preempted job got SIGUSR1 and checkpointed, was requeued (Restarts=1) within its grace, resumed from its
 checkpoint (not from step 0), published `Comment=gpu-bridge:checkpoint=<t>`, and finished with
 the same result as the uninterrupted job and as the workload computed in-process.
 """
@@ -143,11 +142,10 @@ def test_preempted_job_resumes_from_checkpoint_with_same_result(cluster: Cluster
     t_hold = time.time()
     hold = r.stdout.strip()
     wait_for(lambda: "on SIGUSR1" in log_b.read_text(), 10, "the pre-preemption signal checkpoint")
-    # slurmctld ends GraceTime only on its 30 s time-limit sweep; like gpu-bridge, requeue the
-    # victim ourselves once its grace has passed (SIGTERM -> checkpoint -> requeue).
-    time.sleep(max(0.0, t_hold + GRACE_S - time.time()))
-    if cluster.job(victim).get("Restarts") == "0":
-        cluster.run(["scontrol", "requeue", victim])
+    # It saved and exited with GPU_BRIDGE_REQUEUE_EXIT: Slurm requeued it by itself (RequeueExit),
+    # before its GraceTime was over, with no one running `scontrol requeue`.
+    wait_for(lambda: cluster.job(victim).get("Restarts") == "1", GRACE_S, "Slurm to requeue the victim (RequeueExit)")
+    assert time.time() - t_hold < GRACE_S
     wait_for(lambda: cluster.job(hold).get("JobState") in ("RUNNING", "COMPLETED"), 30, "the hold job to run")
 
     def done(job_id: str) -> bool:

@@ -23,6 +23,8 @@ KEYS = {
     "useful_gpu_hours",
     "lost_gpu_hours",
     "preemptions",
+    "early_preemptions",
+    "early_lost_gpu_hours",
     "lends",
     "reclaims",
     "slo_violation_minutes",

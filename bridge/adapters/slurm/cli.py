@@ -87,6 +87,11 @@ def drain_reason(reason: str) -> str:
     return full[:MAX_REASON]
 
 
+def _state_text(n: SlurmNode) -> str:
+    """A node's state as scontrol prints it (IDLE+DRAIN), for messages."""
+    return "+".join([n.state.upper(), *sorted(n.flags)])
+
+
 def hold_job_name(node: str) -> str:
     return wellknown.SLURM_HOLD_JOB_PREFIX + validate_node_name(node)
 
@@ -222,7 +227,24 @@ class CliSlurm:
         if not cur.reason_ours:
             raise NotOursError("slurm", f"resume {node}: drained by someone else ({cur.reason[:80]!r}, "
                                         f"by {cur.reason_user or 'unknown'}): refusing")
-        self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        if cur.state == "unknown":
+            # Right after a slurmctld restart, until the node's slurmd registers again: Slurm
+            # refuses RESUME ("Invalid node state specified"). Retried next tick.
+            _log().warning("slurm_resume_deferred", node=node, state=_state_text(cur),
+                           detail="node not registered since a slurmctld restart")
+            raise AdapterError("slurm", f"resume {node}: node is {_state_text(cur)} (its slurmd has not registered "
+                                        "since a slurmctld restart): retrying")
+        try:
+            self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        except AdapterError as exc:
+            # Slurm may refuse and still have lifted the drain (22.05 after a controller
+            # restart): what counts is the node as it is now.
+            after = self.node_now(node)
+            if not after.drained:
+                _log().warning("slurm_resume_refused_but_done", node=node, state=_state_text(after), error=str(exc))
+                return True
+            _log().warning("slurm_resume_refused", node=node, state=_state_text(after), error=str(exc))
+            raise
         _log().info("slurm_resumed", node=node)
         return True
 

@@ -23,6 +23,7 @@ import os
 import shlex
 import shutil
 import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -430,6 +431,24 @@ class Sandbox:
         self._reap(name)
         del self.records[name]
         self._save_state("running")
+
+    def kill_process(self, name: str) -> None:
+        """SIGKILL one daemon by name, as a crash would (no clean shutdown), and forget it;
+        ``ensure_daemons`` starts it again."""
+        rec = self.records.get(name)
+        if rec is None:
+            raise SandboxError(f"no sandbox process named {name!r} ({', '.join(self.records)})")
+        procs._signal(rec.pid, signal.SIGKILL)
+        self._reap(name)
+        del self.records[name]
+        self._save_state("running")
+
+    def signal_process(self, name: str, sig: int) -> None:
+        """Send a signal to one daemon by name (SIGSTOP/SIGCONT: pause and resume it)."""
+        rec = self.records.get(name)
+        if rec is None:
+            raise SandboxError(f"no sandbox process named {name!r} ({', '.join(self.records)})")
+        procs._signal(rec.pid, sig)
 
     def _reap(self, name: str) -> None:
         p = self._popens.pop(name, None)

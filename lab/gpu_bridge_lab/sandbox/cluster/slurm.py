@@ -162,6 +162,8 @@ def render_slurm_conf(lay: SlurmLayout) -> str:
         "PreemptMode=REQUEUE",
         "JobRequeue=1",
         "SlurmctldParameters=preempt_send_user_signal",
+        # A job that saved on the signal exits with this code: Slurm requeues it at any time.
+        f"RequeueExit={wellknown.SLURM_REQUEUE_EXIT}",
         "SlurmdParameters=config_overrides",
     ]
     if lay.job_submit_lua:
@@ -173,7 +175,8 @@ def render_slurm_conf(lay: SlurmLayout) -> str:
         )
     lines += [
         f"PartitionName={wellknown.SLURM_PREEMPT_PARTITION} Nodes={all_nodes} Default=YES PriorityTier=1 "
-        f"PreemptMode=REQUEUE GraceTime={lay.grace_s} MaxTime=INFINITE State=UP",
+        f"PreemptMode=REQUEUE GraceTime={lay.grace_s} OverTimeLimit={wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN} "
+        "MaxTime=INFINITE State=UP",
         f"PartitionName={wellknown.SLURM_HOLD_PARTITION} Nodes={all_nodes} PriorityTier=100 PreemptMode=OFF "
         f"OverSubscribe=EXCLUSIVE AllowGroups={lay.hold_group} MaxTime=INFINITE State=UP",
     ]

@@ -54,34 +54,28 @@ build_kubernetes() {
     built_any=1
 }
 
-build_etcd() {
-    local out=$ETCD_BIN_DIR v=$ETCD_VERSION
-    if [ -x "$out/etcd" ]; then say "etcd v$v: cached in $out"; return 0; fi
-    local t0=$SECONDS dir=$work/etcd-v$v
-    say "building etcd v$v in $dir"
+# One Go binary from one module: build_go_binary NAME VERSION OUT_DIR MODULE PACKAGE
+build_go_binary() {
+    local name=$1 v=$2 out=$3 module=$4 pkg=$5
+    if [ -x "$out/$name" ]; then say "$name v$v: cached in $out"; return 0; fi
+    local t0=$SECONDS dir=$work/$name-v$v
+    say "building $name v$v in $dir"
     rm -rf "$dir"; mkdir -p "$dir" "$out.tmp"
     cd "$dir"
-    go mod init local/etcdbin >/dev/null 2>&1
-    go get "go.etcd.io/etcd/server/v3@v$v"
-    "${nice_cmd[@]}" go build -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3
+    go mod init "local/${name}bin" >/dev/null 2>&1
+    go get "$module@v$v"
+    "${nice_cmd[@]}" go build -trimpath -ldflags "-s -w" -o "$out.tmp/$name" "$pkg"
     rm -rf "$out"; mv "$out.tmp" "$out"
-    say "etcd v$v built in $((SECONDS - t0)) s"
+    say "$name v$v built in $((SECONDS - t0)) s"
     built_any=1
 }
 
+build_etcd() {
+    build_go_binary etcd "$ETCD_VERSION" "$ETCD_BIN_DIR" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
+}
+
 build_kwok() {
-    local out=$KWOK_BIN_DIR v=$KWOK_VERSION
-    if [ -x "$out/kwok" ]; then say "kwok v$v: cached in $out"; return 0; fi
-    local t0=$SECONDS dir=$work/kwok-v$v
-    say "building kwok v$v in $dir"
-    rm -rf "$dir"; mkdir -p "$dir" "$out.tmp"
-    cd "$dir"
-    go mod init local/kwokbin >/dev/null 2>&1
-    go get "sigs.k8s.io/kwok/cmd/kwok@v$v"
-    "${nice_cmd[@]}" go build -trimpath -ldflags "-s -w" -o "$out.tmp/kwok" sigs.k8s.io/kwok/cmd/kwok
-    rm -rf "$out"; mv "$out.tmp" "$out"
-    say "kwok v$v built in $((SECONDS - t0)) s"
-    built_any=1
+    build_go_binary kwok "$KWOK_VERSION" "$KWOK_BIN_DIR" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwok
 }
 
 t_all=$SECONDS

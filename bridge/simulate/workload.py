@@ -31,7 +31,7 @@ a full KV cache and a growing queue, as vLLM does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -190,16 +190,7 @@ def split_history(w: Workload, days: float) -> tuple[Workload | None, Workload]:
 
     def part(lo_w: int, hi_w: int | None) -> Workload:
         lo, hi = lo_w * k, (None if hi_w is None else hi_w * k)
-        return Workload(
-            load=np.ascontiguousarray(w.load[lo:hi]),
-            window_load=w.window_load[lo_w:hi_w],
-            minute_s=w.minute_s,
-            window_s=w.window_s,
-            scale=w.scale,
-            replica_rps=w.replica_rps,
-            peak_rate=w.peak_rate,
-            peak_replicas=w.peak_replicas,
-            source=w.source,
-        )
+        usable = None if w.usable is None else np.ascontiguousarray(w.usable[lo:hi])
+        return replace(w, load=np.ascontiguousarray(w.load[lo:hi]), window_load=w.window_load[lo_w:hi_w], usable=usable)
 
     return part(0, windows), part(windows, None)

@@ -199,11 +199,19 @@ class SlurmConfig:
         default=900.0, ge=0, description="a job younger than this is not preempted unless urgent demand needs it"
     )
     command_timeout_s: Num = Field(
-        default=5.0, gt=0, description="timeout of each scontrol/squeue/sinfo call; keep it well below daemon.lease_duration_s"
+        default=5.0,
+        gt=0,
+        description="timeout of each scontrol/squeue/sinfo call; keep it well below `daemon.lease_duration_s`: "
+        "a tick stuck on an unreachable slurmctld must not outlive the Lease",
     )
     slurm_conf: Str | None = Field(default=None, description="slurm.conf the Slurm commands use (SLURM_CONF); null = $SLURM_CONF or Slurm's default")
     command_prefix: Items[Str] = Field(
-        default=(), description="argv list put before every Slurm command (e.g. [ssh, login1]); empty = run them on this host"
+        default=(),
+        description="argv list put before every Slurm command (e.g. `[ssh, login1]`); empty = run them on this host. "
+        "Slurm's clients must match the controller's release: run them where they do. A list of separate arguments, "
+        "never a shell string (a first item with a space is refused); every item non-empty, no control characters. "
+        "The daemon's environment (`SLURM_CONF`) is passed to the prefix program; `ssh` does not carry it over, "
+        "so set it on the far side",
     )
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ Units are suffixes: ``_s`` seconds; fractions are 0..1. Node counts are whole 4-
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 import json
@@ -448,10 +449,37 @@ def default_config(*pool_names: str, **pool_overrides: Any) -> Config:
     """A valid config with the documented defaults and one pool per name (default: "default").
 
     ``pool_overrides`` are applied to every pool, e.g. ``default_config(cold_start_s=300)``.
-    Tweak further with ``dataclasses.replace`` (which validates again).
+    Tweak further with ``replace`` (below), which validates again.
     """
     names = pool_names or (DEFAULT_POOL,)
-    return Config(pools=tuple(PoolConfig(name=n, **pool_overrides) for n in names))
+    try:
+        return Config(pools=tuple(PoolConfig(name=n, **pool_overrides) for n in names))
+    except ValidationError as exc:
+        raise _config_error(exc, "default_config") from None
+
+
+def replace(obj: _T, /, *, source: str = "overrides", **changes: Any) -> _T:
+    """``dataclasses.replace`` for a config section: pydantic validates the new object again;
+    a bad change raises ``ConfigError`` worded as the loader words a file's problems (key paths
+    relative to ``obj``), never pydantic's own error."""
+    try:
+        new: _T = dataclasses.replace(typing.cast(Any, obj), **changes)
+    except ValidationError as exc:
+        raise _config_error(exc, source) from None
+    return new
+
+
+_SECTIONS = {
+    c.__name__: c
+    for c in (Config, PoolConfig, TargetConfig, SlurmConfig, PolicyConfig, ForecastConfig, CalibrationConfig,
+              CalendarRule, PrometheusConfig, KubernetesConfig, DaemonConfig)
+}
+
+
+def _config_error(exc: ValidationError, source: str) -> ConfigError:
+    """A section built in code (``exc.title`` names it) refused its values: its problems as
+    ``ConfigError``, key paths relative to that section."""
+    return ConfigError([f"{source}: {line}" for line in _problems(exc.errors(), _SECTIONS.get(exc.title, Config))])
 
 
 # --------------------------------------------------------------------------- loading
@@ -494,7 +522,7 @@ def parse_config(data: Any, *, source: str = "bridge.yaml") -> Config:
     try:
         cfg: Config = _adapter(Config).validate_python({} if data is None else data)
     except ValidationError as exc:
-        raise ConfigError([f"{source}: {line}" for line in _problems(exc.errors())]) from None
+        raise _config_error(exc, source) from None
     return cfg
 
 
@@ -582,9 +610,10 @@ def _fields(tp: Any) -> dict[str, Any]:
     return dict(getattr(tp, "__pydantic_fields__", {}))
 
 
-def _locate(loc: tuple[str | int, ...]) -> tuple[str, Any]:
-    """pydantic's error location as the key path operators read, and the type found there."""
-    path, tp = "", typing.cast(Any, Config)
+def _locate(loc: tuple[str | int, ...], root: Any) -> tuple[str, Any]:
+    """pydantic's error location below ``root`` as the key path operators read, and the type
+    found there."""
+    path, tp = "", root
     for part in loc:
         tp = _bare(tp)
         origin = typing.get_origin(tp)
@@ -626,14 +655,14 @@ _EXPECTED = {
 }
 
 
-def _message(err: ErrorDetails) -> list[tuple[str, str]]:
+def _message(err: ErrorDetails, root: Any) -> list[tuple[str, str]]:
     """(key path, problem) pairs of one pydantic error, worded as the operator's contract says."""
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
-    path, tp = _locate(err["loc"])
+    path, tp = _locate(err["loc"], root)
     if kind == "bridge_checks":
         return [(_join(path, rel), msg) for rel, msg in ctx["problems"]]
     if kind in ("unexpected_keyword_argument", "extra_forbidden"):
-        known = list(_fields(_locate(err["loc"][:-1])[1]))
+        known = list(_fields(_locate(err["loc"][:-1], root)[1]))
         return [(path, "unknown key" + (_hint(str(err["loc"][-1]), known) or "; expected one of " + ", ".join(known)))]
     if kind == "missing":
         return [(path, f"required, expected {_type_name(tp)}")]
@@ -651,7 +680,7 @@ def _message(err: ErrorDetails) -> list[tuple[str, str]]:
     return [(path, f"{err['msg'][:1].lower()}{err['msg'][1:]}, got {_show(value)}")]
 
 
-def _problems(errors: list[ErrorDetails]) -> list[str]:
+def _problems(errors: list[ErrorDetails], root: Any) -> list[str]:
     """Every problem, one line each, in the order of the keys; a section's unknown keys first."""
     ordered: list[ErrorDetails] = []
     for err in errors:
@@ -667,7 +696,7 @@ def _problems(errors: list[ErrorDetails]) -> list[str]:
             while at and inside(ordered[at - 1]):
                 at -= 1
         ordered.insert(at, err)
-    return [f"{path or '(top level)'}: {msg}" for err in ordered for path, msg in _message(err)]
+    return [f"{path or '(top level)'}: {msg}" for err in ordered for path, msg in _message(err, root)]
 
 
 # --------------------------------------------------------------------------- rendering

@@ -399,3 +399,24 @@ def test_cross_field_problems_of_several_sections_at_once() -> None:
         "bridge.yaml: policy.tick_s: must be > 0, got -1",
         "bridge.yaml: policy.forecast.ratio_min: must be <= ratio_max (1), got 3",
     ]
+
+
+def test_sections_built_in_code_are_validated_and_worded_like_a_file() -> None:
+    """default_config and replace validate again (cross-field checks too) and raise ConfigError
+    with key paths relative to the section changed, never pydantic's own error."""
+    from bridge.config import replace
+
+    cfg = default_config("a", "b")
+    assert replace(cfg.policy, tick_s=5).tick_s == 5.0
+    with pytest.raises(ConfigError) as info:
+        replace(cfg, pools=(replace(cfg.pools[0], drain_s=900), cfg.pools[1]))
+    assert info.value.problems == ["overrides: policy.lend_timeout_s: must be > pools[0].drain_s + 20 s (920), got 600"]
+    with pytest.raises(ConfigError) as info:
+        replace(cfg.policy, tick_s=True, source="--tick-s")
+    assert info.value.problems == ["--tick-s: tick_s: expected a number, got true"]
+    with pytest.raises(ConfigError) as info:
+        default_config("a", "a")
+    assert info.value.problems == ['default_config: pools[1].name: duplicate pool name "a" (also pools[0])']
+    with pytest.raises(ConfigError) as info:
+        default_config(min_serving=-1)
+    assert info.value.problems == ["default_config: min_serving: must be >= 0, got -1"]

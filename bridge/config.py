@@ -69,6 +69,8 @@ def _list_only(v: Any) -> Any:
 Num = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 """A finite number; an integer is fine, a bool or a string is not."""
 Int = Annotated[int, BeforeValidator(_whole_number), Strict()]
+Count = Annotated[int, Strict(), Field(ge=0), BeforeValidator(_whole_number)]
+"""A number of nodes (>= 0); the bound before the validator so the JSON Schema says ``minimum``."""
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 Items = Annotated[tuple[_T, ...], BeforeValidator(_list_only)]
@@ -151,9 +153,9 @@ class PoolConfig:
     replicas_per_node: Int = Field(default=1, ge=1, description="vLLM replicas one node carries (1 for TP=4 on a 4-GPU node)")
     target: TargetConfig = Field(default_factory=TargetConfig, description="per-replica targets")
     min_serving: Int = Field(default=1, ge=0, description="nodes that always serve, whatever the load")
-    max_lent: Int | None = Field(default=None, ge=0, description="most nodes lent at once; null = no limit")
-    blind_serving: Int | None = Field(
-        default=None, ge=0, description="nodes to serve when signals have been missing for policy.blind_after_s; null = all"
+    max_lent: Count | None = Field(default=None, description="most nodes lent at once; null = no limit")
+    blind_serving: Count | None = Field(
+        default=None, description="nodes to serve when signals have been missing for policy.blind_after_s; null = all"
     )
     slo_budget: Num = Field(
         default=0.001, gt=0, lt=0.5,
@@ -250,7 +252,7 @@ class CalendarRule:
     days: Items[Str] = Field(default=DAYS, description="days the window starts on: mon..sun")
     timezone: Str = Field(default="UTC", description="IANA timezone, e.g. Europe/Berlin")
     pools: Items[Str] = Field(default=(), description="pools it applies to; empty = all")
-    min_serving: Int | None = Field(default=None, ge=0, description="serving floor in nodes (effect min_serving only)")
+    min_serving: Count | None = Field(default=None, description="serving floor in nodes (effect min_serving only)")
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -706,6 +708,12 @@ def _problems(errors: list[ErrorDetails], root: Any) -> list[str]:
 def to_dict(obj: Any) -> Any:
     """The resolved config (or a section) as plain YAML-able data: enums as strings, tuples as lists."""
     return _adapter(type(obj)).dump_python(obj, mode="json")
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a config file, from the same models (bounds, defaults, meanings); the
+    loader's cross-field checks (e.g. distinct pool names) are not in it."""
+    return _adapter(Config).json_schema()
 
 
 def describe_keys(cls: Any = Config, prefix: str = "") -> list[tuple[str, str, str]]:

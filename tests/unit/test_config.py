@@ -420,3 +420,23 @@ def test_sections_built_in_code_are_validated_and_worded_like_a_file() -> None:
     with pytest.raises(ConfigError) as info:
         default_config(min_serving=-1)
     assert info.value.problems == ["default_config: min_serving: must be >= 0, got -1"]
+
+
+def test_check_config_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    """--schema prints the models' JSON Schema: every documented key, bounds, no unknown keys."""
+    import json
+
+    assert cli.main(["check-config", "--schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["required"] == ["pools"] and schema["additionalProperties"] is False
+    pool = schema["$defs"]["PoolConfig"]["properties"]
+    assert pool["min_serving"] == {
+        "default": 1, "description": "nodes that always serve, whatever the load", "minimum": 0,
+        "title": "Min Serving", "type": "integer",
+    }
+    assert pool["max_lent"]["anyOf"] == [{"minimum": 0, "type": "integer"}, {"type": "null"}]
+    assert schema["$defs"]["TargetConfig"]["properties"]["kv_cache_usage"]["anyOf"][0] == {
+        "exclusiveMinimum": 0, "maximum": 1, "type": "number",
+    }
+    top = {key for key, _d, _m in describe_keys() if "." not in key}
+    assert set(schema["properties"]) == top

@@ -1,5 +1,6 @@
 """``gpu-bridge check-config FILE``: print the resolved config (defaults filled in) or every
-problem found, exit 0 / 1. ``--keys`` lists every key with its default and meaning."""
+problem found, exit 0 / 1. ``--keys`` lists every key with its default and meaning; ``--schema``
+prints the JSON Schema of the file (for editors, e.g. yaml-language-server)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from bridge.config import describe_keys, load_config, to_dict
+from bridge.config import describe_keys, json_schema, load_config, to_dict
 from bridge.errors import ConfigError
 
 
@@ -22,6 +23,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("file", nargs="?", help="the YAML config file")
     p.add_argument("--json", action="store_true", help="print the resolved config as JSON instead of YAML")
     p.add_argument("--keys", action="store_true", help="list every key with its default and meaning, then exit")
+    p.add_argument("--schema", action="store_true", help="print the config's JSON Schema (for editors), then exit")
     p.set_defaults(func=run)
 
 
@@ -30,8 +32,11 @@ def run(args: argparse.Namespace) -> int:
         for key, default, doc in describe_keys():
             print(f"{key}\t{default}\t{doc}")
         return 0
+    if args.schema:
+        print(json.dumps(json_schema(), indent=2))
+        return 0
     if not args.file:
-        print("gpu-bridge check-config: a FILE is required (or --keys)", file=sys.stderr)
+        print("gpu-bridge check-config: a FILE is required (or --keys, --schema)", file=sys.stderr)
         return 2
     try:
         cfg = load_config(args.file)

@@ -7,7 +7,6 @@ The delays come from the daemon's config (``--config``), with command-line overr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import math
 import re
@@ -15,7 +14,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from bridge.config import Config, VictimRule, default_config, load_config
+from bridge.config import Config, VictimRule, default_config, load_config, replace
 from bridge.errors import AdapterError, BridgeError, ConfigError
 
 VICTIMS = {"bridge": VictimRule.LEAST_LOST_WORK, "naive": VictimRule.NEWEST_FIRST}
@@ -133,18 +132,18 @@ def apply_overrides(
     for p in cfg.pools:
         if p.name == target:
             if cold_start_s is not None:
-                p = dataclasses.replace(p, cold_start_s=cold_start_s)
+                p = replace(p, cold_start_s=cold_start_s)
             if drain_s is not None:
-                p = dataclasses.replace(p, drain_s=drain_s)
+                p = replace(p, drain_s=drain_s)
         pools.append(p)
     pol = cfg.policy
     if tick_s is not None:
-        pol = dataclasses.replace(pol, tick_s=tick_s)
+        pol = replace(pol, tick_s=tick_s)
     if victims is not None:
-        pol = dataclasses.replace(pol, victims=VICTIMS[victims])
-    slurm = cfg.slurm if grace_s is None else dataclasses.replace(cfg.slurm, grace_s=grace_s)
-    prom = cfg.prometheus if scrape_s is None else dataclasses.replace(cfg.prometheus, scrape_interval_s=scrape_s)
-    return dataclasses.replace(cfg, pools=tuple(pools), policy=pol, slurm=slurm, prometheus=prom)
+        pol = replace(pol, victims=VICTIMS[victims])
+    slurm = cfg.slurm if grace_s is None else replace(cfg.slurm, grace_s=grace_s)
+    prom = cfg.prometheus if scrape_s is None else replace(cfg.prometheus, scrape_interval_s=scrape_s)
+    return replace(cfg, source="command-line overrides", pools=tuple(pools), policy=pol, slurm=slurm, prometheus=prom)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,9 @@ the check-config command. Error messages are asserted word for word: operators r
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +14,7 @@ from bridge import cli
 from bridge.config import (
     CalendarEffect,
     Config,
+    PoolConfig,
     VictimRule,
     default_config,
     describe_keys,
@@ -20,7 +23,8 @@ from bridge.config import (
 )
 from bridge.errors import ConfigError
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpu-bridge.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "gpu-bridge.yaml"
 
 
 def problems(data: object) -> list[str]:
@@ -312,3 +316,127 @@ def test_check_config_json_and_keys(tmp_path: Path, capsys: pytest.CaptureFixtur
     lines = capsys.readouterr().out.splitlines()
     assert "policy.scale_down_window_s\t300\tdemand must stay low this long before a lend (HPA stabilization window)" in lines
     assert cli.main(["check-config"]) == 2
+
+
+def _doc_generator() -> Any:
+    spec = importlib.util.spec_from_file_location("gen_config_doc", ROOT / "scripts" / "gen_config_doc.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_docs_key_tables_are_generated_from_the_schema() -> None:
+    """docs/config.md's tables are what scripts/gen_config_doc.py renders now: a key, default
+    or description changed in bridge/config.py without re-running the script fails here."""
+    gen = _doc_generator()
+    text = gen.DOC.read_text(encoding="utf-8")
+    assert gen.rendered(text) == text, "docs/config.md is stale: run .venv/bin/python scripts/gen_config_doc.py"
+    # the check sees a stale table (an edited default) and the script's --check says so
+    stale = text.replace("| `policy.tick_s` | `30` |", "| `policy.tick_s` | `31` |")
+    assert stale != text and gen.rendered(stale) == text
+    assert gen.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        pytest.param({"pools": [{"name": "a", "min_serving": 2.0}]}, None, id="whole-float-for-int"),
+        pytest.param(
+            {"pools": [{"name": "a"}], "policy": {"tick_s": float("inf")}},
+            ["bridge.yaml: policy.tick_s: expected a finite number, got inf"],
+            id="inf",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a", "max_lent": float("nan")}]},
+            ["bridge.yaml: pools[0].max_lent: expected a finite number, got nan"],
+            id="nan-for-int",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a"}], "slurm": {"command_prefix": {"ssh"}}},
+            ["bridge.yaml: slurm.command_prefix: expected a list, got {'ssh'}"],
+            id="set-for-list",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a", "node_selector": {3: "x"}}]},
+            ["bridge.yaml: pools[0].node_selector.3: expected a string key, got 3"],
+            id="selector-key",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a", "target": 12}]},
+            ["bridge.yaml: pools[0].target: expected a mapping, got 12"],
+            id="section-not-a-mapping",
+        ),
+        pytest.param(
+            {"pools": [{"name": "a", "zzz": 1, "min_serving": "x", "yyy": 2}]},
+            [
+                "bridge.yaml: pools[0].zzz: unknown key; expected one of " + ", ".join(f.name for f in dataclasses.fields(PoolConfig)),
+                "bridge.yaml: pools[0].yyy: unknown key; expected one of " + ", ".join(f.name for f in dataclasses.fields(PoolConfig)),
+                'bridge.yaml: pools[0].min_serving: expected an integer, got "x"',
+            ],
+            id="unknown-keys-first-in-their-order",
+        ),
+    ],
+)
+def test_value_edges(data: object, expected: list[str] | None) -> None:
+    if expected is None:
+        cfg = parse_config(data)
+        assert cfg.pools[0].min_serving == 2 and isinstance(cfg.pools[0].min_serving, int)
+    else:
+        assert problems(data) == expected
+
+
+def test_cross_field_problems_of_several_sections_at_once() -> None:
+    """A section's own checks run even when another section has problems, all reported."""
+    found = problems({
+        "pools": [{"name": "Bad Name", "drain_s": 1000}],
+        "slurm": {"command_prefix": ["ssh login1"]},
+        "policy": {"tick_s": -1, "forecast": {"ratio_min": 3, "ratio_max": 1}},
+    })
+    assert found == [
+        'bridge.yaml: pools[0].name: expected a label value (lowercase letters, digits, - _ .), got "Bad Name"',
+        'bridge.yaml: slurm.command_prefix[0]: expected a program (an argv list, not a shell command line), got "ssh login1"',
+        "bridge.yaml: policy.tick_s: must be > 0, got -1",
+        "bridge.yaml: policy.forecast.ratio_min: must be <= ratio_max (1), got 3",
+    ]
+
+
+def test_sections_built_in_code_are_validated_and_worded_like_a_file() -> None:
+    """default_config and replace validate again (cross-field checks too) and raise ConfigError
+    with key paths relative to the section changed, never pydantic's own error."""
+    from bridge.config import replace
+
+    cfg = default_config("a", "b")
+    assert replace(cfg.policy, tick_s=5).tick_s == 5.0
+    with pytest.raises(ConfigError) as info:
+        replace(cfg, pools=(replace(cfg.pools[0], drain_s=900), cfg.pools[1]))
+    assert info.value.problems == ["overrides: policy.lend_timeout_s: must be > pools[0].drain_s + 20 s (920), got 600"]
+    with pytest.raises(ConfigError) as info:
+        replace(cfg.policy, tick_s=True, source="--tick-s")
+    assert info.value.problems == ["--tick-s: tick_s: expected a number, got true"]
+    with pytest.raises(ConfigError) as info:
+        default_config("a", "a")
+    assert info.value.problems == ['default_config: pools[1].name: duplicate pool name "a" (also pools[0])']
+    with pytest.raises(ConfigError) as info:
+        default_config(min_serving=-1)
+    assert info.value.problems == ["default_config: min_serving: must be >= 0, got -1"]
+
+
+def test_check_config_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    """--schema prints the models' JSON Schema: every documented key, bounds, no unknown keys."""
+    import json
+
+    assert cli.main(["check-config", "--schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["required"] == ["pools"] and schema["additionalProperties"] is False
+    pool = schema["$defs"]["PoolConfig"]["properties"]
+    assert pool["min_serving"] == {
+        "default": 1, "description": "nodes that always serve, whatever the load", "minimum": 0,
+        "title": "Min Serving", "type": "integer",
+    }
+    assert pool["max_lent"]["anyOf"] == [{"minimum": 0, "type": "integer"}, {"type": "null"}]
+    assert schema["$defs"]["TargetConfig"]["properties"]["kv_cache_usage"]["anyOf"][0] == {
+        "exclusiveMinimum": 0, "maximum": 1, "type": "number",
+    }
+    top = {key for key, _d, _m in describe_keys() if "." not in key}
+    assert set(schema["properties"]) == top

@@ -1,7 +1,9 @@
 """A daemon config for the sandbox: the real schema, with timings compressed to seconds.
 
 The demo and the end-to-end tests write it to ``DIR/gpu-bridge.yaml`` and run the daemon
-with it, exactly as an operator would with theirs.
+with it, exactly as an operator would with theirs. Only what the sandbox changes is written
+here; every other key is the product's default, read from its config models (``bridge.config``),
+and the document is validated by the product's loader before anyone writes it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from typing import Any
 
 import yaml
 
+from bridge.config import default_config, parse_config, to_dict
 from gpu_bridge_lab.sandbox import serving
+
+_PRODUCT = default_config(serving.POOL)
+"""The product's defaults, for the keys the sandbox does not compress."""
 
 
 def sandbox_config(
@@ -26,17 +32,18 @@ def sandbox_config(
     tick_s: float = 2.0,
     scale_down_window_s: float = 20.0,
     min_lend_s: float = 10.0,
-    min_serving: int = 1,
+    min_serving: int = _PRODUCT.pools[0].min_serving,
     concurrency_per_replica: float = 60.0,
     headroom: float = 0.15,
     headroom_replicas: float = 0.2,
     min_runtime_s: float = 0.0,
     lease_duration_s: float = 6.0,
-    forecast: bool = True,
+    forecast: bool = _PRODUCT.policy.forecast.enabled,
     lease_namespace: str = serving.NAMESPACE,
 ) -> dict[str, Any]:
-    """The YAML document (a dict) for a daemon run against the sandbox."""
-    return {
+    """The YAML document (a dict, every key resolved) for a daemon run against the sandbox;
+    raises ``ConfigError`` if an argument is out of the product's bounds."""
+    doc: dict[str, Any] = {
         "pools": [
             {
                 "name": serving.POOL,
@@ -46,11 +53,11 @@ def sandbox_config(
                 "min_serving": min_serving,
                 "cold_start_s": cold_start_s,
                 "drain_s": 5.0,
-                # a 4-node sandbox: the loads the demo and the end-to-end test drive assume
-                # this headroom (the production default, 0.2, is set for 24-node pools)
+                # a 4-node sandbox without a calibrated margin: the loads the demo and the
+                # end-to-end test drive assume this headroom
                 "headroom": headroom,
                 "headroom_replicas": headroom_replicas,
-                "target": {"concurrency_per_replica": concurrency_per_replica, "kv_cache_usage": 0.8},
+                "target": {"concurrency_per_replica": concurrency_per_replica},
             }
         ],
         "slurm": {
@@ -88,6 +95,7 @@ def sandbox_config(
             "lease_duration_s": lease_duration_s,
         },
     }
+    return dict(to_dict(parse_config(doc, source="sandbox_config")))
 
 
 def daemon_identity(sb: Any) -> dict[str, Any]:

@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from bridge.config import DEFAULT_POOL, PoolConfig
 from gpu_bridge_lab.sandbox.cluster.sandbox import DEFAULT_DIR, Sandbox
 from gpu_bridge_lab.sandbox.cluster.prometheus import ScrapeTarget
 
-POOL = "default"
+# the pool and Deployment names the daemon assumes when a config does not name them
+POOL = DEFAULT_POOL
+DEPLOYMENT = PoolConfig(name=POOL).deployment
 NAMESPACE = "serving"
-DEPLOYMENT = "vllm"
 MODEL = "llama-70b"
 POD_SELECTOR = "app=vllm"
 

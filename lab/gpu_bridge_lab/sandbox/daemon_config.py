@@ -34,25 +34,32 @@ def sandbox_config(
     lease_duration_s: float = 6.0,
     forecast: bool = True,
     lease_namespace: str = serving.NAMESPACE,
+    pool_b: bool = False,
 ) -> dict[str, Any]:
-    """The YAML document (a dict) for a daemon run against the sandbox."""
+    """The YAML document (a dict) for a daemon run against the sandbox; ``pool_b``: the second
+    pool of ``serving.split_pool`` too, with the same settings."""
+
+    def pool(name: str, deployment: str, model: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": serving.NAMESPACE,
+            "deployment": deployment,
+            "model_name": model,
+            "min_serving": min_serving,
+            "cold_start_s": cold_start_s,
+            "drain_s": 5.0,
+            # a 4-node sandbox: the loads the demo and the end-to-end test drive assume
+            # this headroom (the production default, 0.2, is set for 24-node pools)
+            "headroom": headroom,
+            "headroom_replicas": headroom_replicas,
+            "target": {"concurrency_per_replica": concurrency_per_replica, "kv_cache_usage": 0.8},
+        }
+
+    pools = [pool(serving.POOL, serving.DEPLOYMENT, serving.MODEL)]
+    if pool_b:
+        pools.append(pool(serving.POOL_B, serving.DEPLOYMENT_B, serving.MODEL_B))
     return {
-        "pools": [
-            {
-                "name": serving.POOL,
-                "namespace": serving.NAMESPACE,
-                "deployment": serving.DEPLOYMENT,
-                "model_name": serving.MODEL,
-                "min_serving": min_serving,
-                "cold_start_s": cold_start_s,
-                "drain_s": 5.0,
-                # a 4-node sandbox: the loads the demo and the end-to-end test drive assume
-                # this headroom (the production default, 0.2, is set for 24-node pools)
-                "headroom": headroom,
-                "headroom_replicas": headroom_replicas,
-                "target": {"concurrency_per_replica": concurrency_per_replica, "kv_cache_usage": 0.8},
-            }
-        ],
+        "pools": pools,
         "slurm": {
             "grace_s": grace_s,
             "min_runtime_s": min_runtime_s,

@@ -8,9 +8,8 @@ State lives in ``DIR/sandbox.json`` (pids with their start times, ports, paths),
 and ``status`` work from another process (``Sandbox.attach(DIR)``). ``DIR/env`` is the
 shell-sourceable summary (``set -a; . DIR/env; set +a``).
 
-Adding a component (the hook for the Kubernetes API server): implement the ``Component``
-protocol below and put it in ``Sandbox._components()``; ``KubeApiComponent`` is already
-written and enabled by ``kube=True``.
+Adding a component: implement the ``Component`` protocol below and put it in
+``Sandbox._components()``.
 """
 
 from __future__ import annotations
@@ -71,7 +70,7 @@ class Component(Protocol):
 
 
 def bridge_subcommand_registered(module: str, command: str) -> bool:
-    """Whether ``gpu-bridge sandbox <command>`` exists yet (its owner's module registers it)."""
+    """Whether ``module`` registers ``gpu-bridge sandbox <command>`` (an import error propagates)."""
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
     importlib.import_module(module).register_cli(sub)  # a broken module fails `up`, loudly
@@ -118,8 +117,8 @@ class MungeComponent:
 
 
 class BridgeSubprocessComponent:
-    """A `gpu-bridge sandbox <command>` written by another part of the project, run as a
-    subprocess of this Python: started only if its module registers the command."""
+    """A `gpu-bridge sandbox <command>` of another lab module, run as a subprocess of this
+    Python (its own process: it is stopped and restarted like the daemons)."""
 
     def __init__(self, name: str, module: str, command: str, port_key: str, extra_args: Sequence[str] = ()) -> None:
         self.name = name

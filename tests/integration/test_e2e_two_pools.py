@@ -102,7 +102,7 @@ def test_pool_a_lends_its_least_busy_node_while_pool_b_has_a_problem_node(world:
             phases = w.phases()
             return next((n for n in A_NODES if phases.get(n) == "lent"), None)
 
-        lent = wait_until(a_lent, 90, "a node of pool A to be lent (pool B has a problem node)", poll_s=0.5)
+        lent = wait_until(a_lent, 120, "a node of pool A to be lent (pool B has a problem node)", poll_s=0.5)
         lend_s = time.monotonic() - t0
         phases = w.phases()
         time.sleep(1.0)

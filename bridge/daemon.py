@@ -451,7 +451,7 @@ class Daemon:
         for _ in range(MAX_CHAINED_STEPS):
             self._progress_mono = time.monotonic()
             progressed = False
-            # once per pool, not per node: the same snapshot for every node (was O(nodes^2))
+            # once per pool, not per node: the same snapshot for every node (per node is O(nodes^2))
             wants = {
                 p.name: desired_replicas([f for n, f in obs.facts.items() if obs.pool_of[n] == p.name])
                 for p in self.config.pools

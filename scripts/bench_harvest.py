@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_harvest.py [--days 14] [--seed 1] [--config FILE]
                                               [--set pools.0.headroom=0.1 ...] [--max-cv X]
 
-Setup (issue 4): 24 nodes x 4 GPUs, the busiest 10-minute window needs 20 replicas, 5-min cold
+Setup: 24 nodes x 4 GPUs, the busiest 10-minute window needs 20 replicas, 5-min cold
 start, 2-min Slurm grace, the config's other defaults. Prints the table of the four policies
 plus ``bridge`` with the naive victim rule, the wall time of each run, PASS/FAIL per target,
 and, for ``bridge``, where its SLO-violation minutes fall and what the policy saw before them,

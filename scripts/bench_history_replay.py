@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`simulate --prometheus` on history in a real Prometheus, next to `simulate --trace`, and a
-`gpu-bridge forecast` from it (issue 15). Prints the numbers; exit 0 regardless.
+`gpu-bridge forecast` from it. Prints the numbers; exit 0 regardless.
 
 1. The vLLM simulator replays the shipped trace (scaled to --peak-rps at its busiest window,
    cv capped at --max-cv, --replicas replicas) from 10 minutes before the UTC midnight

@@ -6,6 +6,9 @@
   test stopped one, every job cancelled, every node resumed and idle). Use it in any test that
   submits jobs or changes node state; the test may still clean up itself.
 - ``sandbox_dir`` (function): a short fresh directory under /tmp for a test's own Sandbox.
+- ``slurm_only(**options)``: a context manager for a module's own Slurm-only sandbox (no
+  Prometheus, no vLLM: ready in about a second) with Slurm options of its own (plugins,
+  JobRequeue, an administrator's snippet); ``.work`` is a world-writable dir for job files.
 - ``slurm2411_sandbox`` (session) / ``slurm2411_clean`` (function): the same Slurm cluster
   (4 nodes, GraceTime 10 s, both partitions; no Prometheus) run by Debian 13's Slurm 24.11 in a
   cached trixie tree (gpu_bridge_lab.sandbox.nspawn; the first use builds it, ~1 min). Daemons and
@@ -15,12 +18,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 import shutil
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,12 +64,55 @@ def sandbox_dir() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+class SlurmOnly:
+    """A Slurm-only sandbox and a world-writable work dir (jobs of user nobody write there)."""
+
+    def __init__(self, sb: Sandbox, work: Path) -> None:
+        self.sb = sb
+        self.work = work
+
+    @property
+    def root(self) -> Path:
+        return self.sb.dir
+
+    def run(self, argv: list[str], *, timeout: float = 20, user: str | None = None) -> subprocess.CompletedProcess[str]:
+        """A Slurm client command against the sandbox, run in ``work`` (as ``user``, if given)."""
+        if user is not None:
+            argv = ["runuser", "-u", user, "--", *argv]
+        return subprocess.run(argv, env=self.sb.slurm_env(), cwd=self.work, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol -o show job`` as a dict (``JobState``, ``Restarts``, ``NodeList``...)."""
+        return dict(re.findall(r"(\w+)=(\S*)", self.run(["scontrol", "-o", "show", "job", job_id]).stdout))
+
+
+@contextlib.contextmanager
+def slurm_only(**options: Any) -> Iterator[SlurmOnly]:
+    """``with slurm_only(nodes=1, job_requeue=0, ...) as c:``: Sandbox options as keywords."""
+    d = _short_tmpdir("gbso-")
+    d.chmod(0o755)  # munged (user munge) and jobs of user nobody must reach the sandbox dir
+    work = d / "work"
+    work.mkdir()
+    work.chmod(0o777)
+    try:
+        sb = Sandbox(d / "sb", prometheus=False, vllm=False, **options).up()  # stops what it started if it fails
+        try:
+            yield SlurmOnly(sb, work)
+        finally:
+            cancel_all_jobs(sb)
+            sb.down()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def cancel_all_jobs(sb: Sandbox, timeout_s: float = 20.0) -> None:
     """Cancel every job and wait for them to go, before ``down``: a 24.11 slurmstepd keeps no
     environment or command line naming the sandbox, so ``down``'s sweep cannot find one that
     outlives its slurmd (a hold job's ``sleep infinity`` would run on)."""
     try:
         sb.run_slurm(["scancel", "--full", "--user=root"], check=False)
+        sb.run_slurm(["scancel", "--full", "--user=nobody"], check=False)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and sb.run_slurm(["squeue", "-h", "-o", "%i"], check=False).stdout.split():
             time.sleep(0.3)

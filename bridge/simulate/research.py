@@ -155,8 +155,8 @@ class Job:
         return self.run_start + k * ck if k >= 1 else None
 
 
-# A preemption this soon after the job's (re)start counts as "early" (issue 16: a requeued job
-# restarted on another lent node and was preempted again 20 s later). Five minutes: a reporting
+# A preemption this soon after the job's (re)start counts as "early" (a requeued job that
+# restarts on another lent node may be preempted again seconds later). Five minutes: a reporting
 # threshold, the daemon's gpu_bridge_preempted_job_runtime_seconds has the whole distribution.
 EARLY_PREEMPTION_S = 300.0
 

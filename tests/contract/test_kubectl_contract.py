@@ -104,7 +104,7 @@ def test_label_and_annotate(kube: Kube) -> None:
 
 @pytest.mark.integration
 def test_drain_evicts_and_the_replacement_lands_on_the_spare_node(kube: Kube, serving: Serving) -> None:
-    """The issue's "done when": drain a serving node; its vLLM pod is evicted through the
+    """What an operator's `kubectl drain` must do on a serving node: its vLLM pod is evicted through the
     PDB, and the Deployment's replacement lands on the one node with free GPUs."""
     before = serving.node_of()
     used = set(before.values())

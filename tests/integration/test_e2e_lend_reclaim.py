@@ -22,10 +22,7 @@ import pytest
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
-try:
-    from sandbox_fixtures import cancel_all_jobs
-except ImportError:  # tests/ became a package
-    from ..sandbox_fixtures import cancel_all_jobs  # type: ignore[no-redef]
+from sandbox_fixtures import cancel_all_jobs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""A preempted job that exits on its own around the end of its GraceTime is never lost (issue 16).
+"""A preempted job that exits on its own around the end of its GraceTime is never lost.
 
 On the sandbox's real slurmctld/slurmd, with no gpu-bridge daemon running (the worst case: no one
 but Slurm can requeue): research jobs on one node are preempted by a hold job (exactly how
@@ -9,9 +9,8 @@ GraceTime) from ``scontrol show job`` when the signal arrives and exits at a cho
 - ``save``: it saved its work on the signal and exits with ``SLURM_REQUEUE_EXIT`` (before and
   after the deadline), and resumes from what it saved when it runs again.
 
-Before the fix, slurmctld marked a job exiting 0 after its shortened end time TIMEOUT (no
-OverTimeLimit) and a job exiting after saving FAILED (no RequeueExit). Now every job ends
-COMPLETED, a saving job after exactly one requeue, its work done exactly once. A second scenario
+Without OverTimeLimit slurmctld marks a job exiting 0 after its shortened end time TIMEOUT,
+and without RequeueExit a job exiting after saving FAILED; with both every job ends COMPLETED, a saving job after exactly one requeue, its work done exactly once. A second scenario
 SIGKILLs slurmctld right after the preemption and restarts it after every job has exited past
 its deadline: slurmd delivers the exits to the restarted controller, with the same outcome.
 """

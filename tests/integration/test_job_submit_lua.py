@@ -20,17 +20,13 @@ import pytest
 
 from bridge import wellknown as wk
 
-try:
-    from slurm_mini import MiniSlurm, have_slurm
-except ImportError:  # tests/integration became a package
-    from .slurm_mini import MiniSlurm, have_slurm  # type: ignore[no-redef]
+from sandbox_fixtures import SlurmOnly, slurm_only
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE_S = 4
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not have_slurm(), reason="Slurm daemons not installed"),
     pytest.mark.timeout(120),
 ]
 
@@ -44,40 +40,43 @@ def lua_with_grace(name: str, grace_s: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[MiniSlurm]:
-    with MiniSlurm(
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmOnly]:
+    lua = tmp_path_factory.mktemp("lua")
+    (lua / "job_submit.lua").write_text(lua_with_grace("job_submit.lua", GRACE_S))
+    (lua / "cli_filter.lua").write_text(lua_with_grace("cli_filter.lua", GRACE_S))
+    with slurm_only(
         nodes=1,
         grace_s=GRACE_S,
-        job_requeue=0,
-        job_submit_lua=lua_with_grace("job_submit.lua", GRACE_S),
-        cli_filter_lua=lua_with_grace("cli_filter.lua", GRACE_S),
+        job_requeue=0,  # so a requeueable job proves the script set it
+        job_submit_lua=lua / "job_submit.lua",
+        cli_filter_lua=lua / "cli_filter.lua",
+        extra_slurm_conf="PartitionName=batch Nodes=gpu-node-01 PriorityTier=1 PreemptMode=OFF MaxTime=INFINITE State=UP",
     ) as c:
         yield c
 
 
-def submit(c: MiniSlurm, *args: str, user: str | None = None) -> tuple[int, str, str]:
+def submit(c: SlurmOnly, *args: str, user: str | None = None) -> tuple[int, str, str]:
     r = c.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", *args, "--wrap", "sleep 30"], user=user)
     return r.returncode, r.stdout.strip(), r.stderr.strip()
 
 
-def show_job(c: MiniSlurm, job_id: str) -> dict[str, str]:
-    out = c.run(["scontrol", "-o", "show", "job", job_id]).stdout
-    return dict(re.findall(r"(\w+)=(\S*)", out))
+def show_job(c: SlurmOnly, job_id: str) -> dict[str, str]:
+    return c.job(job_id)
 
 
-def test_no_requeue_rejected_in_preempt(cluster: MiniSlurm) -> None:
+def test_no_requeue_rejected_in_preempt(cluster: SlurmOnly) -> None:
     rc, _, err = submit(cluster, "-p", "preempt", "--no-requeue")
     assert rc != 0
     assert "gpu-bridge: jobs in partition 'preempt' must be requeueable" in err
     assert "Drop --no-requeue" in err
 
 
-def test_no_requeue_rejected_in_default_partition(cluster: MiniSlurm) -> None:
+def test_no_requeue_rejected_in_default_partition(cluster: SlurmOnly) -> None:
     rc, _, err = submit(cluster, "--no-requeue")  # preempt is Default=YES
     assert rc != 0 and "must be requeueable" in err
 
 
-def test_preempt_jobs_are_made_requeueable(cluster: MiniSlurm) -> None:
+def test_preempt_jobs_are_made_requeueable(cluster: SlurmOnly) -> None:
     rc, job, err = submit(cluster, "-p", "preempt")
     assert rc == 0, err
     assert show_job(cluster, job)["Requeue"] == "1"  # JobRequeue=0 here: the script set it
@@ -86,12 +85,12 @@ def test_preempt_jobs_are_made_requeueable(cluster: MiniSlurm) -> None:
     assert show_job(cluster, job)["Requeue"] == "0"  # other partitions untouched
 
 
-def test_no_requeue_allowed_outside_preempt(cluster: MiniSlurm) -> None:
+def test_no_requeue_allowed_outside_preempt(cluster: SlurmOnly) -> None:
     rc, _, err = submit(cluster, "-p", "batch", "--no-requeue")
     assert rc == 0, err
 
 
-def test_requeue_cannot_be_switched_off_later(cluster: MiniSlurm) -> None:
+def test_requeue_cannot_be_switched_off_later(cluster: SlurmOnly) -> None:
     rc, job, err = submit(cluster, "-p", "preempt")
     assert rc == 0, err
     r = cluster.run(["scontrol", "update", f"JobId={job}", "Requeue=0"])
@@ -99,19 +98,19 @@ def test_requeue_cannot_be_switched_off_later(cluster: MiniSlurm) -> None:
     assert show_job(cluster, job)["Requeue"] == "1"
 
 
-def test_hold_partition_refused_to_other_users(cluster: MiniSlurm) -> None:
+def test_hold_partition_refused_to_other_users(cluster: SlurmOnly) -> None:
     rc, _, err = submit(cluster, "-p", "gpu-bridge", user="nobody")
     assert rc != 0
     assert "gpu-bridge: partition 'gpu-bridge' is reserved for gpu-bridge's placeholder jobs" in err
 
 
-def test_hold_job_name_refused_to_other_users(cluster: MiniSlurm) -> None:
+def test_hold_job_name_refused_to_other_users(cluster: SlurmOnly) -> None:
     rc, _, err = submit(cluster, "-p", "preempt", "-J", "gpu-bridge-hold:gpu-node-01", user="nobody")
     assert rc != 0
     assert "job names starting with 'gpu-bridge-hold:' are reserved for gpu-bridge" in err
 
 
-def test_hold_job_name_refused_on_modify(cluster: MiniSlurm) -> None:
+def test_hold_job_name_refused_on_modify(cluster: SlurmOnly) -> None:
     rc, job, err = submit(cluster, "-p", "preempt", user="nobody")
     assert rc == 0, err
     r = cluster.run(["scontrol", "update", f"JobId={job}", "Name=gpu-bridge-hold:gpu-node-01"], user="nobody")
@@ -119,7 +118,7 @@ def test_hold_job_name_refused_on_modify(cluster: MiniSlurm) -> None:
     assert show_job(cluster, job)["JobName"] == "wrap"
 
 
-def test_owner_may_publish_checkpoint_comment(cluster: MiniSlurm) -> None:
+def test_owner_may_publish_checkpoint_comment(cluster: SlurmOnly) -> None:
     """What the example job does as its (non-root) owner; job_submit.lua's modify hook allows it."""
     rc, job, err = submit(cluster, "-p", "preempt", user="nobody")
     assert rc == 0, err
@@ -128,13 +127,13 @@ def test_owner_may_publish_checkpoint_comment(cluster: MiniSlurm) -> None:
     assert show_job(cluster, job)["Comment"] == "gpu-bridge:checkpoint=1796000000"
 
 
-def test_interactive_srun_in_preempt_works(cluster: MiniSlurm) -> None:
+def test_interactive_srun_in_preempt_works(cluster: SlurmOnly) -> None:
     """srun/salloc jobs carry no batch environment: the script must not trip over that."""
     r = cluster.run(["srun", "-p", "preempt", "-t", "1", "true"], timeout=60)
     assert r.returncode == 0, r.stderr
 
 
-def test_bridge_may_submit_hold_jobs(cluster: MiniSlurm) -> None:
+def test_bridge_may_submit_hold_jobs(cluster: SlurmOnly) -> None:
     rc, job, err = submit(cluster, "-p", "gpu-bridge", "-J", "gpu-bridge-hold:gpu-node-01", "-w", "gpu-node-01")
     assert rc == 0, err
     assert show_job(cluster, job)["Partition"] == "gpu-bridge"
@@ -149,19 +148,19 @@ def test_bridge_may_submit_hold_jobs(cluster: MiniSlurm) -> None:
     ],
     ids=["preempt", "default-partition", "explicit-signal-kept"],
 )
-def test_cli_filter_default_signal(cluster: MiniSlurm, args: list[str], expected: str) -> None:
+def test_cli_filter_default_signal(cluster: SlurmOnly, args: list[str], expected: str) -> None:
     r = cluster.run(["sbatch", "-v", "--parsable", "--hold", "-o", "/dev/null", *args, "--wrap", "true"])
     assert r.returncode == 0, r.stderr
     assert re.search(r"signal\s+:\s+" + re.escape(expected), r.stderr), r.stderr
 
 
-def test_cli_filter_leaves_other_partitions_alone(cluster: MiniSlurm) -> None:
+def test_cli_filter_leaves_other_partitions_alone(cluster: SlurmOnly) -> None:
     r = cluster.run(["sbatch", "-v", "--parsable", "--hold", "-o", "/dev/null", "-p", "batch", "--wrap", "true"])
     assert r.returncode == 0, r.stderr
     assert "signal" not in r.stderr
 
 
-def test_default_signal_on_preemption(cluster: MiniSlurm) -> None:
+def test_default_signal_on_preemption(cluster: SlurmOnly) -> None:
     """End to end, no --signal given: a hold job preempts two jobs; the one that traps URG hears
     it at once (and knows its grace from GPU_BRIDGE_GRACE_S), the one that does not keeps
     running; both are requeued, not lost."""

@@ -15,18 +15,13 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-try:
-    from slurm_mini import MiniSlurm, have_slurm
-except ImportError:  # tests/integration became a package
-    from .slurm_mini import MiniSlurm, have_slurm  # type: ignore[no-redef]
+from sandbox_fixtures import SlurmOnly, slurm_only
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "slurm_conf" / "examples"
@@ -35,7 +30,6 @@ STEPS, STEP_S, CKPT_EVERY = 60, 0.25, 10  # 15 s of "training"
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not have_slurm(), reason="Slurm daemons not installed"),
     pytest.mark.timeout(150),
 ]
 
@@ -47,54 +41,14 @@ def lua_with_grace(name: str) -> str:
     return text
 
 
-class Cluster:
-    """What the test needs from a Slurm cluster: an environment and a shared work dir."""
-
-    def __init__(self, env: dict[str, str], work: Path) -> None:
-        self.env = env
-        self.work = work
-
-    def run(self, argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(argv, env=self.env, cwd=self.work, capture_output=True, text=True, timeout=timeout,
-                              check=False)
-
-    def job(self, job_id: str) -> dict[str, str]:
-        out = self.run(["scontrol", "-o", "show", "job", job_id]).stdout
-        return dict(re.findall(r"(\w+)=(\S*)", out))
-
-
-def _sandbox_class():  # type: ignore[no-untyped-def]
-    try:
-        from gpu_bridge_lab.sandbox.cluster.sandbox import Sandbox
-    except ImportError:
-        return None
-    return Sandbox
-
-
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    sandbox_cls = _sandbox_class()
-    if sandbox_cls is None:  # before the sandbox existed: a minimal cluster of our own
-        with MiniSlurm(nodes=2, grace_s=GRACE_S, job_submit_lua=lua_with_grace("job_submit.lua"),
-                       cli_filter_lua=lua_with_grace("cli_filter.lua")) as mini:
-            yield Cluster(mini.env(), mini.work)
-        return
-    tmp = Path(tempfile.mkdtemp(prefix="gb-tpl-", dir="/tmp"))
-    tmp.chmod(0o755)  # munged (user munge) must reach the sandbox dir
-    lua = tmp / "job_submit.lua"
-    lua.write_text(lua_with_grace("job_submit.lua"))
-    sb = sandbox_cls(tmp / "sb", nodes=2, grace_s=GRACE_S, job_submit_lua=lua, vllm=False,
-                     extra_slurm_conf="CliFilterPlugins=cli_filter/lua")
-    try:
-        sb.up()
-        # cli_filter runs in sbatch: it reads cli_filter.lua next to the slurm.conf it uses.
-        (sb.slurm.etc / "cli_filter.lua").write_text(lua_with_grace("cli_filter.lua"))
-        work = tmp / "work"
-        work.mkdir()
-        yield Cluster(sb.slurm_env(), work)
-    finally:
-        sb.down()
-        shutil.rmtree(tmp, ignore_errors=True)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmOnly]:
+    lua = tmp_path_factory.mktemp("lua")
+    (lua / "job_submit.lua").write_text(lua_with_grace("job_submit.lua"))
+    (lua / "cli_filter.lua").write_text(lua_with_grace("cli_filter.lua"))
+    with slurm_only(nodes=2, grace_s=GRACE_S, job_submit_lua=lua / "job_submit.lua",
+                    cli_filter_lua=lua / "cli_filter.lua") as c:
+        yield c
 
 
 def expected_result() -> str:

@@ -11,25 +11,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from bridge import wellknown as wk
 from gpu_bridge_lab.sandbox.faultproxy import pipe
-
-
-def kube_server_class() -> Any:
-    try:
-        from gpu_bridge_lab.sandbox.kube.server import KubeServer
-    except ImportError:
-        pytest.skip("the sandbox KubeServer (gpu_bridge_lab.sandbox.kube.server) is not available yet")
-    return KubeServer
+from gpu_bridge_lab.sandbox.kube.server import KubeServer
 
 
 def start_server(tmp: Path) -> Iterator[tuple[Any, Path]]:
-    cls = kube_server_class()
-    server = cls(port=0, pod_start_delay_s=0.3)
+    server = KubeServer(port=0, pod_start_delay_s=0.3)
     start = getattr(server, "start", None)
     if callable(start):
         start()

@@ -1,4 +1,4 @@
-"""The issue's "done when", end to end in the sandbox: `kubectl drain` on a serving node
+"""An operator's drain, end to end in the sandbox: `kubectl drain` on a serving node
 evicts its vLLM pod through the PDB, the vLLM simulator (following the Ready pods) stops
 counting that replica, and the replacement pod lands on the spare node and serves."""
 

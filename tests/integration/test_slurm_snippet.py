@@ -15,17 +15,13 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from slurm_mini import MiniSlurm, have_slurm
-except ImportError:  # tests/integration became a package
-    from .slurm_mini import MiniSlurm, have_slurm  # type: ignore[no-redef]
+from sandbox_fixtures import SlurmOnly, slurm_only
 
 ROOT = Path(__file__).resolve().parents[2]
 SNIPPET = ROOT / "slurm_conf" / "slurm.conf.snippet"
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not have_slurm(), reason="Slurm daemons not installed"),
     pytest.mark.timeout(120),
 ]
 
@@ -38,10 +34,10 @@ def adapted_snippet(nodes: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[MiniSlurm]:
-    lua = (ROOT / "slurm_conf" / "job_submit.lua").read_text()
-    cli = (ROOT / "slurm_conf" / "cli_filter.lua").read_text()
-    with MiniSlurm(nodes=1, snippet=adapted_snippet("gpu-node-01"), job_submit_lua=lua, cli_filter_lua=cli) as c:
+def cluster() -> Iterator[SlurmOnly]:
+    with slurm_only(nodes=1, slurm_snippet=adapted_snippet("gpu-node-01"),
+                    job_submit_lua=ROOT / "slurm_conf" / "job_submit.lua",
+                    cli_filter_lua=ROOT / "slurm_conf" / "cli_filter.lua") as c:
         yield c
 
 
@@ -49,7 +45,7 @@ def kv(text: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", text))
 
 
-def test_config_is_what_the_bridge_relies_on(cluster: MiniSlurm) -> None:
+def test_config_is_what_the_bridge_relies_on(cluster: SlurmOnly) -> None:
     config = cluster.run(["scontrol", "show", "config"]).stdout
     assert re.search(r"PreemptType\s+= preempt/partition_prio", config)
     assert re.search(r"PreemptMode\s+= REQUEUE", config)
@@ -65,7 +61,7 @@ def test_config_is_what_the_bridge_relies_on(cluster: MiniSlurm) -> None:
     assert hold.get("Hidden", "NO") == "NO"  # squeue must show researchers who holds a node
 
 
-def test_hold_job_preempts_research_job(cluster: MiniSlurm) -> None:
+def test_hold_job_preempts_research_job(cluster: SlurmOnly) -> None:
     out = cluster.work / "victim.out"
     script = "trap 'echo URG' URG; echo start; for i in $(seq 400); do sleep 0.25; done"
     r = cluster.run(["sbatch", "--parsable", "-p", "preempt", "-o", str(out), "--wrap", script])

@@ -1,4 +1,4 @@
-"""A short seeded soak in the default suite (issue 16): random load flips and faults (the daemon
+"""A short seeded soak in the default suite: random load flips and faults (the daemon
 SIGKILLed, slurmctld SIGKILLed and restarted, Prometheus paused, a second daemon, the Lease
 holder paused), research jobs in flight, invariants checked every second through the real CLIs.
 The long run across seeds is ``scripts/reliability.py --soak`` (docs/reliability.md)."""

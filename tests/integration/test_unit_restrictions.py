@@ -21,10 +21,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from slurm_mini import MiniSlurm, have_slurm
-except ImportError:  # tests/integration became a package
-    from .slurm_mini import MiniSlurm, have_slurm  # type: ignore[no-redef]
+from sandbox_fixtures import SlurmOnly, slurm_only
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPER = Path(__file__).with_name("unit_restrictions_exec.py")
@@ -48,25 +45,24 @@ def can_unshare() -> bool:
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not have_slurm(), reason="Slurm daemons not installed"),
     pytest.mark.skipif(not can_unshare(), reason="needs root, x86_64 and mount namespaces"),
     pytest.mark.timeout(120),
 ]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[MiniSlurm]:
-    with MiniSlurm(nodes=1) as c:
+def cluster() -> Iterator[SlurmOnly]:
+    with slurm_only(nodes=1) as c:
         yield c
 
 
-def restricted(c: MiniSlurm, cmd: list[str]) -> subprocess.CompletedProcess[str]:
+def restricted(c: SlurmOnly, cmd: list[str]) -> subprocess.CompletedProcess[str]:
     argv = ["unshare", "-m", "--propagation", "private", sys.executable, str(HELPER),
-            "--families", unit_families(), "--ro", "/", "--ro", str(c.root), "--", *cmd]
+            "--families", unit_families(), "--ro", "/", "--ro", str(c.root), "--ro", str(c.sb.munge_dir), "--", *cmd]
     return c.run(argv, timeout=30)
 
 
-def test_emulation_bites(cluster: MiniSlurm) -> None:
+def test_emulation_bites(cluster: SlurmOnly) -> None:
     probe = "import socket; socket.socket(socket.AF_NETLINK, socket.SOCK_RAW)"
     r = restricted(cluster, [sys.executable, "-c", probe])
     assert r.returncode != 0 and "Address family not supported" in r.stderr
@@ -87,12 +83,12 @@ def test_emulation_bites(cluster: MiniSlurm) -> None:
     ],
     ids=["ping", "sinfo-json", "squeue-json", "show-node"],
 )
-def test_slurm_reads_work_restricted(cluster: MiniSlurm, cmd: list[str]) -> None:
+def test_slurm_reads_work_restricted(cluster: SlurmOnly, cmd: list[str]) -> None:
     r = restricted(cluster, cmd)
     assert r.returncode == 0, r.stderr
 
 
-def test_slurm_writes_work_restricted(cluster: MiniSlurm) -> None:
+def test_slurm_writes_work_restricted(cluster: SlurmOnly) -> None:
     """The daemon's write sequence: drain, hold job, cancel it, resume."""
     steps = [
         ["scontrol", "update", "NodeName=gpu-node-01", "State=DRAIN", "Reason=gpu-bridge: serving"],
@@ -109,7 +105,7 @@ def test_slurm_writes_work_restricted(cluster: MiniSlurm) -> None:
     assert state.startswith("IDLE") and "DRAIN" not in state, node
 
 
-def test_daemon_python_imports_work_restricted(cluster: MiniSlurm) -> None:
+def test_daemon_python_imports_work_restricted(cluster: SlurmOnly) -> None:
     """MemoryDenyWriteExecute breaks code that needs W+X memory (some JITs, old libffi)."""
     code = (
         "import kubernetes.client, kubernetes.config, prometheus_api_client, yaml, structlog, ssl, json;"

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
+from gpu_bridge_lab.sandbox.kube import serving_model
+from gpu_bridge_lab.sandbox.kube import server as kube_server
+
 pytestmark = pytest.mark.integration
 
-kube_server = pytest.importorskip("gpu_bridge_lab.sandbox.kube.server", reason="the sandbox KubeServer is not available")
-serving_model = pytest.importorskip("gpu_bridge_lab.sandbox.kube.serving_model")
 
 
 @pytest.fixture

@@ -195,7 +195,7 @@ def test_slurm_down_holds_everything_and_writes_nothing() -> None:
     assert w.violations == []
 
 
-# --- calibration (issue 11): rebuilt from Prometheus at start-up, measured delays ------------
+# --- calibration: rebuilt from Prometheus at start-up, measured delays ------------
 
 CALIBRATED = {"enabled": True, "window_s": 3600, "step_s": 1, "interval_s": 5, "min_history_s": 600,
               "delay_min_samples": 1}

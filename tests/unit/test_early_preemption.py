@@ -1,4 +1,4 @@
-"""Jobs preempted within minutes of (re)starting are counted (issue 16): by the daemon's
+"""Jobs preempted within minutes of (re)starting are counted: by the daemon's
 ``gpu_bridge_preempted_job_runtime_seconds`` histogram and by the simulator's
 ``early_preemptions`` / ``early_lost_gpu_hours``."""
 

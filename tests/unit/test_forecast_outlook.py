@@ -193,7 +193,7 @@ def test_daemon_exports_the_outlook_and_nan_when_prometheus_fails() -> None:
     assert cal is not None and cal == outlook_calibration(prom.histories["llama"], now, config=d.config, pool=d.config.pools[0], nodes=4)
     # 01:00-02:00: 1 replica; with 4 replicas of capacity the night margin comes out higher than
     # with 8 (the 08:00 jump to 5 exceeds the pool, the window differs): in (2, 2.5] -> serving
-    # keeps ceil(m * 2 - 1) = 4 of 4 nodes, 0 lendable (it was 2 with the old fixed +20 % +0.5 headroom)
+    # keeps ceil(m * 2 - 1) = 4 of 4 nodes, 0 lendable (a fixed +20 % + 0.5 headroom would keep 2)
     m1 = cal.margin_over(T0 + 8 * DAY + 3600.0, T0 + 8 * DAY + 7200.0)
     assert m1 is not None and 2.0 < m1 <= 2.5
     assert _gauge(m, "gpu_bridge_pool_demand_forecast_replicas", "1") == pytest.approx(1.0)

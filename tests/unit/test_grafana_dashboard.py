@@ -1,4 +1,4 @@
-"""deploy/grafana/gpu-bridge-dashboard.json: valid JSON with the panels the issue asks for, and
+"""deploy/grafana/gpu-bridge-dashboard.json: valid JSON with the panels an operator needs, and
 every PromQL expression in it parses. promtool 2.42 has no parse-only command, so each
 expression (Grafana variables replaced by sample values) becomes a recording rule in a temp
 rules file that `promtool check rules` must accept."""

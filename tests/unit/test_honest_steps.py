@@ -1,4 +1,4 @@
-"""Steps say what they did (issue 16): a requeue step that requeued nothing does not claim
+"""Steps say what they did: a requeue step that requeued nothing does not claim
 "requeued 11", and a resume Slurm refuses after a controller restart is retried or recognised
 as done, with a warning naming the node and Slurm's message."""
 

@@ -88,6 +88,26 @@ def test_job_submit_and_extra_conf() -> None:
     assert layout().job_submit_path == Path("/tmp/sb/etc/job_submit.lua")  # next to slurm.conf
 
 
+def test_cli_filter_and_job_requeue() -> None:
+    lines = conf_lines(render_slurm_conf(layout(cli_filter_lua=True, job_requeue=0)))
+    assert "CliFilterPlugins=cli_filter/lua" in lines and "JobRequeue=0" in lines
+    assert "JobRequeue=1" in conf_lines(render_slurm_conf(layout()))
+    assert layout().cli_filter_path == Path("/tmp/sb/etc/cli_filter.lua")  # where sbatch looks
+
+
+def test_snippet_replaces_our_settings_and_partitions_but_not_our_nodes() -> None:
+    snippet = ("# admin\nPreemptMode=REQUEUE\nKillWait=30\nSelectTypeParameters=CR_Core_Memory\n"
+               "PartitionName=preempt Nodes=gpu-node-01 GraceTime=120 State=UP\n")
+    lines = conf_lines(render_slurm_conf(layout(snippet=snippet, extra="MaxJobCount=5000")))
+    assert lines.count("KillWait=30") == 1 and "KillWait=10" not in lines
+    assert "SelectTypeParameters=CR_Core" not in lines and "SelectTypeParameters=CR_Core_Memory" in lines
+    assert [ln for ln in lines if ln.startswith("PartitionName=")] == [
+        "PartitionName=preempt Nodes=gpu-node-01 GraceTime=120 State=UP"]  # the snippet's only
+    assert sum(ln.startswith("NodeName=") for ln in lines) == 3  # ours: the ports are the sandbox's
+    assert "JobRequeue=1" in lines  # a setting the snippet does not make stays ours
+    assert lines[-1] == "MaxJobCount=5000"
+
+
 def test_layout_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="node_ports: no port for gpu-node-03"):
         render_slurm_conf(layout(node_ports={"gpu-node-01": 1, "gpu-node-02": 2}))
@@ -97,6 +117,8 @@ def test_layout_validation_names_the_field() -> None:
         render_slurm_conf(layout(grace_s=-1))
     with pytest.raises(ValueError, match="hold_group"):
         render_slurm_conf(layout(hold_group="a b"))
+    with pytest.raises(ValueError, match="job_requeue: must be 0 or 1, got 2"):
+        render_slurm_conf(layout(job_requeue=2))
 
 
 def test_gres_conf_uses_fixed_device_files() -> None:

@@ -1,4 +1,4 @@
-"""The soak's end-of-run judgements on synthetic evidence: they can fail (issue 16)."""
+"""The soak's end-of-run judgements on synthetic evidence: they can fail."""
 
 from __future__ import annotations
 

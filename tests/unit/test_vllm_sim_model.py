@@ -226,6 +226,24 @@ def test_least_loaded_balancing_spreads_requests() -> None:
     assert min(done) > 0.8 * max(done)
 
 
+def test_node_weight_keeps_that_replica_busier() -> None:
+    """A node of weight 4 holds about 4x the in-flight requests of its peer (uneven routing,
+    as sticky sessions make it); clearing the weights evens them out again."""
+    sim = sim_with(rate=40.0, replicas=2)
+    sim.set_load({"node_weights": {"node-0": 4}})
+    heavy, light = [], []
+    for _ in range(50):
+        sim.advance(2)
+        heavy.append(sim.replicas["r0"].load)
+        light.append(sim.replicas["r1"].load)
+    assert statistics.mean(heavy) > 3 * statistics.mean(light) > 0
+    assert sim.load_status()["models"]["m"]["node_weights"] == {"node-0": 4.0}
+    sim.set_load({"reset": True, "rate": 40.0})
+    sim.advance(100)
+    loads = [r.load for r in sim.replicas.values()]
+    assert max(loads) - min(loads) <= max(3, 0.2 * max(loads))
+
+
 def test_trace_clock_speed_and_scaling() -> None:
     trace = Trace((0.0, 600.0, 1200.0), (1.0, 2.0, 3.0), (1.0, 1.5, 2.0), 600.0, "t")
     sim = Simulation(trace, ["m"], speed=60.0, trace_start_s=600.0)
@@ -252,6 +270,9 @@ def test_trace_clock_speed_and_scaling() -> None:
         ({"multiplier": True}, "load.multiplier"),
         ({"model": "nope"}, "unknown model"),
         ({"speed": 2}, "unknown key"),
+        ({"node_weights": ["node-0"]}, "load.node_weights"),
+        ({"node_weights": {"node-0": 0}}, "load.node_weights.node-0"),
+        ({"node_weights": {"node-0": None}}, "load.node_weights.node-0"),
     ],
 )
 def test_bad_load_overrides_name_the_field(body: dict, match: str) -> None:

@@ -40,26 +40,33 @@ def sandbox_config(
     lease_duration_s: float = 6.0,
     forecast: bool = _PRODUCT.policy.forecast.enabled,
     lease_namespace: str = serving.NAMESPACE,
+    pool_b: bool = False,
 ) -> dict[str, Any]:
     """The YAML document (a dict, every key resolved) for a daemon run against the sandbox;
-    raises ``ConfigError`` if an argument is out of the product's bounds."""
+    ``pool_b``: the second pool of ``serving.split_pool`` too, with the same settings. Raises
+    ``ConfigError`` if an argument is out of the product's bounds."""
+
+    def pool(name: str, deployment: str, model: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": serving.NAMESPACE,
+            "deployment": deployment,
+            "model_name": model,
+            "min_serving": min_serving,
+            "cold_start_s": cold_start_s,
+            "drain_s": 5.0,
+            # a 4-node sandbox without a calibrated margin: the loads the demo and the
+            # end-to-end test drive assume this headroom
+            "headroom": headroom,
+            "headroom_replicas": headroom_replicas,
+            "target": {"concurrency_per_replica": concurrency_per_replica},
+        }
+
+    pools = [pool(serving.POOL, serving.DEPLOYMENT, serving.MODEL)]
+    if pool_b:
+        pools.append(pool(serving.POOL_B, serving.DEPLOYMENT_B, serving.MODEL_B))
     doc: dict[str, Any] = {
-        "pools": [
-            {
-                "name": serving.POOL,
-                "namespace": serving.NAMESPACE,
-                "deployment": serving.DEPLOYMENT,
-                "model_name": serving.MODEL,
-                "min_serving": min_serving,
-                "cold_start_s": cold_start_s,
-                "drain_s": 5.0,
-                # a 4-node sandbox without a calibrated margin: the loads the demo and the
-                # end-to-end test drive assume this headroom
-                "headroom": headroom,
-                "headroom_replicas": headroom_replicas,
-                "target": {"concurrency_per_replica": concurrency_per_replica},
-            }
-        ],
+        "pools": pools,
         "slurm": {
             "grace_s": grace_s,
             "min_runtime_s": min_runtime_s,

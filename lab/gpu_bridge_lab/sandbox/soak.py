@@ -1,4 +1,4 @@
-"""A randomized soak on the real serving sandbox (``scripts/reliability.py --soak``; issue 16).
+"""A randomized soak on the real serving sandbox (``scripts/reliability.py --soak``).
 
 From one seed: load flips at random intervals, faults at random times (the daemon SIGKILLed,
 slurmctld SIGKILLed and restarted, Prometheus paused, a second daemon, the leader paused past

@@ -8,9 +8,8 @@ State lives in ``DIR/sandbox.json`` (pids with their start times, ports, paths),
 and ``status`` work from another process (``Sandbox.attach(DIR)``). ``DIR/env`` is the
 shell-sourceable summary (``set -a; . DIR/env; set +a``).
 
-Adding a component (the hook for the Kubernetes API server): implement the ``Component``
-protocol below and put it in ``Sandbox._components()``; ``KubeApiComponent`` is already
-written and enabled by ``kube=True``.
+Adding a component: implement the ``Component`` protocol below and put it in
+``Sandbox._components()``.
 """
 
 from __future__ import annotations
@@ -71,13 +70,10 @@ class Component(Protocol):
 
 
 def bridge_subcommand_registered(module: str, command: str) -> bool:
-    """Whether ``gpu-bridge sandbox <command>`` exists yet (its owner's module registers it)."""
+    """Whether ``module`` registers ``gpu-bridge sandbox <command>`` (an import error propagates)."""
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
-    try:
-        importlib.import_module(module).register_cli(sub)
-    except Exception:  # a half-written module must not break `up`; reported by the caller
-        return False
+    importlib.import_module(module).register_cli(sub)  # a broken module fails `up`, loudly
     return command in sub.choices
 
 
@@ -121,8 +117,8 @@ class MungeComponent:
 
 
 class BridgeSubprocessComponent:
-    """A `gpu-bridge sandbox <command>` written by another part of the project, run as a
-    subprocess of this Python: started only if its module registers the command."""
+    """A `gpu-bridge sandbox <command>` of another lab module, run as a subprocess of this
+    Python (its own process: it is stopped and restarted like the daemons)."""
 
     def __init__(self, name: str, module: str, command: str, port_key: str, extra_args: Sequence[str] = ()) -> None:
         self.name = name
@@ -215,7 +211,7 @@ class SlurmComponent:
 
     def start(self, sb: Sandbox) -> None:
         lay = sb.slurm
-        slurm.write_files(lay, sb.job_submit_lua)
+        slurm.write_files(lay, sb.job_submit_lua, sb.cli_filter_lua)
         # slurmctld first: a slurmd that cannot register backs off for 11-25 s.
         sb.wait(lambda: munge.works(sb.munge_paths), 20, "munged to answer on its socket", "munged")
         sb.start_slurmctld()
@@ -251,6 +247,9 @@ class Sandbox:
         grace_s: int = 10,
         extra_slurm_conf: str = "",
         job_submit_lua: Path | str | None = None,
+        cli_filter_lua: Path | str | None = None,
+        job_requeue: int = 1,
+        slurm_snippet: str = "",
         scrape_targets: Sequence[ScrapeTarget | str] = (),
         vllm: bool | None = None,
         vllm_args: Sequence[str] = ("--replicas", "1"),
@@ -278,6 +277,11 @@ class Sandbox:
         self.job_submit_lua = Path(job_submit_lua).absolute() if job_submit_lua else None
         if self.job_submit_lua is not None and not self.job_submit_lua.is_file():
             raise SandboxError(f"job_submit_lua: {self.job_submit_lua} is not a file")
+        self.cli_filter_lua = Path(cli_filter_lua).absolute() if cli_filter_lua else None
+        if self.cli_filter_lua is not None and not self.cli_filter_lua.is_file():
+            raise SandboxError(f"cli_filter_lua: {self.cli_filter_lua} is not a file")
+        self.job_requeue = job_requeue
+        self.slurm_snippet = slurm_snippet
         self.extra_targets = tuple(t if isinstance(t, ScrapeTarget) else prom.parse_target(t) for t in scrape_targets)
         self.vllm_requested = vllm
         self.vllm_args = tuple(vllm_args)
@@ -373,6 +377,9 @@ class Sandbox:
                 hold_group=_bridge_group(),
                 extra=self.extra_slurm_conf,
                 job_submit_lua=self.job_submit_lua is not None,
+                cli_filter_lua=self.cli_filter_lua is not None,
+                job_requeue=self.job_requeue,
+                snippet=self.slurm_snippet,
                 command_prefix=self.slurm_command_prefix,
                 root=self.slurm_root,
             )
@@ -500,12 +507,9 @@ class Sandbox:
             comps.append(kube)
         vllm = VllmSimComponent(self.vllm_args)
         if self.vllm_requested is not False:
-            if vllm.available():
-                comps.append(vllm)
-            elif self.vllm_requested:
+            if not vllm.available():
                 raise SandboxError("vllm: `gpu-bridge sandbox vllm` is not available (gpu_bridge_lab.sandbox.vllm registers no command)")
-            else:
-                self.notes.append("vLLM simulator not started: gpu_bridge_lab.sandbox.vllm registers no `vllm` command yet")
+            comps.append(vllm)
         # Prometheus after the things it scrapes, Slurm last (it blocks on munged).
         if self.prometheus_enabled:
             comps.append(PrometheusComponent())

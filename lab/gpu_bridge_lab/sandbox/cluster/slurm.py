@@ -49,6 +49,12 @@ class SlurmLayout:
     cluster_name: str = "gpubridge"
     extra: str = ""
     job_submit_lua: bool = False
+    cli_filter_lua: bool = False
+    # JobRequeue: 0 lets a test prove that job_submit.lua itself makes `preempt` jobs requeueable.
+    job_requeue: int = 1
+    # An administrator's slurm.conf lines (slurm_conf/slurm.conf.snippet): every setting it makes
+    # replaces ours, and its partitions replace the sandbox's two; node lines stay ours.
+    snippet: str = ""
     slurm_user: str = "root"
     extra_partitions: Sequence[str] = field(default_factory=tuple)
     # Slurm from another tree (Debian 13's 24.11 under systemd-nspawn, gpu_bridge_lab.sandbox.nspawn):
@@ -71,6 +77,11 @@ class SlurmLayout:
     @property
     def job_submit_path(self) -> Path:
         return self.etc / "job_submit.lua"
+
+    @property
+    def cli_filter_path(self) -> Path:
+        """Where sbatch/srun look for cli_filter.lua: next to the slurm.conf they read."""
+        return self.etc / "cli_filter.lua"
 
     @property
     def state_dir(self) -> Path:
@@ -114,6 +125,8 @@ class SlurmLayout:
             problems.append(f"gpus: must be >= 1, got {self.gpus}")
         if not _NAME_OK.match(self.hold_group):
             problems.append(f"hold_group: bad group name {self.hold_group!r}")
+        if self.job_requeue not in (0, 1):
+            problems.append(f"job_requeue: must be 0 or 1, got {self.job_requeue}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -160,7 +173,7 @@ def render_slurm_conf(lay: SlurmLayout) -> str:
         # Reclaim design: hold jobs in the high tier preempt research jobs with REQUEUE.
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
-        "JobRequeue=1",
+        f"JobRequeue={lay.job_requeue}",
         "SlurmctldParameters=preempt_send_user_signal",
         # A job that saved on the signal exits with this code: Slurm requeues it at any time.
         f"RequeueExit={wellknown.SLURM_REQUEUE_EXIT}",
@@ -168,11 +181,15 @@ def render_slurm_conf(lay: SlurmLayout) -> str:
     ]
     if lay.job_submit_lua:
         lines.append("JobSubmitPlugins=lua")
+    if lay.cli_filter_lua:
+        lines.append("CliFilterPlugins=cli_filter/lua")
     for n in lay.nodes:
         lines.append(
             f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={lay.node_ports[n]} "
             f"CPUs={lay.cpus} RealMemory={lay.real_memory_mb} Gres=gpu:{lay.gpus} State=UNKNOWN"
         )
+    if lay.snippet.strip():
+        return _with_snippet(lines, lay.snippet, lay.extra)
     lines += [
         f"PartitionName={wellknown.SLURM_PREEMPT_PARTITION} Nodes={all_nodes} Default=YES PriorityTier=1 "
         f"PreemptMode=REQUEUE GraceTime={lay.grace_s} OverTimeLimit={wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN} "
@@ -184,6 +201,24 @@ def render_slurm_conf(lay: SlurmLayout) -> str:
     if lay.extra.strip():
         lines += ["# --- extra_slurm_conf ---", lay.extra.strip()]
     return "\n".join(lines) + "\n"
+
+
+def _setting_key(line: str) -> str | None:
+    """``Key`` of a ``Key=value`` line (None for comments and blank lines)."""
+    s = line.strip()
+    if not s or s.startswith("#") or "=" not in s:
+        return None
+    return s.split("=", 1)[0]
+
+
+def _with_snippet(lines: list[str], snippet: str, extra: str) -> str:
+    """Our settings minus those the snippet makes, our node lines, then the snippet as given."""
+    keys = {k for k in map(_setting_key, snippet.splitlines()) if k is not None}
+    kept = [ln for ln in lines if _setting_key(ln) not in keys or _setting_key(ln) == "NodeName"]
+    kept += ["# --- administrator's snippet ---", snippet.strip()]
+    if extra.strip():
+        kept += ["# --- extra_slurm_conf ---", extra.strip()]
+    return "\n".join(kept) + "\n"
 
 
 def render_gres_conf(lay: SlurmLayout) -> str:
@@ -250,7 +285,7 @@ def real_binary(name: str, root: Path | None = None) -> Path:
     raise SandboxError(f"{name} not found: install the Debian packages slurmctld, slurmd (scripts/setup.sh)")
 
 
-def write_files(lay: SlurmLayout, job_submit_lua: Path | None = None) -> None:
+def write_files(lay: SlurmLayout, job_submit_lua: Path | None = None, cli_filter_lua: Path | None = None) -> None:
     """Conf files, device files, spool dirs and the argv[0]-named daemon symlinks."""
     for d in (lay.etc, lay.state_dir, lay.log_dir, lay.bin_dir, lay.dev_dir, lay.dir / "run"):
         d.mkdir(parents=True, exist_ok=True)
@@ -273,6 +308,8 @@ def write_files(lay: SlurmLayout, job_submit_lua: Path | None = None) -> None:
         (lay.etc / "cgroup.conf").write_text(cgroup)
     if job_submit_lua is not None:
         shutil.copyfile(job_submit_lua, lay.job_submit_path)
+    if cli_filter_lua is not None:
+        shutil.copyfile(cli_filter_lua, lay.cli_filter_path)
 
 
 def ctld_argv(lay: SlurmLayout) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,10 @@ class ModelLoad:
     aborted_total: int = 0  # aborted at a drain deadline (replica series are gone by then)
     last_rate: float = 0.0
     last_cv: float = 1.0
+    # node -> routing weight (default 1): a replica on a node of weight w is kept at about w
+    # times the in-flight requests of the others, as sticky sessions or prefix-cache-aware
+    # routing make one replica busier than its peers; uneven in-flight work per node.
+    node_weights: dict[str, float] = field(default_factory=dict)
 
 
 def format_clock(trace_time_s: float) -> str:
@@ -112,9 +116,10 @@ class Simulation:
         ``multiplier`` (>= 0), ``cv`` (> 0, null clears), ``reset`` (true: back to the trace)."""
         if not isinstance(body, dict):
             raise SimError("load: expected a JSON object")
-        unknown = set(body) - {"model", "rate", "multiplier", "cv", "reset"}
+        unknown = set(body) - {"model", "rate", "multiplier", "cv", "reset", "node_weights"}
         if unknown:
-            raise SimError(f"load: unknown key(s) {', '.join(sorted(unknown))}; expected model, rate, multiplier, cv, reset")
+            raise SimError(f"load: unknown key(s) {', '.join(sorted(unknown))}; "
+                           "expected model, rate, multiplier, cv, reset, node_weights")
         with self.lock:
             model = body.get("model")
             if model is not None and model not in self.models:
@@ -122,7 +127,9 @@ class Simulation:
             targets = [self.models[model]] if model is not None else list(self.models.values())
             updates: dict[str, Any] = {}
             if body.get("reset"):
-                updates.update(override_rate=None, override_cv=None, multiplier=1.0)
+                updates.update(override_rate=None, override_cv=None, multiplier=1.0, node_weights={})
+            if "node_weights" in body:
+                updates["node_weights"] = _node_weights(body["node_weights"])
             if "rate" in body:
                 updates["override_rate"] = _opt_number(body["rate"], "load.rate", allow_zero=True)
             if "cv" in body:
@@ -132,7 +139,7 @@ class Simulation:
                 updates["multiplier"] = 1.0 if mult is None else mult
             for m in targets:
                 for k, v in updates.items():
-                    setattr(m, k, v)
+                    setattr(m, k, dict(v) if isinstance(v, dict) else v)
             return self.load_status()
 
     def load_status(self) -> dict[str, Any]:
@@ -151,7 +158,7 @@ class Simulation:
                 rate, cv = self.rate_and_cv(name)
                 out["models"][name] = {
                     "rate": rate, "cv": cv, "override_rate": m.override_rate, "override_cv": m.override_cv,
-                    "multiplier": m.multiplier, "arrived": m.arrived_total, "rejected": m.rejected_total,
+                    "multiplier": m.multiplier, "node_weights": dict(m.node_weights), "arrived": m.arrived_total, "rejected": m.rejected_total,
                     "aborted": m.aborted_total,
                     "capacity_rps": round(self.params.capacity_rps() * sum(
                         1 for r in self.replicas.values() if r.model == name and r.accepting), 2),
@@ -230,23 +237,38 @@ class Simulation:
         self._reap()
 
     def _dispatch(self, m: ModelLoad, t: float, offsets: list[float]) -> None:
-        """Least-loaded routing (running + waiting), ties to the least recently picked."""
+        """Least-loaded routing (running + waiting, over the node's weight), ties to the least
+        recently picked."""
         m.arrived_total += len(offsets)
         targets = [r for r in self.replicas.values() if r.model == m.name and r.accepting]
         if not targets:
             m.rejected_total += len(offsets)
             return
         sizes = sample_sizes(self._size_rng[m.name], self.params, len(offsets))
+        weights = m.node_weights
         for off, (prompt, gen, reason) in zip(offsets, sizes):
-            best = min(targets, key=_lb_key)
+            best = min(targets, key=lambda r: _lb_key(r, weights.get(r.node, 1.0)))
             self._seq += 1
             self._picks += 1
             best.last_pick = self._picks
             best.enqueue(Request(self._seq, t + off, prompt, gen, reason))
 
 
-def _lb_key(r: Replica) -> tuple[int, int]:
-    return (len(r.running) + len(r.waiting), r.last_pick)
+def _lb_key(r: Replica, weight: float = 1.0) -> tuple[float, int]:
+    return ((len(r.running) + len(r.waiting)) / weight, r.last_pick)
+
+
+def _node_weights(v: Any) -> dict[str, float]:
+    """``{"node": weight > 0, ...}``; an empty object clears them."""
+    if not isinstance(v, dict):
+        raise SimError(f"load.node_weights: expected an object of node -> weight, got {v!r}")
+    out: dict[str, float] = {}
+    for node, w in v.items():
+        weight = _opt_number(w, f"load.node_weights.{node}", allow_zero=False)
+        if weight is None:
+            raise SimError(f"load.node_weights.{node}: expected a number > 0, got null")
+        out[str(node)] = weight
+    return out
 
 
 def _opt_number(v: Any, key: str, *, allow_zero: bool) -> float | None:

@@ -34,7 +34,7 @@ from bridge.adapters.kube.objects import (
     parse_node,
     parse_pod,
 )
-from bridge.adapters.kube.protocol import CacheStatus, PoolTarget
+from bridge.adapters.protocols import CacheStatus, PoolTarget
 from bridge.adapters.prom import PromPool, SignalsReading
 from bridge.model import LoadSignals, Phase, Pin
 

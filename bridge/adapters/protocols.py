@@ -72,6 +72,11 @@ class KubeReader(Protocol):
 
     def deployment(self, pool: str) -> DeploymentInfo | None: ...
 
+    def read_node(self, name: str) -> NodeInfo:
+        """The node as the API server has it now (one GET; any node, not only the pools'):
+        for the operator's commands, which must not act on a stale cache."""
+        ...
+
     def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
         """The Deployment's scale subresource, read now (one GET)."""
         ...

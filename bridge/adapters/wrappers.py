@@ -54,6 +54,9 @@ class KubeReadThrough:
     def deployment(self, pool: str) -> DeploymentInfo | None:
         return self._inner.deployment(pool)
 
+    def read_node(self, name: str) -> NodeInfo:
+        return self._inner.read_node(name)
+
     def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
         return self._inner.read_scale(namespace, deployment)
 

@@ -356,6 +356,11 @@ def test_kube_lists_only_the_configured_pools_nodes(kube_world: KubeWorld) -> No
     w.eventually(lambda: k.node(w.nodes[0]).unschedulable, 10, "the cache caught up")  # type: ignore[union-attr]
     assert tuple(n.name for n in k.nodes()) == w.nodes
     assert k.node(other) is None
+    assert k.read_node(other).pool == f"{w.pool}-other"  # a GET reads any node, now
+    assert k.read_node(w.nodes[0]).unschedulable
+    with pytest.raises(KubeApiError) as info:
+        k.read_node(f"{other}-none")
+    assert info.value.status == 404
 
 
 def test_kube_phase_owner_request_pin_on_the_node(kube_world: KubeWorld) -> None:

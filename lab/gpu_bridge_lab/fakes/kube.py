@@ -166,6 +166,13 @@ class FakeKube:
             "status": {"observedGeneration": 1, "replicas": len(pods), "readyReplicas": ready, "availableReplicas": ready, "updatedReplicas": len(pods)},
         })
 
+    def read_node(self, name: str) -> NodeInfo:
+        self.calls[("get", "nodes")] += 1
+        obj = self._nodes.get(name)
+        if obj is None:
+            raise KubeApiError("get", "nodes", name, 404, "NotFound")
+        return parse_node(obj)
+
     def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
         self.calls[("get", "deployments/scale")] += 1
         p = self._by_deployment(namespace, deployment)

@@ -34,7 +34,7 @@ from bridge.adapters.kube.objects import (
     parse_node,
     parse_pod,
 )
-from bridge.adapters.protocols import CacheStatus, PoolTarget
+from bridge.adapters.protocols import CacheStatus, KubeAdapterProtocol, Leader, PoolTarget, PromReader
 from bridge.adapters.prom import PromPool, SignalsReading
 from bridge.model import LoadSignals, Phase, Pin
 
@@ -450,3 +450,9 @@ class FakeLeader:
         was = self.is_leader
         self.released = True
         return was
+
+
+def _conforms(kube: FakeKube, prom: FakeProm, leader: FakeLeader) -> tuple[KubeAdapterProtocol, PromReader, Leader]:
+    """Never called: ``mypy --strict`` checks here that each fake implements the contract it
+    stands in for (tests/unit/test_static_checks.py)."""
+    return kube, prom, leader

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import requests
 from prometheus_api_client import PrometheusConnect
@@ -71,9 +71,20 @@ class PromPool:
                 raise ValueError(f"pools[{self.name}].prometheus_matchers: {key!r} is set by gpu-bridge itself")
 
     @classmethod
-    def from_config(cls, pool: Any) -> PromPool:
+    def from_config(cls, pool: PoolSettings) -> PromPool:
         """From a ``bridge.config.PoolConfig`` (name, model, prometheus_matchers)."""
         return cls(name=pool.name, model=pool.model, matchers=dict(pool.prometheus_matchers))
+
+
+class PoolSettings(Protocol):
+    """What a pool's Prometheus selection needs of its configuration (``bridge.config.PoolConfig``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def prometheus_matchers(self) -> Mapping[str, str]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,7 +170,7 @@ class FakeSlurm:
             flags.add("NOT_RESPONDING")
         return SlurmNode(name=n.name, state=state, flags=frozenset(flags), reason=n.reason, gpus=n.gpus,
                          gpus_used=n.gpus if busy else 0,
-                         partitions=(wellknown.SLURM_PREEMPT_PARTITION, wellknown.SLURM_HOLD_PARTITION),
+                         partitions=tuple(sorted((wellknown.SLURM_PREEMPT_PARTITION, wellknown.SLURM_HOLD_PARTITION))),
                          reason_user=n.reason_user)
 
     # ---- SlurmReader -------------------------------------------------------------------

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from bridge import logs
+from bridge.adapters.protocols import KubeWriter, PoolTarget, SlurmWriter
 from bridge.errors import AdapterError
 from bridge.lifecycle import LENDING_POD_DELETION_COST, NodeFacts, Step
 from bridge.model import Action, ActionKind, Phase
@@ -26,38 +26,6 @@ START_POINTS = {ActionKind.LEND: "start_lending", ActionKind.RECLAIM: "start_rec
 
 def _no_hook(point: str) -> None:
     """The product's default: nothing happens after a write."""
-
-
-class SlurmWrites(Protocol):
-    """The Slurm write side the actuator needs (bridge.adapters.slurm implements it)."""
-
-    def drain(self, node: str, reason: str) -> bool: ...
-
-    def resume(self, node: str) -> bool: ...
-
-    def submit_hold(self, node: str) -> str: ...
-
-    def cancel_hold(self, node: str) -> Any: ...
-
-    def requeue(self, job_id: str) -> bool: ...
-
-
-class KubeWrites(Protocol):
-    """The Kubernetes write side the actuator needs (bridge.adapters.kube implements it)."""
-
-    def set_phase(self, node: str, phase: Phase, reason: str, since: float) -> bool: ...
-
-    def fence(self, node: str) -> bool: ...
-
-    def unfence(self, node: str) -> bool: ...
-
-    def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool: ...
-
-    def scale(self, namespace: str, deployment: str, replicas: int) -> bool: ...
-
-    def evict(self, namespace: str, pod: str) -> Any: ...
-
-    def emit_event(self, node: str, reason: str, message: str, event_type: str = "Normal") -> None: ...
 
 
 # Event reasons shown by `kubectl describe node` (CamelCase, as Kubernetes' own).
@@ -82,15 +50,6 @@ _MARKS: Mapping[Step, Phase] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class PoolTarget:
-    """Where a pool's serving replicas are: the Deployment the actuator scales."""
-
-    name: str
-    namespace: str
-    deployment: str
-
-
 @dataclass(slots=True)
 class StepRecord:
     """What one executed step did (for logs, metrics and the latency breakdown)."""
@@ -104,8 +63,8 @@ class StepRecord:
 
 @dataclass
 class Actuator:
-    kube: KubeWrites
-    slurm: SlurmWrites
+    kube: KubeWriter
+    slurm: SlurmWriter
     clock: Callable[[], float]
     on_step: Callable[[StepRecord], None] = field(default=lambda record: None)
     # Called with the write point (a Step value, SCALE_POINT or a START_POINTS value) after each
@@ -175,7 +134,9 @@ class Actuator:
                 if not pod.terminating and pod.deletion_cost == LENDING_POD_DELETION_COST:
                     changed |= self.kube.set_pod_deletion_cost(pool.namespace, pod.name, 0)
         elif step is Step.CANCEL_HOLD:
-            changed = bool(self.slurm.cancel_hold(node))
+            cancelled = self.slurm.cancel_hold(node)
+            changed = bool(cancelled)
+            detail = f"cancelled {', '.join(cancelled)}" if cancelled else ""
         elif step is Step.REQUEUE_JOBS:
             requeued = [job for job in facts.research_jobs if self.slurm.requeue(job)]
             changed = bool(requeued)

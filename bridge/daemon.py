@@ -20,14 +20,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
 
 from bridge import logs
-from bridge.actuate import Actuator, KubeWrites, PoolTarget, SlurmWrites, StepRecord
+from bridge.actuate import Actuator, StepRecord
+from bridge.adapters.prom import PromPool
+from bridge.adapters.protocols import KubeAdapterProtocol, Leader, PoolTarget, PromReader, SlurmAdapterProtocol
 from bridge.config import Config, PoolConfig
 from bridge.errors import AdapterError
-from bridge.lifecycle import WAITS, Step, desired_replicas, next_step
+from bridge.lifecycle import WAITS, NodeFacts, Step, desired_replicas, next_step
 from bridge.manual import check_request
+from bridge.metrics import BridgeMetrics
 from bridge.model import Action, ActionKind, LoadSignals, Phase, Plan, SlurmJob
 from bridge.observe import Observation, Readings, SlurmNodeLike, join
 from bridge.policy.calibrate import Calibrator
@@ -44,43 +46,6 @@ REQUEUE_SLACK_S = 2.0
 # retried with exponential backoff up to this, not every iteration.
 RETRIED_STEPS = frozenset({Step.EVICT_POD, Step.BLOCKED})
 MAX_RETRY_BACKOFF_S = 60.0
-
-
-class SlurmReads(Protocol):
-    def nodes(self) -> Sequence[SlurmNodeLike]: ...
-
-    def jobs(self) -> Sequence[SlurmJob]: ...
-
-
-class SlurmSide(SlurmReads, SlurmWrites, Protocol):
-    pass
-
-
-class KubeSide(KubeWrites, Protocol):
-    def cache_status(self) -> Any: ...
-
-    def set_request(self, node: str, request: str | None) -> bool: ...
-
-    def nodes(self) -> Sequence[Any]: ...
-
-    def pods(self, pool: str) -> Sequence[Any]: ...
-
-    def deployment(self, pool: str) -> Any: ...
-
-
-class PromSide(Protocol):
-    def current(self, pool: Any, *, at: float | None = None, live_pods: Any = None) -> Any: ...
-
-    def history(self, pool: Any, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]: ...
-
-
-class Leader(Protocol):
-    @property
-    def is_leader(self) -> bool: ...
-
-    def try_acquire_or_renew(self) -> bool: ...
-
-    def release(self) -> bool: ...
 
 
 @dataclass
@@ -125,12 +90,12 @@ class Daemon:
         self,
         config: Config,
         *,
-        kube: KubeSide,
-        slurm: SlurmSide,
-        prom: PromSide,
-        prom_pools: Mapping[str, Any],
+        kube: KubeAdapterProtocol,
+        slurm: SlurmAdapterProtocol,
+        prom: PromReader,
+        prom_pools: Mapping[str, PromPool],
         leader: Leader | None = None,
-        metrics: Any = None,
+        metrics: BridgeMetrics | None = None,
         clock: Callable[[], float] = time.time,
         dry_run: bool = False,
         transit_poll_s: float = 0.25,
@@ -195,7 +160,7 @@ class Daemon:
             self._recorders[pool.name] = rec
         return rec
 
-    def _refresh_outlook(self, now: float, obs: Observation) -> None:
+    def _refresh_outlook(self, now: float, obs: Observation, metrics: BridgeMetrics) -> None:
         """The lendable-capacity outlook for the metric, every ``OUTLOOK_STEP_S`` per pool:
         read-only range queries, the same ``lendable_outlook`` as ``gpu-bridge forecast``.
         A failed read sets NaN (never 0) and never fails the tick."""
@@ -219,7 +184,7 @@ class Daemon:
             except AdapterError as exc:
                 log.warning("outlook_unavailable", pool=pool.name, error=str(exc))
                 outlook = None
-            self.metrics.record_outlook(pool.name, outlook, OUTLOOK_HOURS)
+            metrics.record_outlook(pool.name, outlook, OUTLOOK_HOURS)
 
     def _calibrator(self, pool: PoolConfig, now: float) -> Calibrator | None:
         """The pool's calibration input, rebuilt from Prometheus (``query_range`` over
@@ -280,7 +245,7 @@ class Daemon:
             dep = self.kube.deployment(p.name)
             if dep is not None:
                 desired[p.name] = dep.replicas
-                if getattr(dep, "problem", None):
+                if dep.problem:
                     pool_problems[p.name] = f"deployment {p.namespace}/{p.deployment}: {dep.problem}"
         try:
             slurm_nodes: Sequence[SlurmNodeLike] | None = self.slurm.nodes()
@@ -362,7 +327,7 @@ class Daemon:
             result.planned = plan
             if self.metrics is not None:
                 self.metrics.record_plan(plan)
-                self._refresh_outlook(now, obs)
+                self._refresh_outlook(now, obs, self.metrics)
             for d in plan.pools:
                 log.info(
                     "pool_decision",
@@ -511,7 +476,7 @@ class Daemon:
         due = self._backoff.get(node)
         return due is None or due[0] is not step or now >= due[1]
 
-    def _retry_later(self, node: str, step: Step, now: float, facts: Any) -> None:
+    def _retry_later(self, node: str, step: Step, now: float, facts: NodeFacts) -> None:
         """Back off a step that something outside us refuses (1 s, doubling to a minute),
         with one warning per attempt, so a PDB that never allows the eviction is visible
         without flooding the API server, the Events and the log."""

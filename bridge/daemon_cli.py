@@ -13,6 +13,8 @@ from typing import Any
 
 from bridge import logs, sdnotify, wellknown
 from bridge.config import Config, load_config
+from bridge.adapters.kube.objects import NodeInfo
+from bridge.adapters.protocols import Leader
 from bridge.daemon import Daemon, TickResult
 from bridge.errors import AdapterError, BridgeError, ConfigError
 from bridge.leader import LeaderElector, LeaseKeeper
@@ -181,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.info("stopped")
 
 
-def tick_status(result: TickResult, leader: Any) -> str:
+def tick_status(result: TickResult, leader: Leader | None) -> str:
     """The one-line STATUS= of ``systemctl status``: leading, standby, or why the tick failed."""
     if result.error:
         return f"tick failed: {result.error}"
@@ -316,13 +318,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _writer(args: argparse.Namespace) -> tuple[Config, Any]:
+def _writer(args: argparse.Namespace) -> tuple[Config, Adapters]:
     config = _load(args.config)
     adapters = build_adapters(config, dry_run=False, leader=False, start_watches=False)
     return config, adapters
 
 
-def _pool_node(adapters: Any, config: Config, name: str) -> Any:
+def _pool_node(adapters: Adapters, config: Config, name: str) -> NodeInfo:
     from bridge.names import validate_node_name
 
     validate_node_name(name)

@@ -18,38 +18,64 @@ from bridge.errors import AdapterError
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts
 from bridge.names import validate_node_name
-from bridge.model import JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, PoolState, SlurmJob
+from bridge.model import JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob
 
 
 class KubeNode(Protocol):
-    name: str
-    annotations: Mapping[str, str]
-    pool: str | None
-    phase: Phase | None
-    phase_since: float | None
-    pin: object
-    fenced: bool
-    problem: str | None
-    reason: str | None
+    """What observe needs of a Kubernetes node (bridge.adapters.kube.NodeInfo); read-only."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+    @property
+    def pool(self) -> str | None: ...
+    @property
+    def phase(self) -> Phase | None: ...
+    @property
+    def phase_since(self) -> float | None: ...
+    @property
+    def pin(self) -> Pin | None: ...
+    @property
+    def fenced(self) -> bool: ...
+    @property
+    def problem(self) -> str | None: ...
+    @property
+    def reason(self) -> str | None: ...
 
 
 class KubePod(Protocol):
-    name: str
-    node: str | None
-    ready: bool
-    deletion_cost: int | None
+    """What observe needs of a serving pod (bridge.adapters.kube.PodInfo); read-only."""
 
+    @property
+    def name(self) -> str: ...
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def deletion_cost(self) -> int | None: ...
     @property
     def terminating(self) -> bool: ...
 
 
 class SlurmNodeLike(Protocol):
-    """What observe needs of a Slurm node (bridge.adapters.slurm.SlurmNode)."""
+    """What observe needs of a Slurm node (bridge.adapters.slurm.SlurmNode); read-only."""
 
-    name: str
-    drained: bool  # DRAIN flag set (draining or drained)
-    reason_ours: bool  # the reason starts with gpu-bridge's prefix
-    down: bool  # DOWN or not responding
+    @property
+    def name(self) -> str: ...
+    @property
+    def drained(self) -> bool:
+        """DRAIN flag set (draining or drained)."""
+        ...
+    @property
+    def reason_ours(self) -> bool:
+        """The reason starts with gpu-bridge's prefix."""
+        ...
+    @property
+    def down(self) -> bool:
+        """DOWN or not responding."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +237,7 @@ def join(
                 pool=pool.name,
                 phase=kn.phase or Phase.SERVING,
                 phase_since=since,
-                pin=kn.pin,  # type: ignore[arg-type]
+                pin=kn.pin,
                 serving_pods=sum(1 for p in node_pods if not p.terminating),
                 serving_ready=any(p.ready and not p.terminating for p in node_pods),
                 slurm_state=_slurm_state(sn, kn.name in allocated, held=kn.name in holds and holds[kn.name].running),

@@ -7,28 +7,22 @@ real), so ``--dry-run`` runs the very same loop and policy as the daemon.
 from __future__ import annotations
 
 import os
-import socket
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bridge import logs
 from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
-from bridge.adapters.kube.dryrun import DryRunKube
-from bridge.adapters.kube.fenced import FencedKube, NotLeaderError
-from bridge.adapters.kube.protocol import PoolTarget
 from bridge.adapters.prom import PromAdapter, PromPool
+from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, SlurmAdapterProtocol
 from bridge.adapters.slurm.cli import CliSlurm
+from bridge.adapters.wrappers import DryRunKube, DryRunSlurm, FencedKube, FencedSlurm
 from bridge.config import Config
 from bridge.errors import ConfigError
-from bridge.leader import LeaderElector
+from bridge.leader import LeaderElector, default_identity
 
 log = logs.get(__name__)
-
-
-def default_identity() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def check_private_file(path: str | Path, *, what: str) -> None:
@@ -69,86 +63,15 @@ def kubeconfig_paths(config: Config) -> list[Path]:
     return [p for p in found if p.exists()]
 
 
-class DryRunSlurm:
-    """Slurm reads pass through; writes are logged and not made (``--dry-run``)."""
-
-    def __init__(self, inner: CliSlurm) -> None:
-        self._inner = inner
-
-    def nodes(self) -> Any:
-        return self._inner.nodes()
-
-    def jobs(self) -> Any:
-        return self._inner.jobs()
-
-    def _would(self, write: str, **kw: object) -> bool:
-        log.info("dry_run_write", system="slurm", write=write, **kw)
-        return False
-
-    def drain(self, node: str, reason: str) -> bool:
-        return self._would("drain", node=node, reason=reason)
-
-    def resume(self, node: str) -> bool:
-        return self._would("resume", node=node)
-
-    def submit_hold(self, node: str) -> str:
-        self._would("submit_hold", node=node)
-        return ""
-
-    def cancel_hold(self, node: str) -> bool:
-        return self._would("cancel_hold", node=node)
-
-    def requeue(self, job_id: str) -> bool:
-        return self._would("requeue", job=job_id)
-
-
-class FencedSlurm:
-    """Slurm reads pass through; every write first checks that we still hold the Lease."""
-
-    def __init__(self, inner: Any, leader: LeaderElector) -> None:
-        self._inner = inner
-        self._leader = leader
-
-    def _check(self, write: str) -> None:
-        if not self._leader.is_leader:
-            raise NotLeaderError(f"slurm {write}")
-
-    def nodes(self) -> Any:
-        return self._inner.nodes()
-
-    def jobs(self) -> Any:
-        return self._inner.jobs()
-
-    def drain(self, node: str, reason: str) -> bool:
-        self._check("drain")
-        return bool(self._inner.drain(node, reason))
-
-    def resume(self, node: str) -> bool:
-        self._check("resume")
-        return bool(self._inner.resume(node))
-
-    def submit_hold(self, node: str) -> str:
-        self._check("submit_hold")
-        return str(self._inner.submit_hold(node))
-
-    def cancel_hold(self, node: str) -> Any:
-        self._check("cancel_hold")
-        return self._inner.cancel_hold(node)
-
-    def requeue(self, job_id: str) -> bool:
-        self._check("requeue")
-        return bool(self._inner.requeue(job_id))
-
-
 @dataclass
 class Adapters:
-    kube: Any
-    slurm: Any
+    kube: KubeAdapterProtocol
+    slurm: SlurmAdapterProtocol
     prom: PromAdapter
     prom_pools: dict[str, PromPool]
     leader: LeaderElector | None
     identity: str
-    _closers: list[Any] = field(default_factory=list)
+    _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
         for c in reversed(self._closers):
@@ -173,7 +96,7 @@ def build_adapters(
         identity=identity,
         request_timeout_s=k.timeout_s,
     )
-    closers: list[Any] = []
+    closers: list[Callable[[], None]] = []
     if start_watches:
         real_kube.start()
         closers.append(real_kube.stop)
@@ -196,8 +119,8 @@ def build_adapters(
         elector = LeaderElector(
             api, namespace=d.lease_namespace, identity=identity, name=d.lease_name, lease_duration_s=d.lease_duration_s
         )
-    kube: Any = DryRunKube(real_kube, identity=identity) if dry_run else real_kube
-    slurm_side: Any = DryRunSlurm(slurm) if dry_run else slurm
+    kube: KubeAdapterProtocol = DryRunKube(real_kube, identity=identity) if dry_run else real_kube
+    slurm_side: SlurmAdapterProtocol = DryRunSlurm(slurm) if dry_run else slurm
     if elector is not None and not dry_run:
         # Every write checks the Lease right before it is made, not once per tick.
         kube = FencedKube(kube, elector)

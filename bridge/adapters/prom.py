@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol
 
 import requests
 from prometheus_api_client import PrometheusConnect
@@ -36,6 +36,8 @@ from urllib3.util.retry import Retry
 from bridge import logs
 from bridge.errors import AdapterError
 from bridge.model import LoadSignals
+
+from .protocols import PromReader
 
 log = logs.get(__name__)
 
@@ -69,9 +71,20 @@ class PromPool:
                 raise ValueError(f"pools[{self.name}].prometheus_matchers: {key!r} is set by gpu-bridge itself")
 
     @classmethod
-    def from_config(cls, pool: Any) -> PromPool:
+    def from_config(cls, pool: PoolSettings) -> PromPool:
         """From a ``bridge.config.PoolConfig`` (name, model, prometheus_matchers)."""
         return cls(name=pool.name, model=pool.model, matchers=dict(pool.prometheus_matchers))
+
+
+class PoolSettings(Protocol):
+    """What a pool's Prometheus selection needs of its configuration (``bridge.config.PoolConfig``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def prometheus_matchers(self) -> Mapping[str, str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +98,6 @@ class SignalsReading:
     # pod -> requests running + waiting on it (label ``pod``), to lend the least busy node
     # first; only when both gauges are valid, and only pods whose series carry a ``pod`` label
     inflight_by_pod: Mapping[str, float] = field(default_factory=dict)
-
-
-@runtime_checkable
-class PromReader(Protocol):
-    def current(self, pool: PromPool, *, at: float | None = None, live_pods: Collection[str] | None = None) -> SignalsReading: ...
-
-    def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]: ...
 
 
 # --- query building ---------------------------------------------------------------------------
@@ -622,7 +628,7 @@ def request_history(
         raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
 
 
-def history_chunked(reader: Any, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
+def history_chunked(reader: PromReader, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
     """``reader.history`` over [start, end] in range queries of at most ``MAX_RANGE_POINTS``
     steps (the policy's signals, peaks per step)."""
     out: list[LoadSignals] = []

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge.actuate import Actuator, PoolTarget
+from bridge.actuate import Actuator
+from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.kube.objects import EvictOutcome
 from bridge.lifecycle import LENDING_POD_DELETION_COST, NodeFacts, PodFacts, Step
 from bridge.model import Phase

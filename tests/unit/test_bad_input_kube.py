@@ -16,7 +16,7 @@ import pytest
 from bridge import wellknown as wk
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.kube.objects import DeploymentInfo, parse_deployment, parse_node, parse_pod
-from bridge.adapters.kube.protocol import PoolTarget
+from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.prom import PromPool
 from bridge.adapters.slurm.cli import CliSlurm, CommandResult
 from bridge.config import default_config

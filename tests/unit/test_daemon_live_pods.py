@@ -5,7 +5,7 @@ series of a pod deleted during a Prometheus outage is dropped instead of blockin
 from __future__ import annotations
 
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
-from bridge.adapters.kube.protocol import PoolTarget
+from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.prom import PromPool
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import parse_config

@@ -6,7 +6,7 @@ MAX_CHAINED_STEPS times per iteration: ~50 evictions a second against a PDB in t
 from __future__ import annotations
 
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
-from bridge.adapters.kube.protocol import PoolTarget
+from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.prom import PromPool
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import parse_config

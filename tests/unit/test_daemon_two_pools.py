@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
-from bridge.adapters.kube.protocol import PoolTarget
+from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.prom import PromPool
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import Config, parse_config

@@ -43,16 +43,16 @@ def test_kills_itself_after_the_nth_write_only() -> None:
 
 
 def test_the_actuator_reports_each_changing_write_to_its_hook_and_the_product_sets_none() -> None:
-    from bridge.actuate import SCALE_POINT, Actuator, PoolTarget
+    from bridge.actuate import SCALE_POINT, Actuator
     from gpu_bridge_lab.fakes.kube import FakeKube
-    from bridge.adapters.kube.protocol import PoolTarget as KubePool
+    from bridge.adapters.protocols import PoolTarget
     from gpu_bridge_lab.fakes.slurm import FakeSlurm
     from bridge.daemon_cli import register_cli
     import argparse
 
     kube = FakeKube(now=0.0)
     kube.add_node("gpu-node-01", "default")
-    kube.add_pool(KubePool("default", "serving", "vllm"), replicas=1)
+    kube.add_pool(PoolTarget("default", "serving", "vllm"), replicas=1)
     seen: list[str] = []
     act = Actuator(kube=kube, slurm=FakeSlurm(), clock=lambda: 0.0, after_write=seen.append)
     target = PoolTarget("default", "serving", "vllm")

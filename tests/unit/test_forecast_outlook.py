@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
-from bridge.adapters.kube.protocol import PoolTarget
+from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.prom import PromPool
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import parse_config

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from bridge.actuate import Actuator, PoolTarget
+from bridge.actuate import Actuator
+from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.slurm import CliSlurm, CommandResult
 from bridge.errors import AdapterError
 from bridge.lifecycle import NodeFacts, Step

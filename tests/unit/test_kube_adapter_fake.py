@@ -9,7 +9,8 @@ import pytest
 from bridge import wellknown as wk
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeLeader, FakeProm
 from bridge.adapters.kube import EvictOutcome, KubeApiError, KubeConflictError, KubeReader, KubeWriter, PoolTarget
-from bridge.adapters.prom import PromPool, PromReader
+from bridge.adapters.prom import PromPool
+from bridge.adapters.protocols import PromReader
 from bridge.model import LoadSignals, Phase
 
 POOL = PoolTarget("llama", "serving", "vllm")
@@ -123,7 +124,7 @@ def test_fake_prom_and_leader() -> None:
 
 
 def test_dry_run_writes_nothing_and_says_what_would_change() -> None:
-    from bridge.adapters.kube import DryRunKube
+    from bridge.adapters.wrappers import DryRunKube
 
     k = world()
     dry = DryRunKube(k, identity="bridge-a")
@@ -139,7 +140,7 @@ def test_dry_run_writes_nothing_and_says_what_would_change() -> None:
 
 
 def test_fenced_writes_only_while_leader() -> None:
-    from bridge.adapters.kube import FencedKube, NotLeaderError
+    from bridge.adapters.wrappers import FencedKube, NotLeaderError
 
     k = world()
     leader = FakeLeader()

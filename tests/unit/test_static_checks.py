@@ -22,6 +22,14 @@ def test_mypy_strict_is_clean_on_the_product() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_the_fakes_implement_the_adapters_protocols() -> None:
+    """The lab's fakes are checked (``--strict``) against ``bridge.adapters.protocols``: a
+    signature drifting from the contract (``_conforms`` in each fake) fails here; the behaviour
+    is held to the real adapters by tests/contract/test_fake_parity.py."""
+    r = _run([sys.executable, "-m", "mypy", "--strict", "--no-error-summary", "lab/gpu_bridge_lab/fakes"])
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_import_contracts_hold() -> None:
     r = _run([str(BIN / "lint-imports"), "--no-cache"])
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,24 +1,20 @@
 """Kubernetes adapter: watch-cache reads and intent-level writes over the official client.
 
-``KubeReader``/``KubeWriter`` are the contract; ``KubeAdapter`` the real implementation;
+``KubeReader``/``KubeWriter`` (``bridge.adapters.protocols``) are the contract; ``KubeAdapter`` the real implementation;
 ``gpu_bridge_lab.fakes.kube.FakeKube`` an in-memory one that enforces the same rules.
 """
 
 from .calls import ApiCalls, KubeApiError, KubeConflictError
 from .client import KubeAdapter, api_client_from_config
-from .dryrun import DryRunKube
-from .fenced import FencedKube, NotLeaderError
 from .informer import InformerStatus
 from .objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo, Taint, parse_deployment, parse_node, parse_pod, parse_scale
-from .protocol import CacheStatus, KubeAdapterProtocol, KubeReader, KubeWriter, PoolTarget
+from ..protocols import CacheStatus, KubeAdapterProtocol, KubeReader, KubeWriter, PoolTarget
 
 __all__ = [
     "ApiCalls",
     "CacheStatus",
     "DeploymentInfo",
-    "DryRunKube",
     "EvictOutcome",
-    "FencedKube",
     "InformerStatus",
     "KubeAdapter",
     "KubeAdapterProtocol",
@@ -27,7 +23,6 @@ __all__ = [
     "KubeReader",
     "KubeWriter",
     "NodeInfo",
-    "NotLeaderError",
     "PodInfo",
     "PoolTarget",
     "ScaleInfo",

@@ -38,7 +38,7 @@ from .objects import (
     parse_scale,
     selector_from_match_labels,
 )
-from .protocol import CacheStatus, PoolTarget
+from ..protocols import CacheStatus, PoolTarget
 
 log = logs.get(__name__)
 

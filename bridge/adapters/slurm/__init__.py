@@ -1,4 +1,4 @@
-"""The Slurm adapter: Protocols (read side / write side) and the CLI backend.
+"""The Slurm adapter: the CLI backend of the Protocols in ``bridge.adapters.protocols``.
 
     slurm = CliSlurm(env={"SLURM_CONF": "/tmp/gpu-bridge-sandbox/etc/slurm.conf"})
     for n in slurm.nodes(): ...
@@ -10,7 +10,7 @@ from bridge.names import validate_job_id, validate_node_name
 from .cli import CliSlurm, CommandResult, CommandRunner, NotOursError, SubprocessRunner, drain_reason, hold_job_name
 from .hostlist import expand
 from .parse import checkpoint_time, gpu_count, parse_jobs, parse_nodes
-from .protocol import SlurmAdapterProtocol, SlurmReader, SlurmWriter
+from ..protocols import SlurmAdapterProtocol, SlurmReader, SlurmWriter
 from .types import SlurmJobInfo, SlurmNode
 
 __all__ = [

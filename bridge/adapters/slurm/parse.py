@@ -160,7 +160,7 @@ def _node_22(rec: Any, i: int) -> SlurmNode:
         reason=_str(rec, "reason", what, ""),
         gpus=gpu_count(_str(rec, "gres", what, "")),
         gpus_used=gpu_count(_str(rec, "gres_used", what, "")),
-        partitions=tuple(str(p) for p in parts),
+        partitions=tuple(sorted({str(p) for p in parts})),
         reason_user=_str(rec, "reason_set_by_user", what, ""),
         reason_time=number(rec.get("reason_changed_at"), what + " reason_changed_at"),
     )
@@ -208,7 +208,9 @@ def _nodes_24(entries: Any) -> list[SlurmNode]:
             by_name[name] = SlurmNode(
                 name=name, state=base, flags=fl, reason=reason,
                 gpus=gpu_count(str(gres.get("total") or "")), gpus_used=gpu_count(str(gres.get("used") or "")),
-                partitions=tuple(dict.fromkeys(parts)), reason_user=r_user, reason_time=r_time,
+                # sorted: 24.11 lists a node's partition entries in no fixed order, and the same
+                # node read twice must compare equal
+                partitions=tuple(sorted(set(parts))), reason_user=r_user, reason_time=r_time,
             )
     return list(by_name.values())
 

@@ -34,7 +34,7 @@ from bridge.adapters.kube.objects import (
     parse_node,
     parse_pod,
 )
-from bridge.adapters.kube.protocol import CacheStatus, PoolTarget
+from bridge.adapters.protocols import CacheStatus, KubeAdapterProtocol, Leader, PoolTarget, PromReader
 from bridge.adapters.prom import PromPool, SignalsReading
 from bridge.model import LoadSignals, Phase, Pin
 
@@ -122,6 +122,11 @@ class FakeKube:
         _merge(self._nodes[node]["metadata"].setdefault("labels", {}), labels)
         self._bump(self._nodes[node])
 
+    def set_unschedulable(self, node: str, unschedulable: bool) -> None:
+        """An outside change (an administrator's ``kubectl cordon``/``uncordon``)."""
+        self._nodes[node]["spec"]["unschedulable"] = unschedulable
+        self._bump(self._nodes[node])
+
     def inject_conflicts(self, key: str, n: int = 1) -> None:
         """The next ``n`` writes to node/pod/deployment ``key`` race with someone else (409)."""
         self._conflicts[key] += n
@@ -134,12 +139,18 @@ class FakeKube:
     def cache_status(self) -> CacheStatus:
         return CacheStatus(self.synced, self.last_event_age_s, (InformerStatus("fake", self.synced, self.last_event_age_s, 1, 0, None),))
 
+    def _listed(self, n: NodeInfo) -> bool:
+        """As the real adapter's label-selected watch: only nodes of the configured pools
+        (``add_pool``). A fake with no pool yet lists every node (tests of node writes alone)."""
+        return not self._pools or n.pool in self._pools
+
     def nodes(self) -> tuple[NodeInfo, ...]:
-        return tuple(parse_node(self._nodes[n]) for n in sorted(self._nodes))
+        return tuple(n for n in (parse_node(self._nodes[name]) for name in sorted(self._nodes)) if self._listed(n))
 
     def node(self, name: str) -> NodeInfo | None:
         obj = self._nodes.get(name)
-        return parse_node(obj) if obj is not None else None
+        n = parse_node(obj) if obj is not None else None
+        return n if n is not None and self._listed(n) else None
 
     def pods(self, pool: str) -> tuple[PodInfo, ...]:
         self._pool(pool)
@@ -154,6 +165,13 @@ class FakeKube:
             "spec": {"replicas": p.replicas},
             "status": {"observedGeneration": 1, "replicas": len(pods), "readyReplicas": ready, "availableReplicas": ready, "updatedReplicas": len(pods)},
         })
+
+    def read_node(self, name: str) -> NodeInfo:
+        self.calls[("get", "nodes")] += 1
+        obj = self._nodes.get(name)
+        if obj is None:
+            raise KubeApiError("get", "nodes", name, 404, "NotFound")
+        return parse_node(obj)
 
     def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
         self.calls[("get", "deployments/scale")] += 1
@@ -224,15 +242,17 @@ class FakeKube:
             raise ValueError(f"event_type: expected Normal or Warning, got {event_type!r}")
         self._fail_maybe("event", "events", node)
         self.calls[("create", "events")] += 1
-        if node not in self._nodes:
-            raise KubeApiError("get", "nodes", node, 404, "NotFound")
-        self.events.append(RecordedEvent(node, patches.clean_reason(reason), patches.clean_reason(message), event_type, self.now))
+        # as the API server: an Event names its node, it needs none to exist (a node deleted
+        # meanwhile still gets its Event); the reason is capped as the real adapter caps it
+        self.events.append(RecordedEvent(node, patches.clean_reason(reason)[:128], patches.clean_reason(message), event_type, self.now))
 
     # --- the controllers ------------------------------------------------------------------
     def step(self, now: float) -> None:
         """Advance time: finish graceful deletions, make started pods Ready, reconcile
         each Deployment's replicas (delete lowest deletion cost first, place new pods)."""
         self.now = now
+        for obj in self._nodes.values():
+            _node_lifecycle_taint(obj, self._bump)
         for name in list(self._pods):
             meta = self._pods[name]["metadata"]
             if meta.get("deletionTimestamp") and now >= self._pod_times[name]:
@@ -338,6 +358,24 @@ class FakeKube:
         self._pod_times[name] = self.now + self._pools[self._pod_pool[name]].grace_s
 
 
+UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+
+
+def _node_lifecycle_taint(obj: dict[str, Any], bump: Any) -> None:
+    """The node lifecycle controller (TaintNodesByCondition): a cordoned node gets the
+    ``node.kubernetes.io/unschedulable:NoSchedule`` taint, an uncordoned one loses it. Our
+    patches must keep a taint they did not set, and may race with this write (409)."""
+    spec = obj["spec"]
+    taints = spec.get("taints") or []
+    has = any(t.get("key") == UNSCHEDULABLE_TAINT["key"] for t in taints)
+    if spec.get("unschedulable") and not has:
+        spec["taints"] = [*taints, dict(UNSCHEDULABLE_TAINT)]
+        bump(obj)
+    elif not spec.get("unschedulable") and has:
+        spec["taints"] = [t for t in taints if t.get("key") != UNSCHEDULABLE_TAINT["key"]]
+        bump(obj)
+
+
 _PHASE_RANK = {"Pending": 0, "Unknown": 1, "Running": 2}
 
 
@@ -402,9 +440,19 @@ class FakeLeader:
         return self.leader and not self.released
 
     def try_acquire_or_renew(self) -> bool:
+        """As the real elector: a released Lease is free, so the next step takes it again
+        (``leader`` False = another instance holds it)."""
+        if self.leader:
+            self.released = False
         return self.is_leader
 
     def release(self) -> bool:
         was = self.is_leader
         self.released = True
         return was
+
+
+def _conforms(kube: FakeKube, prom: FakeProm, leader: FakeLeader) -> tuple[KubeAdapterProtocol, PromReader, Leader]:
+    """Never called: ``mypy --strict`` checks here that each fake implements the contract it
+    stands in for (tests/unit/test_static_checks.py)."""
+    return kube, prom, leader

@@ -20,6 +20,7 @@ from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
 from bridge.adapters.slurm.cli import NotOursError, drain_reason, hold_job_name
+from bridge.adapters.protocols import SlurmAdapterProtocol
 from bridge.adapters.slurm.types import SlurmJobInfo, SlurmNode
 
 
@@ -60,7 +61,7 @@ class FakeSlurm:
     bridge_user: str = "root"
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _jobs: dict[str, _Job] = field(default_factory=dict)
-    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))  # type: ignore[type-arg]
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     fail: dict[str, AdapterError] = field(default_factory=dict)  # method name -> error raised (until removed)
     writes: list[tuple[str, str]] = field(default_factory=list)  # (intent, node or job) actually written
 
@@ -169,7 +170,7 @@ class FakeSlurm:
             flags.add("NOT_RESPONDING")
         return SlurmNode(name=n.name, state=state, flags=frozenset(flags), reason=n.reason, gpus=n.gpus,
                          gpus_used=n.gpus if busy else 0,
-                         partitions=(wellknown.SLURM_PREEMPT_PARTITION, wellknown.SLURM_HOLD_PARTITION),
+                         partitions=tuple(sorted((wellknown.SLURM_PREEMPT_PARTITION, wellknown.SLURM_HOLD_PARTITION))),
                          reason_user=n.reason_user)
 
     # ---- SlurmReader -------------------------------------------------------------------
@@ -274,3 +275,9 @@ class FakeSlurm:
     def snapshot(self) -> dict[str, SlurmJobInfo]:
         """Every job by id (tests)."""
         return {j.job_id: replace(self._info(j)) for j in self._jobs.values()}
+
+
+def _conforms(fake: FakeSlurm) -> SlurmAdapterProtocol:
+    """Never called: ``mypy --strict`` checks here that the fake implements the contract it
+    stands in for (tests/unit/test_static_checks.py)."""
+    return fake

@@ -1,0 +1,210 @@
+"""The adapters' contracts, in one place: what the daemon, the actuator, the dry-run and fenced
+wrappers and the lab's fakes all implement or hold.
+
+Each outside system has a read side and an intent-level write side (in the spirit of Slinky's
+slurm-operator: the daemon asks for "drain this node for serving", "hold this node", never for
+a command line or a raw patch). Every write is idempotent: True = a change was written, False =
+it already was so. The real implementations are ``bridge.adapters.kube.KubeAdapter``,
+``bridge.adapters.slurm.CliSlurm``, ``bridge.adapters.prom.PromAdapter`` and
+``bridge.leader.LeaderElector``; ``tests/contract/test_fake_parity.py`` runs the same
+assertions against them and the fakes, so the two cannot drift.
+
+The value types are imported for type checking only: this module must be importable from the
+adapter packages themselves without a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from bridge.model import LoadSignals, Phase, Pin
+
+    from .kube.informer import InformerStatus
+    from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
+    from .prom import PromPool, SignalsReading
+    from .slurm.types import SlurmJobInfo, SlurmNode
+
+
+# --- Kubernetes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTarget:
+    """Where one pool's nodes and serving replicas are. ``pod_selector`` None = the
+    Deployment's own ``spec.selector.matchLabels``, read once at start; ``node_selector``
+    None (or ``{gpu-bridge.io/pool: <name>}``) = nodes labelled with the pool's name."""
+
+    name: str
+    namespace: str
+    deployment: str
+    pod_selector: str | None = None
+    node_selector: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStatus:
+    """Is the watch cache fit to decide on? ``synced`` is all informers synced;
+    ``last_event_age_s`` is the stalest informer's age (None = never heard from)."""
+
+    synced: bool
+    last_event_age_s: float | None
+    informers: tuple[InformerStatus, ...] = ()
+
+
+@runtime_checkable
+class KubeReader(Protocol):
+    """Watch-cache snapshots (one GET only where said)."""
+
+    def cache_status(self) -> CacheStatus: ...
+
+    def nodes(self) -> tuple[NodeInfo, ...]:
+        """The pool nodes (label gpu-bridge.io/pool in the configured pools), sorted by name."""
+        ...
+
+    def node(self, name: str) -> NodeInfo | None: ...
+
+    def pods(self, pool: str) -> tuple[PodInfo, ...]:
+        """The serving pods of a pool's Deployment (terminating ones included)."""
+        ...
+
+    def deployment(self, pool: str) -> DeploymentInfo | None: ...
+
+    def read_node(self, name: str) -> NodeInfo:
+        """The node as the API server has it now (one GET; any node, not only the pools'):
+        for the operator's commands, which must not act on a stale cache."""
+        ...
+
+    def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
+        """The Deployment's scale subresource, read now (one GET)."""
+        ...
+
+
+@runtime_checkable
+class KubeWriter(Protocol):
+    """Idempotent writes with optimistic concurrency: True = a change was written."""
+
+    def set_phase(self, node: str, phase: Phase, reason: str, since: float) -> bool: ...
+
+    def set_request(self, node: str, request: str | None) -> bool:
+        """An operator's lend/reclaim request on the node (None removes it)."""
+        ...
+
+    def set_pin(self, node: str, pin: Pin | None) -> bool:
+        """An operator's pin on the node (None removes it)."""
+        ...
+
+    def fence(self, node: str) -> bool:
+        """Cordon and taint the node so no serving pod lands on it while lent."""
+        ...
+
+    def unfence(self, node: str) -> bool: ...
+
+    def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool: ...
+
+    def scale(self, namespace: str, deployment: str, replicas: int) -> bool: ...
+
+    def evict(self, namespace: str, pod: str) -> EvictOutcome:
+        """Through the Eviction API, so PodDisruptionBudgets are honoured."""
+        ...
+
+    def emit_event(self, node: str, reason: str, message: str, event_type: str = "Normal") -> None: ...
+
+
+@runtime_checkable
+class KubeAdapterProtocol(KubeReader, KubeWriter, Protocol):
+    """Both sides, as the daemon holds them."""
+
+
+# --- Slurm ----------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class SlurmReader(Protocol):
+    """Every lookup either answers or raises AdapterError: never an empty answer on failure."""
+
+    def ping(self) -> None:
+        """Raise AdapterError unless slurmctld answers."""
+        ...
+
+    def nodes(self, names: Iterable[str] | None = None) -> tuple[SlurmNode, ...]:
+        """The named nodes (all if None), sorted by name; a named node Slurm does not know raises."""
+        ...
+
+    def node(self, name: str) -> SlurmNode: ...
+
+    def jobs(
+        self, *, partition: str | None = None, node: str | None = None, states: Iterable[str] | None = None
+    ) -> tuple[SlurmJobInfo, ...]:
+        """Active jobs (pending/running/completing...), filtered on the client side."""
+        ...
+
+    def holds(self) -> dict[str, SlurmJobInfo]:
+        """node -> our active hold job there (partition + name prefix)."""
+        ...
+
+
+@runtime_checkable
+class SlurmWriter(Protocol):
+    """Idempotent intents: True = a change was written, False = it already was so."""
+
+    def drain(self, node: str, reason: str) -> bool:
+        """DRAIN with a ``gpu-bridge:`` reason; never overwrites an administrator's drain."""
+        ...
+
+    def resume(self, node: str) -> bool:
+        """Lift our drain; refuses (NotOursError) a drain we did not set."""
+        ...
+
+    def submit_hold(self, node: str) -> str:
+        """The job id of our hold job on ``node`` (submitted unless one is already active)."""
+        ...
+
+    def cancel_hold(self, node: str) -> tuple[str, ...]:
+        """Cancel our hold job(s) on ``node``; returns the ids cancelled (empty: none was there)."""
+        ...
+
+    def requeue(self, job_id: str) -> bool:
+        """Requeue a running research job (never cancel it); False if it is not running."""
+        ...
+
+
+@runtime_checkable
+class SlurmAdapterProtocol(SlurmReader, SlurmWriter, Protocol):
+    """Both sides, as the daemon holds them."""
+
+
+# --- Prometheus -----------------------------------------------------------------------------
+
+
+@runtime_checkable
+class PromReader(Protocol):
+    """Read only: the pool's load signals now, and their history (to rebuild what a restart lost)."""
+
+    def current(
+        self, pool: PromPool, *, at: float | None = None, live_pods: Collection[str] | None = None
+    ) -> SignalsReading: ...
+
+    def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]: ...
+
+
+# --- the Lease ------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class LeaseHolder(Protocol):
+    """What a write fence needs: do we hold the Lease right now?"""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+
+@runtime_checkable
+class Leader(LeaseHolder, Protocol):
+    """Leader election as the daemon drives it: one non-blocking step per tick."""
+
+    def try_acquire_or_renew(self) -> bool: ...
+
+    def release(self) -> bool: ...

@@ -1,0 +1,245 @@
+"""The wrappers the daemon puts around its adapters, both systems side by side.
+
+- ``DryRunKube`` / ``DryRunSlurm`` (``--dry-run``): reads pass through, writes are logged and
+  never made, so a dry run runs the very same loop and policy as the daemon.
+- ``FencedKube`` / ``FencedSlurm``: reads pass through, every write first checks that this
+  instance still holds the Lease: a daemon whose Lease lapsed in the middle of a step
+  (renewals failing past the renew deadline) cannot write even if its loop has not noticed yet.
+
+Each implements the same Protocols (``bridge.adapters.protocols``) as what it wraps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from bridge import logs
+from bridge.errors import AdapterError
+from bridge.model import Phase, Pin
+
+from .kube import patches
+from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
+from .protocols import CacheStatus, KubeAdapterProtocol, LeaseHolder, SlurmAdapterProtocol
+from .slurm.types import SlurmJobInfo, SlurmNode
+
+log = logs.get(__name__)
+
+
+class NotLeaderError(AdapterError):
+    """A write was refused because this instance does not hold the Lease (any more)."""
+
+    def __init__(self, write: str, system: str = "kubernetes") -> None:
+        super().__init__(system, f"{write} refused: not the leader (Lease lost or not renewed in time)")
+
+
+# --- read sides: every read is the wrapped adapter's, so only the writes differ ---------------
+
+
+class KubeReadThrough:
+    def __init__(self, inner: KubeAdapterProtocol) -> None:
+        self._inner = inner
+
+    def cache_status(self) -> CacheStatus:
+        return self._inner.cache_status()
+
+    def nodes(self) -> tuple[NodeInfo, ...]:
+        return self._inner.nodes()
+
+    def node(self, name: str) -> NodeInfo | None:
+        return self._inner.node(name)
+
+    def pods(self, pool: str) -> tuple[PodInfo, ...]:
+        return self._inner.pods(pool)
+
+    def deployment(self, pool: str) -> DeploymentInfo | None:
+        return self._inner.deployment(pool)
+
+    def read_node(self, name: str) -> NodeInfo:
+        return self._inner.read_node(name)
+
+    def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
+        return self._inner.read_scale(namespace, deployment)
+
+
+class SlurmReadThrough:
+    def __init__(self, inner: SlurmAdapterProtocol) -> None:
+        self._inner = inner
+
+    def ping(self) -> None:
+        self._inner.ping()
+
+    def nodes(self, names: Iterable[str] | None = None) -> tuple[SlurmNode, ...]:
+        return self._inner.nodes(names)
+
+    def node(self, name: str) -> SlurmNode:
+        return self._inner.node(name)
+
+    def jobs(
+        self, *, partition: str | None = None, node: str | None = None, states: Iterable[str] | None = None
+    ) -> tuple[SlurmJobInfo, ...]:
+        return self._inner.jobs(partition=partition, node=node, states=states)
+
+    def holds(self) -> dict[str, SlurmJobInfo]:
+        return self._inner.holds()
+
+
+# --- dry run --------------------------------------------------------------------------------
+
+
+class DryRunKube(KubeReadThrough):
+    """Each write reports what it *would* do from the cached object, with the same patch
+    builders as the real writes, so a dry run logs exactly the changes a real run would make."""
+
+    def __init__(self, inner: KubeAdapterProtocol, *, identity: str = "dry-run") -> None:
+        super().__init__(inner)
+        self._identity = identity
+
+    def _would(self, what: str, changed: bool, **kw: object) -> bool:
+        log.info("dry_run_write", system="kubernetes", write=what, would_change=changed, **kw)
+        return changed
+
+    def set_phase(self, node: str, phase: Phase, reason: str, since: float) -> bool:
+        n = self._inner.node(node)
+        changed = n is None or patches.phase_patch(n, Phase(phase), reason, since, self._identity) is not None
+        return self._would("set_phase", changed, node=node, phase=str(phase), reason=patches.clean_reason(reason))
+
+    def set_request(self, node: str, request: str | None) -> bool:
+        n = self._inner.node(node)
+        return self._would("set_request", n is None or patches.request_patch(n, request) is not None, node=node, request=request)
+
+    def set_pin(self, node: str, pin: Pin | None) -> bool:
+        n = self._inner.node(node)
+        changed = n is None or patches.pin_patch(n, Pin(pin) if pin is not None else None) is not None
+        return self._would("set_pin", changed, node=node, pin=str(pin) if pin else None)
+
+    def fence(self, node: str) -> bool:
+        n = self._inner.node(node)
+        return self._would("fence", n is None or patches.fence_patch(n) is not None, node=node)
+
+    def unfence(self, node: str) -> bool:
+        n = self._inner.node(node)
+        return self._would("unfence", n is None or patches.unfence_patch(n) is not None, node=node)
+
+    def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool:
+        return self._would("set_pod_deletion_cost", True, namespace=namespace, pod=pod, cost=cost)
+
+    def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
+        return self._would("scale", True, namespace=namespace, deployment=deployment, replicas=replicas)
+
+    def evict(self, namespace: str, pod: str) -> EvictOutcome:
+        self._would("evict", True, namespace=namespace, pod=pod)
+        return EvictOutcome.BLOCKED  # nothing was evicted: callers must not proceed as if it were
+
+    def emit_event(self, node: str, reason: str, message: str, event_type: str = "Normal") -> None:
+        self._would("emit_event", True, node=node, reason=reason, message=patches.clean_reason(message), event_type=event_type)
+
+
+class DryRunSlurm(SlurmReadThrough):
+    """Writes are logged and report nothing changed: the lifecycle then waits where a real run
+    would have moved on, so a dry run never claims a node it did not drain or hold."""
+
+    def _would(self, write: str, **kw: object) -> None:
+        log.info("dry_run_write", system="slurm", write=write, **kw)
+
+    def drain(self, node: str, reason: str) -> bool:
+        self._would("drain", node=node, reason=reason)
+        return False
+
+    def resume(self, node: str) -> bool:
+        self._would("resume", node=node)
+        return False
+
+    def submit_hold(self, node: str) -> str:
+        self._would("submit_hold", node=node)
+        return ""
+
+    def cancel_hold(self, node: str) -> tuple[str, ...]:
+        self._would("cancel_hold", node=node)
+        return ()
+
+    def requeue(self, job_id: str) -> bool:
+        self._would("requeue", job=job_id)
+        return False
+
+
+# --- the write fence ------------------------------------------------------------------------
+
+
+class FencedKube(KubeReadThrough):
+    """Every write raises NotLeaderError unless ``leader.is_leader`` right before it."""
+
+    def __init__(self, inner: KubeAdapterProtocol, leader: LeaseHolder) -> None:
+        super().__init__(inner)
+        self._leader = leader
+
+    def _check(self, write: str) -> None:
+        if not self._leader.is_leader:
+            raise NotLeaderError(write)
+
+    def set_phase(self, node: str, phase: Phase, reason: str, since: float) -> bool:
+        self._check("set_phase")
+        return self._inner.set_phase(node, phase, reason, since)
+
+    def set_request(self, node: str, request: str | None) -> bool:
+        self._check("set_request")
+        return self._inner.set_request(node, request)
+
+    def set_pin(self, node: str, pin: Pin | None) -> bool:
+        self._check("set_pin")
+        return self._inner.set_pin(node, pin)
+
+    def fence(self, node: str) -> bool:
+        self._check("fence")
+        return self._inner.fence(node)
+
+    def unfence(self, node: str) -> bool:
+        self._check("unfence")
+        return self._inner.unfence(node)
+
+    def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool:
+        self._check("set_pod_deletion_cost")
+        return self._inner.set_pod_deletion_cost(namespace, pod, cost)
+
+    def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
+        self._check("scale")
+        return self._inner.scale(namespace, deployment, replicas)
+
+    def evict(self, namespace: str, pod: str) -> EvictOutcome:
+        self._check("evict")
+        return self._inner.evict(namespace, pod)
+
+    def emit_event(self, node: str, reason: str, message: str, event_type: str = "Normal") -> None:
+        self._check("emit_event")
+        self._inner.emit_event(node, reason, message, event_type)
+
+
+class FencedSlurm(SlurmReadThrough):
+    """Every write raises NotLeaderError unless ``leader.is_leader`` right before it."""
+
+    def __init__(self, inner: SlurmAdapterProtocol, leader: LeaseHolder) -> None:
+        super().__init__(inner)
+        self._leader = leader
+
+    def _check(self, write: str) -> None:
+        if not self._leader.is_leader:
+            raise NotLeaderError(write, system="slurm")
+
+    def drain(self, node: str, reason: str) -> bool:
+        self._check("drain")
+        return self._inner.drain(node, reason)
+
+    def resume(self, node: str) -> bool:
+        self._check("resume")
+        return self._inner.resume(node)
+
+    def submit_hold(self, node: str) -> str:
+        self._check("submit_hold")
+        return self._inner.submit_hold(node)
+
+    def cancel_hold(self, node: str) -> tuple[str, ...]:
+        self._check("cancel_hold")
+        return self._inner.cancel_hold(node)
+
+    def requeue(self, job_id: str) -> bool:
+        self._check("requeue")
+        return self._inner.requeue(job_id)

@@ -1,0 +1,52 @@
+"""The Slurm side of the dry-run and fenced wrappers (the Kubernetes side is in
+test_kube_adapter_fake.py): same Protocols as what they wrap, reads through, writes never made
+(dry run) or refused once the Lease is lost (fenced)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.adapters.protocols import SlurmAdapterProtocol
+from bridge.adapters.wrappers import DryRunSlurm, FencedSlurm, NotLeaderError
+from gpu_bridge_lab.fakes.kube import FakeLeader
+from gpu_bridge_lab.fakes.slurm import FakeSlurm
+
+
+def _slurm() -> FakeSlurm:
+    s = FakeSlurm()
+    for n in ("gpu-node-01", "gpu-node-02"):
+        s.add_node(n)
+    return s
+
+
+def test_dry_run_slurm_reads_through_and_writes_nothing() -> None:
+    s = _slurm()
+    jid = s.add_job("gpu-node-01")
+    dry = DryRunSlurm(s)
+    assert isinstance(dry, SlurmAdapterProtocol)
+    assert dry.nodes() == s.nodes() and dry.node("gpu-node-02") == s.node("gpu-node-02")
+    assert [j.job_id for j in dry.jobs(node="gpu-node-01")] == [jid]
+    assert dry.drain("gpu-node-02", "serving") is False
+    assert dry.submit_hold("gpu-node-02") == ""
+    assert dry.cancel_hold("gpu-node-02") == ()
+    assert dry.requeue(jid) is False
+    assert dry.resume("gpu-node-02") is False
+    assert s.writes == [] and not s.node("gpu-node-02").drained and s.holds() == {}
+    assert s.snapshot()[jid].state == "running"
+
+
+def test_fenced_slurm_writes_only_while_leader() -> None:
+    s, leader = _slurm(), FakeLeader()
+    fenced = FencedSlurm(s, leader)
+    assert isinstance(fenced, SlurmAdapterProtocol)
+    assert fenced.drain("gpu-node-01", "serving") is True
+    hold = fenced.submit_hold("gpu-node-02")
+    leader.leader = False  # the Lease lapsed mid-step
+    with pytest.raises(NotLeaderError, match=r"^slurm: resume refused: not the leader"):
+        fenced.resume("gpu-node-01")
+    with pytest.raises(NotLeaderError):
+        fenced.cancel_hold("gpu-node-02")
+    assert fenced.node("gpu-node-01").drained_by_us and fenced.holds()["gpu-node-02"].job_id == hold  # reads still work
+    leader.leader = True
+    assert fenced.cancel_hold("gpu-node-02") == (hold,)
+    assert s.writes == [("drain", "gpu-node-01"), ("submit_hold", "gpu-node-02"), ("cancel_hold", "gpu-node-02")]

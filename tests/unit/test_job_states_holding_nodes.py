@@ -1,0 +1,48 @@
+"""The Slurm job states in which a job holds its nodes are listed once
+(``bridge.model.JOB_STATES_HOLDING_NODES``) and the Slurm parser and the join agree on them:
+a job in such a state keeps its nodes and counts on its node, any other state does neither."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bridge import wellknown as wk
+from bridge.adapters.slurm.parse import parse_jobs
+from bridge.adapters.slurm.types import ACTIVE_JOB_STATES
+from bridge.config import default_config
+from bridge.model import JOB_STATES_HOLDING_NODES
+from bridge.observe import Readings, join
+from gpu_bridge_lab.fakes.kube import FakeKube
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "slurm" / "squeue-22.05.json"
+
+
+def test_every_state_holding_nodes_is_an_active_state() -> None:
+    """Else the parser would drop a job that still holds its nodes, and the node would look free."""
+    assert JOB_STATES_HOLDING_NODES <= ACTIVE_JOB_STATES
+    assert "pending" not in JOB_STATES_HOLDING_NODES and "running" in JOB_STATES_HOLDING_NODES
+
+
+@pytest.mark.parametrize("state", sorted(ACTIVE_JOB_STATES))
+def test_parser_and_join_agree_on_which_states_hold_a_node(state: str) -> None:
+    doc = json.loads(FIXTURE.read_text())
+    rec = next(j for j in doc["jobs"] if j["job_state"] == "RUNNING")
+    rec["job_state"] = state.upper()
+    doc["jobs"] = [rec]
+    (job,) = parse_jobs(json.dumps(doc))
+    holds = state in JOB_STATES_HOLDING_NODES
+    assert job.state == state and bool(job.nodes) is holds
+
+    # the join decides by the state itself, whatever nodes a job names
+    node = "gpu-node-01"
+    named = replace(job, nodes=(node,))
+    kube = FakeKube()
+    kube.add_node(node, "default", labels={wk.LABEL_PHASE: "lent"}, annotations={wk.ANNOTATION_PHASE_SINCE: "1"})
+    obs = join(now=2e9, config=default_config(), kube_nodes=kube.nodes(), pods={"default": ()},
+               desired_replicas={"default": 0}, slurm_nodes=None, slurm_jobs=[named], readings={"default": Readings(None)})
+    (n,) = obs.view.nodes
+    assert (job.job_id in n.jobs) is holds

@@ -232,6 +232,7 @@ def suite(args: argparse.Namespace) -> int:
             print(
                 f"  {name:<22} %oracle min {lo[1]['frac']:.1%} (seed {lo[0]}); viol max {hi[1]['viol']} vs oracle "
                 f"{hi[1]['oracle_viol']} + allowed {hi[1]['allowed']:.1f} (seed {hi[0]}); "
+                f"bridge CPU per 14 days max {max(r['cpu14'] for _, r in rows):.1f} s; "
                 + ("all targets hold on every seed" if not fails else "MISSED: " + ", ".join(fails))
             )
     return 0
@@ -301,7 +302,7 @@ def _suite_one(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             flush=True,
         )
         out[name] = {"frac": frac, "viol": b.slo_violation_minutes, "oracle_viol": o.slo_violation_minutes,
-                     "allowed": allowed, "targets": t}
+                     "allowed": allowed, "targets": t, "cpu14": res["bridge"].cpu_s * 14 / max(days, 1e-9)}
         over = (b.slo_violation_minutes - o.slo_violation_minutes) / b.trace_minutes
         for key, val in (("%oracle", frac), ("x fixed", xf), ("excess viol %", -over)):
             if key not in worst or val < worst[key][0]:

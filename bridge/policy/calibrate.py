@@ -19,9 +19,10 @@ measured, not configured:
   violations the policy really had, the unavoidable ones above the whole pool excluded) and
   ``allowed = budget * steps``. Spending less than ``AIM`` (80 %) of the budget loosens the
   margin, spending more tightens it, so the realised rate is pulled just under the budget
-  whatever the traffic. The numerator is at least one minute (``max(AIM * allowed, 1)``):
-  a fresh pool, which has earned less than one minute of budget, is never looser than the
-  budget itself;
+  whatever the traffic. The numerator's one minute of prior credit (mirroring the
+  denominator's +1) is earned with the budget, ``min(1, AIM * allowed)``, and the numerator
+  is at least 1: a fresh pool is never looser than the budget before it has earned half a
+  minute of it (about 10 h at 0.1 %), and reaches the full credit after about 21 h;
 - **short history**: with fewer scores than the level can rank (about ``1 / a``), the margin
   is an exponential tail extrapolated from the largest scores (``_quantile``), above the
   largest rise seen, relaxing to the plain rank as the history grows.
@@ -105,9 +106,11 @@ def calibrate(
     known = np.isfinite(d) & np.isfinite(r)
     spent = int(np.count_nonzero(known & (d > r + 1e-6) & (d <= capacity + 1e-6)))
     allowed = budget * int(np.count_nonzero(known))
-    # loosening past the budget needs budget earned: while less than one minute of it has
-    # accrued (a fresh pool's first hours) the level stays at the budget or tighter
-    alpha = min(0.5, budget * max(AIM * allowed, 1.0) / (spent + 1.0))
+    # the one unspent minute of prior credit (the +1 that mirrors the denominator's) is earned
+    # with the budget: a fresh pool, with less than a minute of budget accrued, gets as much
+    # credit as it has earned, and is never looser than the budget before half a minute
+    credit = min(1.0, AIM * allowed)
+    alpha = min(0.5, budget * max(AIM * allowed + credit, 1.0) / (spent + 1.0))
     margin: float | None = None
     by_hour: tuple[float, ...] = ()
     if n >= max(1, min_samples):

@@ -52,9 +52,9 @@ def test_margin_is_the_conformal_quantile_of_the_rises() -> None:
     b = sliding_max(d, 60)
     # the largest whole-node capacity that would not have served d, against the base
     scores = (np.maximum(np.ceil(d[10:]) - 1, 0) + 1) / (b[:-10] + 1) * (1 + 1e-9)
-    # nothing spent: the level loosens to budget x 80 % of the minutes allowed, conformal rank
-    alpha = 0.001 * max(0.8 * 0.001 * d.size, 1.0)
-    assert alpha > 0.001
+    # nothing spent: the level loosens to budget x (80 % of the minutes allowed + the one
+    # minute of credit, earned after 1250 minutes), conformal rank
+    alpha = 0.001 * (0.8 * 0.001 * d.size + 1.0)
     k = math.ceil((scores.size + 1) * (1 - alpha))
     assert c.margin == pytest.approx(np.sort(scores)[k - 1])
     assert c.spent == 0 and c.allowed == pytest.approx(0.001 * d.size)
@@ -83,12 +83,23 @@ def _scores(d: np.ndarray) -> np.ndarray:
     return (np.maximum(np.ceil(d[10:]) - 1, 0) + 1) / (b[:-10] + 1) * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("days", [0.15, 0.3, 0.6])
+@pytest.mark.parametrize("days", [0.15, 0.3])
 def test_a_fresh_pool_is_never_looser_than_its_budget(days: float) -> None:
-    # less than one minute of budget earned (0.001 x 864 minutes): nothing to loosen with
+    # less than half a minute of budget earned (0.001 x 432 minutes): nothing to loosen with
     d = _load(days)
     c = _cal(d, np.full(d.size, 96.0))
-    assert c.allowed < 1.0 and c.level == pytest.approx(1 - 0.001)
+    assert 0.8 * c.allowed < 0.5 and c.level == pytest.approx(1 - 0.001)
+
+
+@pytest.mark.parametrize("days", [0.6, 0.8])
+def test_the_prior_credit_is_earned_with_the_budget(days: float) -> None:
+    d = _load(days)
+    c = _cal(d, np.full(d.size, 96.0))
+    earned = 0.8 * c.allowed
+    assert 0.5 < earned < 1.0
+    # credit = what was earned, not a whole minute: looser than the budget, tighter than +1
+    assert c.level == pytest.approx(1 - 0.001 * 2 * earned)
+    assert 1 - 0.001 * (earned + 1) < c.level < 1 - 0.001
 
 
 def test_a_short_history_extrapolates_the_tail_above_the_largest_rise() -> None:

@@ -158,7 +158,7 @@ def _quantile(x: np.ndarray, k: int, alpha: float) -> float:
     peaks-over-threshold estimate) read at level ``1 - alpha``. It is never below the
     largest value seen, and it meets the plain rank as the history reaches ``1 / alpha``."""
     n = int(x.size)
-    if k <= n or n < 3:
+    if k <= n or n < 3 or alpha <= 0:
         return _rank(x, k)
     m = min(n - 1, max(2, math.ceil(math.sqrt(n))))
     top = np.sort(np.partition(x, n - m - 1)[n - m - 1 :])  # the m + 1 largest, ascending

@@ -19,7 +19,13 @@ measured, not configured:
   violations the policy really had, the unavoidable ones above the whole pool excluded) and
   ``allowed = budget * steps``. Spending less than ``AIM`` (80 %) of the budget loosens the
   margin, spending more tightens it, so the realised rate is pulled just under the budget
-  whatever the traffic.
+  whatever the traffic. The numerator's one minute of prior credit (mirroring the
+  denominator's +1) is earned with the budget, ``min(1, AIM * allowed)``, and the numerator
+  is at least 1: a fresh pool is never looser than the budget before it has earned half a
+  minute of it (about 10 h at 0.1 %), and reaches the full credit after about 21 h;
+- **short history**: with fewer scores than the level can rank (about ``1 / a``), the margin
+  is an exponential tail extrapolated from the largest scores (``_quantile``), above the
+  largest rise seen, relaxing to the plain rank as the history grows.
 
 Everything is computed from arrays of history (one value per step), vectorised with numpy:
 the daemon fills them from Prometheus (``query_range``) at start-up, the simulator from the
@@ -100,14 +106,19 @@ def calibrate(
     known = np.isfinite(d) & np.isfinite(r)
     spent = int(np.count_nonzero(known & (d > r + 1e-6) & (d <= capacity + 1e-6)))
     allowed = budget * int(np.count_nonzero(known))
-    alpha = min(0.5, budget * (AIM * allowed + 1.0) / (spent + 1.0))
+    # the one unspent minute of prior credit (the +1 that mirrors the denominator's) is earned
+    # with the budget: a fresh pool, with less than a minute of budget accrued, gets as much
+    # credit as it has earned, and is never looser than the budget before half a minute
+    credit = min(1.0, AIM * allowed)
+    alpha = min(0.5, budget * max(AIM * allowed + credit, 1.0) / (spent + 1.0))
     margin: float | None = None
     by_hour: tuple[float, ...] = ()
     if n >= max(1, min_samples):
         k = math.ceil((n + 1) * (1.0 - alpha))  # conformal rank (1-based)
-        margin = max(1.0, _rank(scores, k))
+        logs = np.log(scores)
+        margin = max(1.0, math.exp(_quantile(logs, k, alpha)))
         if hours is not None:
-            by_hour = _by_hour(np.log(scores), np.asarray(hours)[where], k)
+            by_hour = _by_hour(logs, np.asarray(hours)[where], k, alpha)
     return Calibration(
         margin=margin,
         level=1.0 - alpha,
@@ -138,7 +149,26 @@ HOUR_LEVEL = 0.9  # the hour's typical rise: this quantile of its log-scores
 MIN_HOUR_SEEN = 30  # scores (minutes) of an hour of the day before anything is lent across it
 
 
-def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int) -> tuple[float, ...]:
+def _quantile(x: np.ndarray, k: int, alpha: float) -> float:
+    """The k-th smallest (1-based) of ``x``, the conformal rank at miss rate ``alpha``. When
+    the history is too short to hold that rank (``k > n``: fewer than about ``1 / alpha``
+    scores, a fresh pool's first hours), the largest score seen would promise a miss rate of
+    ``1 / (n + 1)``, not ``alpha``; so the tail is extrapolated instead: an exponential tail
+    fitted to the ``sqrt(n)`` largest values (their mean excess over the next one, the usual
+    peaks-over-threshold estimate) read at level ``1 - alpha``. It is never below the
+    largest value seen, and it meets the plain rank as the history reaches ``1 / alpha``."""
+    n = int(x.size)
+    if k <= n or n < 3 or alpha <= 0:
+        return _rank(x, k)
+    m = min(n - 1, max(2, math.ceil(math.sqrt(n))))
+    top = np.sort(np.partition(x, n - m - 1)[n - m - 1 :])  # the m + 1 largest, ascending
+    u = float(top[0])
+    excess = float(np.mean(top[1:] - u))
+    # P(x > u) ~ m / (n + 1), P(x > u + y) ~ that x exp(-y / excess): solve for alpha
+    return max(float(top[-1]), u + excess * math.log(m / ((n + 1) * alpha)))
+
+
+def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int, alpha: float) -> tuple[float, ...]:
     """Margins by hour of the day (locally shifted conformal): each log-score minus its hour's
     typical rise is exchangeable across hours, so one conformal rank of the shifted scores
     plus each hour's own typical rise gives a margin per hour whose misses still total the
@@ -157,7 +187,7 @@ def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int) -> tuple[float, ...]:
     q_hour[have] = logs[order][starts[have] + (HOUR_LEVEL * (counts[have] - 1)).astype(np.int64)]
     w = counts / (counts + HOUR_PRIOR_SAMPLES)
     mu = w * q_hour + (1.0 - w) * base
-    q = _rank(logs - mu[hour], k)
+    q = _quantile(logs - mu[hour], k, alpha)
     # an hour the history has not shown yet (a fresh pool's first day) gets no margin of its
     # own (inf): its rise is unknown (a morning ramp first seen live); plan() then keeps
     # capacity for the highest load seen so far

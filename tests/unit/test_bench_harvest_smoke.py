@@ -45,3 +45,24 @@ def test_bench_harvest_suite_prints_a_row_per_trace_and_the_summary() -> None:
     assert any(line.startswith("worst case: ") for line in lines)
     summary = [line for line in lines if line.startswith("summary ")]
     assert {line.split(":")[0] for line in summary} == {"summary slo", "summary vs-fixed", "summary cpu"}, summary
+
+
+def test_bench_harvest_suite_over_seeds_prints_the_worst_case_per_trace() -> None:
+    data = ROOT / "bridge" / "data" / "traces"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_harvest.py"), "--days", "1", "--seeds", "1", "2",
+         "--trace", str(data / "azure2024-code.csv")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert sum(line.startswith("suite: ") for line in lines) == 2
+    assert any(", seed 1," in line for line in lines) and any(", seed 2," in line for line in lines)
+    rows = [line for line in lines if line.startswith("azure2024-code ")]
+    assert len(rows) == 2, rows
+    i = next(i for i, line in enumerate(lines) if line.startswith("worst case over seeds 1, 2"))
+    worst = lines[i + 1]
+    assert worst.strip().startswith("azure2024-code") and "%oracle min" in worst and "viol max" in worst, worst

@@ -52,8 +52,9 @@ def test_margin_is_the_conformal_quantile_of_the_rises() -> None:
     b = sliding_max(d, 60)
     # the largest whole-node capacity that would not have served d, against the base
     scores = (np.maximum(np.ceil(d[10:]) - 1, 0) + 1) / (b[:-10] + 1) * (1 + 1e-9)
-    # nothing spent: the level loosens to budget * (allowed + 1), conformal rank
-    alpha = 0.001 * (0.8 * 0.001 * d.size + 1)
+    # nothing spent: the level loosens to budget x (80 % of the minutes allowed + the one
+    # minute of credit, earned after 1250 minutes), conformal rank
+    alpha = 0.001 * (0.8 * 0.001 * d.size + 1.0)
     k = math.ceil((scores.size + 1) * (1 - alpha))
     assert c.margin == pytest.approx(np.sort(scores)[k - 1])
     assert c.spent == 0 and c.allowed == pytest.approx(0.001 * d.size)
@@ -75,6 +76,48 @@ def test_spending_more_than_the_budget_tightens_the_margin() -> None:
     d2 = d.copy()
     d2[::100] = 200.0
     assert _cal(d2, r2).spent == 0
+
+
+def _scores(d: np.ndarray) -> np.ndarray:
+    b = sliding_max(d, 60)
+    return (np.maximum(np.ceil(d[10:]) - 1, 0) + 1) / (b[:-10] + 1) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("days", [0.15, 0.3])
+def test_a_fresh_pool_is_never_looser_than_its_budget(days: float) -> None:
+    # less than half a minute of budget earned (0.001 x 432 minutes): nothing to loosen with
+    d = _load(days)
+    c = _cal(d, np.full(d.size, 96.0))
+    assert 0.8 * c.allowed < 0.5 and c.level == pytest.approx(1 - 0.001)
+
+
+@pytest.mark.parametrize("days", [0.6, 0.8])
+def test_the_prior_credit_is_earned_with_the_budget(days: float) -> None:
+    d = _load(days)
+    c = _cal(d, np.full(d.size, 96.0))
+    earned = 0.8 * c.allowed
+    assert 0.5 < earned < 1.0
+    # credit = what was earned, not a whole minute: looser than the budget, tighter than +1
+    assert c.level == pytest.approx(1 - 0.001 * 2 * earned)
+    assert 1 - 0.001 * (earned + 1) < c.level < 1 - 0.001
+
+
+def test_a_short_history_extrapolates_the_tail_above_the_largest_rise() -> None:
+    d = 4 * _load(0.3)  # 432 minutes: fewer scores than the 0.1 % level can rank
+    s = _scores(d)
+    assert np.sort(s)[-2] < s.max()  # a tail, not one repeated whole-node step
+    assert (s.size + 1) * 0.001 < 1
+    c = _cal(d, np.full(d.size, 96.0))
+    assert c.margin is not None and c.margin > s.max()
+    # the tail is read at the level: a larger budget keeps less
+    c2 = _cal(d, np.full(d.size, 96.0), budget=0.002)
+    assert c2.margin is not None and s.max() <= c2.margin < c.margin
+    # and it relaxes as history accrues: from about 1 / budget scores on, the plain rank
+    d_long = _load(3)
+    c_long = _cal(d_long, np.full(d_long.size, 96.0))
+    s_long = _scores(d_long)
+    k = math.ceil((s_long.size + 1) * c_long.level)
+    assert k <= s_long.size and c_long.margin == pytest.approx(np.sort(s_long)[k - 1])
 
 
 def test_too_little_history_gives_no_margin_and_plan_does_not_lend() -> None:

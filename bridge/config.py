@@ -326,7 +326,7 @@ class CalibrationConfig:
     step_s: Num = Field(default=60.0, gt=0, description="resolution of that history (peak demand, fewest Ready replicas per step)")
     interval_s: Num = Field(default=600.0, gt=0, description="how often the margin is re-estimated")
     min_history_s: Num = Field(
-        default=10800.0, ge=0, description="history needed before anything is lent; with less than 1/slo_budget steps the largest rise seen is the margin"
+        default=10800.0, ge=0, description="history needed before anything is lent; with fewer than about 1/slo_budget steps the margin is extrapolated from the tail of the rises (never below the largest seen)"
     )
     by_time_of_day: Bool = Field(
         default=True, description="a margin per hour of the day (each hour's typical rise plus one conformal rank over all hours)"

@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--nodes", default="10,100,400", help="comma-separated pool sizes")
     ap.add_argument("--changes", type=int, default=2, help="nodes changed per tick")
     ap.add_argument("--ticks", type=int, default=20)
-    ap.add_argument("--kube", choices=("emulator", "real"), default="emulator",
+    ap.add_argument("--kube", choices=("emulator", "real"), default="real",
                     help="the project's API server (default) or the real control plane")
     args = ap.parse_args()
     logs.configure(json=False, level="warning")

@@ -331,7 +331,7 @@ def main() -> int:
     ap.add_argument("--no-freeze", action="store_true",
                     help="do not gc.freeze() after seeding (the in-process API server's heap is then scanned by "
                          "every full collection the daemon's allocations trigger)")
-    ap.add_argument("--kube", choices=("emulator", "real"), default="emulator",
+    ap.add_argument("--kube", choices=("emulator", "real"), default="real",
                     help="the project's API server in this process (default) or the real control plane "
                          "(gpu_bridge_lab.sandbox.realkube; seeded through its API)")
     args = ap.parse_args()

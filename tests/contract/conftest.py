@@ -23,7 +23,7 @@ from kube_contract import Kube, Serving, make_node, serving_objects, wait_for
 def real_control_plane() -> Iterator[Path | None]:
     """With GPU_BRIDGE_KUBE=real: one real control plane (etcd, kube-apiserver, controllers,
     kwok; gpu_bridge_lab.sandbox.realkube) for the session; its admin kubeconfig."""
-    if os.environ.get("GPU_BRIDGE_KUBE") != "real" or os.environ.get("GPU_BRIDGE_CONTRACT_KUBECONFIG"):
+    if os.environ.get("GPU_BRIDGE_KUBE", "real") != "real" or os.environ.get("GPU_BRIDGE_CONTRACT_KUBECONFIG"):
         yield None
         return
     import shutil

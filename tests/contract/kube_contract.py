@@ -19,7 +19,7 @@ from typing import Any
 def _kubectl() -> str:
     if os.environ.get("GPU_BRIDGE_KUBECTL"):
         return os.environ["GPU_BRIDGE_KUBECTL"]
-    if os.environ.get("GPU_BRIDGE_KUBE") == "real":
+    if os.environ.get("GPU_BRIDGE_KUBE", "real") == "real":
         from gpu_bridge_lab.sandbox.realkube import find_binaries
 
         return str(find_binaries().kubectl)

@@ -82,8 +82,10 @@ def test_sandbox_selects_and_reattaches_the_real_control_plane(tmp_path: Path, m
     monkeypatch.delenv("GPU_BRIDGE_KUBE", raising=False)
     d = Path(tempfile.mkdtemp(prefix="gbrt-", dir="/tmp"))
     try:
+        assert Sandbox(d, kube=True).kube_impl == "real"
+        monkeypatch.setenv("GPU_BRIDGE_KUBE", "emulator")
         assert Sandbox(d, kube=True).kube_impl == "emulator"
-        monkeypatch.setenv("GPU_BRIDGE_KUBE", "real")
+        monkeypatch.delenv("GPU_BRIDGE_KUBE")
         sb = Sandbox(d, kube=True, vllm=False, prometheus=False, kube_args=("--seed-serving", "--nodes", "2"))
         comps = sb._components()
         assert [type(c).__name__ for c in comps] == ["MungeComponent", "RealKubeComponent", "SlurmComponent"]

@@ -37,7 +37,7 @@ def register_cli(subparsers: Any) -> None:
                     help="seconds from a vLLM pod's start to Ready: the modelled cold start (default 3)")
     up.add_argument("--kube-impl", choices=("emulator", "real"), default=None,
                     help="the Kubernetes side: the project's API server (emulator) or a real control plane "
-                         "built by scripts/build_kube.sh (real); default $GPU_BRIDGE_KUBE or emulator")
+                         "built by scripts/build_kube.sh (real); default $GPU_BRIDGE_KUBE or real")
     up.add_argument("--timeout-s", type=float, default=60.0)
     up.set_defaults(func=cmd_up)
     down = subparsers.add_parser("down", help="stop everything the sandbox started")

@@ -286,7 +286,7 @@ class Sandbox:
         self.kube_args = tuple(kube_args)
         # "emulator" (gpu_bridge_lab.sandbox.kube) or "real" (etcd + kube-apiserver + controllers + kwok,
         # gpu_bridge_lab.sandbox.realkube); default from $GPU_BRIDGE_KUBE.
-        self.kube_impl = kube_impl or os.environ.get("GPU_BRIDGE_KUBE") or "emulator"
+        self.kube_impl = kube_impl or os.environ.get("GPU_BRIDGE_KUBE") or "real"
         if self.kube_impl not in ("emulator", "real"):
             raise SandboxError(f"kube_impl: {self.kube_impl!r} is not 'emulator' or 'real' (GPU_BRIDGE_KUBE)")
         self.cpus_per_node = cpus_per_node

@@ -193,3 +193,18 @@ def proxied_kubeconfig(kubeconfig: Path, proxy_port: int, out: Path) -> Path:
     out.write_text(text)
     out.chmod(0o600)
     return out
+
+
+def serving_side(c: Corner, *, nodes: int, spare_nodes: int = 0, grace_s: int = 30, timeout_s: float = 60.0) -> Any:
+    """A whole serving side in this corner (gpu_bridge_lab.sandbox.realkube.serving_model):
+    ``nodes`` GPU nodes with one vLLM replica each plus ``spare_nodes`` empty ones, the
+    Deployment and its PDB, every replica available. Returns the ServingModel."""
+    from gpu_bridge_lab.sandbox.realkube.serving_model import ServingModel, seed_serving, wait_serving_ready
+
+    m = ServingModel(nodes=nodes, pool=c.name("pool"), namespace=c.name("serving"), node_prefix=c.name("gpu-node-"),
+                     termination_grace_s=grace_s)
+    c.namespaces.append(m.namespace)
+    c.nodes.extend(m.node_names(spare_nodes))
+    seed_serving(c.api, m, spare_nodes=spare_nodes)
+    assert wait_serving_ready(c.api, m, timeout_s), f"{m.want_replicas} vLLM replicas not available in {timeout_s} s"
+    return m

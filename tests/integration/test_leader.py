@@ -18,8 +18,6 @@ from typing import IO, Any
 
 import pytest
 
-from bridge.adapters.kube import api_client_from_config
-
 from test_kube_adapter_support import Corner, corner, ensure_namespace  # noqa: F401 (corner: fixture)
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -13,17 +12,14 @@ from pathlib import Path
 from typing import Any
 
 # the kubectl under test: $GPU_BRIDGE_KUBECTL (e.g. Debian 12's kubernetes-client 1.20, unpacked
-# somewhere), else the one on PATH
-# the kubectl under test: $GPU_BRIDGE_KUBECTL, else (GPU_BRIDGE_KUBE=real) the one built with the
-# control plane, of the same release, else the one on PATH
+# somewhere: scripts/test_kubectl_debian12.sh), else the one built with the control plane, of
+# the same release (scripts/build_kube.sh)
 def _kubectl() -> str:
     if os.environ.get("GPU_BRIDGE_KUBECTL"):
         return os.environ["GPU_BRIDGE_KUBECTL"]
-    if os.environ.get("GPU_BRIDGE_KUBE", "real") == "real":
-        from gpu_bridge_lab.sandbox.realkube import find_binaries
+    from gpu_bridge_lab.sandbox.realkube import find_binaries
 
-        return str(find_binaries().kubectl)
-    return shutil.which("kubectl") or "/usr/bin/kubectl"
+    return str(find_binaries().kubectl)
 
 
 KUBECTL = _kubectl()
@@ -35,13 +31,13 @@ class Kube:
 
     kubeconfig: Path
     home: Path
-    server: Any = None  # the in-process KubeServer, None against a real cluster
+    plane: Any = None  # the sandbox running the control plane, None against another cluster
     prefix: str = field(default_factory=lambda: "c" + uuid.uuid4().hex[:6])
     _clients: list[Any] = field(default_factory=list)
 
     @property
     def sandbox(self) -> bool:
-        return self.server is not None
+        return self.plane is not None
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}

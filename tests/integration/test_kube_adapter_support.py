@@ -6,7 +6,6 @@ node names), the lab's fault proxy in front of it, and seeding through the offic
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 import uuid
@@ -21,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from bridge import wellknown as wk
 from bridge.adapters.kube import api_client_from_config
-from gpu_bridge_lab.sandbox.faultproxy import FaultProxy
+from gpu_bridge_lab.sandbox.faultproxy import FaultProxy, proxied_kubeconfig  # noqa: F401 (re-exported for the tests)
 
 
 @dataclass
@@ -184,15 +183,6 @@ def outage(proxy: FaultProxy, seconds: float) -> None:
         proxy.set_mode("pass")
 
     threading.Thread(target=back, daemon=True).start()
-
-
-def proxied_kubeconfig(kubeconfig: Path, proxy_port: int, out: Path) -> Path:
-    """The same kubeconfig, pointing at the proxy (the apiserver's certificate names 127.0.0.1,
-    so TLS through the byte-level proxy verifies as before)."""
-    text = re.sub(r"(server:\s*https?://127\.0\.0\.1:)\d+", lambda m: m.group(1) + str(proxy_port), kubeconfig.read_text())
-    out.write_text(text)
-    out.chmod(0o600)
-    return out
 
 
 def serving_side(c: Corner, *, nodes: int, spare_nodes: int = 0, grace_s: int = 30, timeout_s: float = 60.0) -> Any:

@@ -33,7 +33,6 @@ def serving_sandbox(
     extra_slurm_conf: str = "",
     job_submit_lua: Path | str | None = None,
     timeout_s: float = 60.0,
-    kube_impl: str | None = None,
 ) -> Sandbox:
     """A Sandbox (not started) with the serving side: ``nodes`` GPU nodes in pool ``default``,
     Deployment ``serving/vllm`` with one 4-GPU replica per node, its PDB, and the simulator's
@@ -74,5 +73,4 @@ def serving_sandbox(
         extra_slurm_conf=extra_slurm_conf,
         job_submit_lua=job_submit_lua,
         timeout_s=timeout_s,
-        kube_impl=kube_impl,
     )

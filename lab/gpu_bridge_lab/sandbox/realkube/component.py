@@ -1,4 +1,4 @@
-"""The sandbox component that runs the real control plane (``Sandbox(kube_impl="real")``).
+"""The sandbox component that runs the real control plane (``Sandbox(kube=True)``).
 
 Start order: PKI (openssl) -> etcd (healthy) -> kube-apiserver (``/readyz``) ->
 kube-controller-manager, kube-scheduler, kwok -> through the API: the daemon's RBAC

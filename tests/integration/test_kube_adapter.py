@@ -23,7 +23,7 @@ from bridge.adapters.kube import EvictOutcome, KubeAdapter, PoolTarget, api_clie
 from bridge.model import Phase
 from gpu_bridge_lab.sandbox.faultproxy import FaultProxy
 
-from test_kube_adapter_support import Corner, corner, outage, proxied_kubeconfig, raw, seed_deployment, seed_node, seed_pdb, wait_for  # noqa: F401 (corner: fixture)
+from test_kube_adapter_support import Corner, corner, kubectl, outage, proxied_kubeconfig, raw, seed_deployment, seed_node, seed_pdb, wait_for  # noqa: F401 (corner: fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -75,12 +75,6 @@ def started(kube: KubeAdapter) -> KubeAdapter:
     kube.start()
     assert kube.wait_synced(10)
     return kube
-
-
-def kubectl() -> str:
-    from gpu_bridge_lab.sandbox.realkube import find_binaries
-
-    return str(find_binaries().kubectl)  # the release the control plane was built from
 
 
 def test_cache_sees_pool_nodes_only_with_parsed_fields(cluster: Site, kube: KubeAdapter) -> None:

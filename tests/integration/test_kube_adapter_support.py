@@ -69,6 +69,16 @@ def corner(kube_plane: Any) -> Iterator[Corner]:
         c.close()
 
 
+def kubectl() -> str:
+    """$GPU_BRIDGE_KUBECTL (scripts/test_kubectl_debian12.sh), else the kubectl built with the
+    control plane, of its release."""
+    import os
+
+    from gpu_bridge_lab.sandbox.realkube import find_binaries
+
+    return os.environ.get("GPU_BRIDGE_KUBECTL") or str(find_binaries().kubectl)
+
+
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 
-from gpu_bridge_lab.sandbox.realkube import find_binaries
 from gpu_bridge_lab.sandbox.vllm.follow_kube import KubeFollower, PodTracker
 from gpu_bridge_lab.sandbox.vllm.model import SERVING
 from gpu_bridge_lab.sandbox.vllm.sim import Simulation
 from bridge.trace import Trace
 
-from test_kube_adapter_support import Corner, corner, serving_side  # noqa: F401 (corner: fixture)
+from test_kube_adapter_support import Corner, corner, kubectl, serving_side  # noqa: F401 (corner: fixture)
 
 FLAT = Trace((0.0, 600.0), (20.0, 20.0), (1.0, 1.0), 600.0, "flat")
 
@@ -51,7 +50,7 @@ def test_drain_moves_a_replica_and_the_simulator_follows(corner: Corner, tmp_pat
         before = _wait(lambda: n_serving(3), 10, "3 serving replicas")
         victim_pod, victim_node = sorted(before.items())[0]
         env = {"HOME": str(tmp_path), "KUBECONFIG": str(kc), "PATH": os.environ.get("PATH", "")}
-        r = subprocess.run([str(find_binaries().kubectl), "drain", victim_node, "--ignore-daemonsets", "--timeout=60s"],
+        r = subprocess.run([kubectl(), "drain", victim_node, "--ignore-daemonsets", "--timeout=60s"],
                            env=env, capture_output=True, text=True, timeout=90)
         assert r.returncode == 0, r.stderr
         assert f"pod/{victim_pod} evicted" in r.stdout

@@ -208,7 +208,7 @@ def _bridge_group() -> str:
 
 
 class Sandbox:
-    """A private Slurm cluster + munged + Prometheus (+ vLLM simulator, + Kubernetes API server)."""
+    """A private Slurm cluster + munged + Prometheus (+ vLLM simulator, + a real Kubernetes control plane)."""
 
     def __init__(
         self,

@@ -106,5 +106,6 @@ def kube_plane() -> Iterator[Sandbox]:
     namespaces, pools and node names of their own (a random prefix each)."""
     from gpu_bridge_lab.sandbox.realkube import control_plane
 
-    with control_plane() as sb:
+    # pods Ready 0.5 s after they start (kwok): the tests wait for readiness, not for a cold start
+    with control_plane(kube_args=("--pod-start-delay-s", "0.5")) as sb:
         yield sb

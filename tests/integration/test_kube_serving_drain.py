@@ -56,6 +56,9 @@ def test_drain_moves_a_replica_and_the_simulator_follows(corner: Corner, tmp_pat
         assert f"pod/{victim_pod} evicted" in r.stdout
         assert victim_pod not in serving()  # drained replica no longer counted
         after = _wait(lambda: n_serving(3, victim_pod), 15, "the replacement replica to serve")
-        assert set(after.values()) == (set(before.values()) - {victim_node}) | {model.node_names(1)[-1]}
+        # the real scheduler leaves any one of the 4 nodes empty at first: the replacement lands there
+        spare = set(model.node_names(1)) - set(before.values())
+        assert len(spare) == 1
+        assert set(after.values()) == (set(before.values()) - {victim_node}) | spare
     finally:
         follower.stop()

@@ -179,7 +179,10 @@ def exercised(kube_plane: Any) -> Iterator[tuple[list[Call], list[str]]]:
             time.sleep(0.02)
             assert leader.try_acquire_or_renew()  # renew: update
             assert leader.release()
-            assert kube.calls.errors() == {}, kube.calls.errors()  # nothing refused (403) on the way
+            # nothing refused by the authorizer on the way (a 409 is a node written meanwhile by
+            # kwok or the node lifecycle controller: re-read and retried)
+            refused = {k: v for k, v in kube.calls.errors().items() if k[2] in ("401", "403")}
+            assert refused == {}, refused
         finally:
             kube.stop()
             api.close()

@@ -191,6 +191,9 @@ class RealKubeComponent:
             # the default 20 requests/s makes a large Deployment (bench_scale) take minutes
             "--kube-api-qps=200", "--kube-api-burst=400",
             f"--node-monitor-grace-period={round(5 * self.args.node_heartbeat_s)}s",
+            # how often the node lifecycle controller looks at the nodes (default 5 s): a new
+            # node keeps its not-ready taint, and gets no pod, until it does
+            f"--node-monitor-period={max(1, round(self.args.node_heartbeat_s / 10))}s",
         ], sb.log_dir / "kube-controller-manager.log")
         sb.spawn("kube-scheduler", [str(b.kube_scheduler), f"--kubeconfig={kcs['scheduler']}", *common],
                  sb.log_dir / "kube-scheduler.log")

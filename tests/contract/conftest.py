@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_contract import Kube, Serving, make_node, serving_objects, wait_for
+from kube_contract import BookmarkWatch, Kube, Serving, make_node, serving_objects, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -68,3 +68,12 @@ def serving(kube: Kube) -> Iterator[Serving]:
             core.delete_namespace(ns)
         except Exception:  # noqa: BLE001
             pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bookmark_watch(contract_plane: Any) -> Iterator[BookmarkWatch]:
+    """Opened with the first contract test; tests/contract/test_watch_bookmarks.py checks it."""
+    kubeconfig = str(contract_plane.kubeconfig) if contract_plane is not None else os.environ["KUBECONFIG"]
+    w = BookmarkWatch(kubeconfig)
+    yield w
+    w.close()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -134,3 +136,42 @@ class Serving:
             if conds.get("Ready") == "True" and p.metadata.deletion_timestamp is None:
                 out.append(p)
         return out
+
+
+class BookmarkWatch:
+    """A watch with bookmarks, opened with the first contract test and read in a thread: the
+    apiserver sends its first BOOKMARK about a minute later (none earlier, whatever the
+    timeout), so the other contract tests run meanwhile instead of the suite waiting."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        from kubernetes import client, config
+
+        self.api = config.new_client_from_config(config_file=kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        self.ns = "c" + uuid.uuid4().hex[:6] + "-bookmarks"
+        self.core.create_namespace({"metadata": {"name": self.ns}})
+        self.rv = json.loads(self.core.list_namespaced_config_map(self.ns, _preload_content=False).data)["metadata"]["resourceVersion"]
+        self.events: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            resp = self.core.list_namespaced_config_map(self.ns, watch=True, resource_version=self.rv,
+                                                        allow_watch_bookmarks=True, timeout_seconds=75,
+                                                        _preload_content=False)
+            for line in resp:
+                self.events += [json.loads(part) for part in line.split(b"\n") if part.strip()]
+                if any(ev["type"] == "BOOKMARK" for ev in self.events):
+                    break
+            resp.close()
+            resp.release_conn()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+
+    def close(self) -> None:
+        try:
+            self.core.delete_namespace(self.ns)
+        finally:
+            self.api.close()

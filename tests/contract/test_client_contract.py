@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -381,60 +378,3 @@ def test_a_wrong_bearer_token_is_401_and_kubectl_works_with_the_right_one(tmp_pa
     assert json.loads(exc.value.read())["reason"] == "Unauthorized"
     assert kube.kubectl("get", "namespaces", "-o", "name").stdout.split()
 
-
-class BookmarkWatch:
-    """A watch with bookmarks opened when this module starts, read in a thread: the apiserver
-    sends its first BOOKMARK about a minute later (none earlier, whatever the timeout), so the
-    other tests of the module run meanwhile instead of the suite waiting a minute."""
-
-    def __init__(self, kubeconfig: str) -> None:
-        from kubernetes import client, config
-
-        self.api = config.new_client_from_config(config_file=kubeconfig)
-        self.core = client.CoreV1Api(self.api)
-        self.ns = "c" + uuid.uuid4().hex[:6] + "-bookmarks"
-        self.core.create_namespace({"metadata": {"name": self.ns}})
-        self.rv = _raw(self.core.list_namespaced_config_map, self.ns)["metadata"]["resourceVersion"]
-        self.events: list[dict[str, Any]] = []
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        try:
-            resp = self.core.list_namespaced_config_map(self.ns, watch=True, resource_version=self.rv,
-                                                        allow_watch_bookmarks=True, timeout_seconds=75,
-                                                        _preload_content=False)
-            for line in resp:
-                self.events += [json.loads(part) for part in line.split(b"\n") if part.strip()]
-                if any(ev["type"] == "BOOKMARK" for ev in self.events):
-                    break
-            resp.close()
-            resp.release_conn()
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            self.error = e
-
-    def close(self) -> None:
-        try:
-            self.core.delete_namespace(self.ns)
-        finally:
-            self.api.close()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def bookmark_watch(contract_plane: Any) -> Iterator[BookmarkWatch]:
-    kubeconfig = str(contract_plane.kubeconfig) if contract_plane is not None else os.environ["KUBECONFIG"]
-    w = BookmarkWatch(kubeconfig)
-    yield w
-    w.close()
-
-
-def test_watch_bookmarks(bookmark_watch: BookmarkWatch) -> None:
-    """Last in the module: by now the watch opened at its start has (nearly) had its minute."""
-    w = bookmark_watch
-    w.thread.join(80)
-    assert w.error is None, w.error
-    marks = [ev for ev in w.events if ev["type"] == "BOOKMARK"]
-    assert marks, f"no BOOKMARK in {[ev['type'] for ev in w.events]}"
-    assert int(marks[0]["object"]["metadata"]["resourceVersion"]) >= int(w.rv)
-    assert marks[0]["object"]["kind"] == "ConfigMap"

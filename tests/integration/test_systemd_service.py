@@ -104,6 +104,20 @@ def put(box: nspawn.Container, path: str, text: str, mode: str = "0644") -> None
     box.run(["install", "-D", "-m", mode, "/dev/stdin", path], input=text)
 
 
+def inline_ca(kubeconfig: Path) -> str:
+    """The kubeconfig with its clusters' CA files put inline (certificate-authority-data)."""
+    import base64
+
+    import yaml
+
+    doc = yaml.safe_load(kubeconfig.read_text())
+    for c in doc.get("clusters") or []:
+        path = c["cluster"].pop("certificate-authority", None)
+        if path:
+            c["cluster"]["certificate-authority-data"] = base64.b64encode(Path(path).read_bytes()).decode()
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
 def env_file_for(sb: Any) -> str:
     """The shipped environment file with the sandbox's slurm.conf, as an operator edits it
     (KUBECONFIG stays the shipped /etc/gpu-bridge/kubeconfig)."""
@@ -137,9 +151,10 @@ def svc() -> Iterator[Svc]:
         assert sb.vllm_url
         put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})  # low load: lend down to MIN_SERVING
         etc.chmod(0o750)
-        # the daemon's ServiceAccount (bound token inline; the CA file is under the bound sandbox dir)
+        # the daemon's ServiceAccount (bound token), with the CA inline as an operator installs
+        # it: the shipped unit's user cannot read the sandbox's PKI directory
         ident = daemon_identity(sb)
-        shutil.copyfile(ident["kubeconfig"], etc / "kubeconfig")
+        (etc / "kubeconfig").write_text(inline_ca(Path(ident["kubeconfig"])))
         (etc / "kubeconfig").chmod(0o640)
         cfg = sandbox_config(prometheus_url=sb.prometheus_url, kubeconfig=KUBECONFIG, slurm_conf=sb.slurm.slurm_conf,
                              lease_namespace=ident["lease_namespace"],

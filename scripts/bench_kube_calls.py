@@ -1,20 +1,18 @@
 #!/usr/bin/env python3
 """Kubernetes API calls per tick: proportional to changes, not to nodes.
 
-Starts the sandbox's Kubernetes API server, seeds N pool nodes, starts the real KubeAdapter
+Starts a real control plane (gpu_bridge_lab.sandbox.realkube: kube-apiserver, controllers,
+scheduler, kwok), seeds N pool nodes, starts the real KubeAdapter
 (watch cache), then runs ticks that read every node and pod (as the daemon's observe step
 does) and change C nodes per tick (set_phase + fence or unfence). Prints the API requests
 per tick by verb/resource for each N, and the time a cache read of all nodes takes:
 
-    .venv/bin/python scripts/bench_kube_calls.py [--nodes 10,100,400] [--changes 2] [--ticks 20] [--kube real]
-
-``--kube real`` runs it against the real control plane (gpu_bridge_lab.sandbox.realkube) instead.
+    .venv/bin/python scripts/bench_kube_calls.py [--nodes 10,100,400] [--changes 2] [--ticks 20]
 """
 
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,25 +40,11 @@ def seed(api: k8s.ApiClient, n: int) -> None:
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"gpu-node-{i:04d}", "labels": {wk.LABEL_POOL: "llama"}}})
 
 
-def run(n: int, changes: int, ticks: int, impl: str = "emulator") -> None:
-    if impl == "real":
-        from gpu_bridge_lab.sandbox.realkube import control_plane
+def run(n: int, changes: int, ticks: int) -> None:
+    from gpu_bridge_lab.sandbox.realkube import control_plane
 
-        with control_plane() as sb:
-            measure(sb.kubeconfig, n, changes, ticks)
-        return
-    from gpu_bridge_lab.sandbox.kube.server import KubeServer
-
-    with tempfile.TemporaryDirectory() as tmp:
-        server = KubeServer(port=0)
-        if callable(getattr(server, "start", None)):
-            server.start()
-        try:
-            kubeconfig = Path(tmp) / "kubeconfig"
-            server.write_kubeconfig(str(kubeconfig))
-            measure(kubeconfig, n, changes, ticks)
-        finally:
-            server.stop()
+    with control_plane() as sb:
+        measure(sb.kubeconfig, n, changes, ticks)
 
 
 def measure(kubeconfig: Path, n: int, changes: int, ticks: int) -> None:
@@ -100,12 +84,10 @@ def main() -> None:
     ap.add_argument("--nodes", default="10,100,400", help="comma-separated pool sizes")
     ap.add_argument("--changes", type=int, default=2, help="nodes changed per tick")
     ap.add_argument("--ticks", type=int, default=20)
-    ap.add_argument("--kube", choices=("emulator", "real"), default="emulator",
-                    help="the project's API server (default) or the real control plane")
     args = ap.parse_args()
     logs.configure(json=False, level="warning")
     for n in (int(x) for x in args.nodes.split(",")):
-        run(n, args.changes, args.ticks, args.kube)
+        run(n, args.changes, args.ticks)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""The daemon at scale: 2,000 nodes and 10,000 pods in the sandbox Kubernetes API server,
+"""The daemon at scale: 2,000 nodes and 10,000 pods on a real Kubernetes control plane,
 Slurm output of the same size, the real ``Daemon.tick()``. Prints numbers, asserts nothing.
 
     .venv/bin/python scripts/bench_scale.py [--nodes 2000] [--pods 10000] [--lent 200] [--ticks 40]
 
-- Kubernetes: ``KubeServer(port=0)`` in this process, seeded through its store: ``--nodes``
-  pool nodes (``--lent`` of them lent: fenced, no pod), the vLLM Deployment with one Ready pod
-  per serving node (made by the server's own ReplicaSet/scheduler/kubelet controllers), and
-  other pods (node agents, batch pods in another namespace) up to ``--pods`` in all. The daemon
-  reads it through the real ``KubeAdapter`` (list + watch cache).
+- Kubernetes: a real control plane (gpu_bridge_lab.sandbox.realkube: etcd, kube-apiserver,
+  controllers, scheduler, kwok as the kubelets, heartbeats every 60 s), seeded through its API:
+  ``--nodes`` pool nodes (``--lent`` of them lent: fenced, no pod), the vLLM Deployment with
+  one Ready pod per serving node (placed by the real ReplicaSet controller and scheduler, made
+  Ready by kwok), and other pods (node agents, batch pods in another namespace) up to
+  ``--pods`` in all. The daemon reads it through the real ``KubeAdapter`` (list + watch cache).
 - Slurm: a CommandRunner for ``bridge/adapters/slurm/cli.py`` that keeps a small Slurm model
   (drains, hold jobs that preempt and requeue, research jobs) and answers ``sinfo --json`` /
   ``squeue --json`` in the 22.05 shape with full-size records (copied from the recorded
@@ -17,21 +18,17 @@ Slurm output of the same size, the real ``Daemon.tick()``. Prints numbers, asser
 - Prometheus: a reader returning the load the scenario sets, stamped with the daemon's clock.
 
 Steady state: the load needs exactly the serving nodes (no lend, no reclaim); every tick runs
-the policy. CPU per tick: ``time.thread_time()`` of the ticking thread (the daemon's work;
-the in-process API server runs in other threads) and ``time.process_time()`` of the whole
-process (server and watch threads included). Then a mass reclaim: the load rises so every
+the policy. CPU per tick: ``time.thread_time()`` of the ticking thread (the daemon's work)
+and ``time.process_time()`` of the whole process (watch threads included). Then a mass reclaim: the load rises so every
 lent node is reclaimed at once; per tick the API calls and Slurm commands against the number
 of node changes. Then cProfile's top entries of steady-state ticks.
 
-Measured (2-core dev VM shared with other work, Slurm 22.05-size output: sinfo 2.0 MiB,
-squeue 6.1 MiB per read):
-- steady state: 86 ms median / 89 ms p95 CPU per tick (daemon thread), 0 Kubernetes calls,
-  2 Slurm commands per tick. What keeps it there: desired replicas computed once per pool and
-  the cyclic GC paused during the Slurm parse (1,067 ms per tick without them), orjson for the
-  JSON (104 ms with the standard json module).
-- mass reclaim of 200 nodes: 5.6 API calls + Slurm commands per node change (calls follow
-  changes, not nodes); the first tick takes 1.2 s CPU because a Slurm write reads back only
-  its one node and our hold ids (17 s when every write re-reads the whole sinfo/squeue).
+Measured: README.md "Scale" and docs/real-kubernetes.md (2-core dev VM shared with other
+work, Slurm 22.05-size output: sinfo 2.0 MiB, squeue 6.1 MiB per read). The emulator this
+bench ran on before it was deleted: 86 ms median CPU per tick, 0 Kubernetes calls per tick.
+What keeps a tick there: desired replicas computed once per pool, the cyclic GC paused during
+the Slurm parse (about 1 s per tick without it), orjson for the JSON; a Slurm write reads back
+only its one node and our hold ids, so calls follow changes, not nodes.
 """
 
 from __future__ import annotations
@@ -63,10 +60,7 @@ from bridge.adapters.slurm.cli import CliSlurm, CommandResult  # noqa: E402
 from bridge.config import default_config  # noqa: E402
 from bridge.daemon import Daemon  # noqa: E402
 from bridge.model import LoadSignals  # noqa: E402
-from gpu_bridge_lab.sandbox.kube import KubeServer, ServingModel  # noqa: E402
-from gpu_bridge_lab.sandbox.kube import resources as R  # noqa: E402
-from gpu_bridge_lab.sandbox.kube.defaults import on_create  # noqa: E402
-from gpu_bridge_lab.sandbox.kube.serving_model import deployment_object, node_object  # noqa: E402
+from gpu_bridge_lab.sandbox.realkube.serving_model import ServingModel, deployment_object, node_object  # noqa: E402
 
 POOL = "bench"
 NS = "serving"
@@ -214,48 +208,7 @@ def other_pod(i: int, node: str) -> dict[str, Any]:
     body = {"metadata": {"name": f"{app}-{i:05d}", "namespace": ns, "labels": {"app": app}},
             "spec": {"nodeName": node, "containers": [{"name": app, "image": "busybox",
                                                        "resources": {"requests": {"cpu": "100m"}}}]}}
-    on_create(R.core("pods"), body)
-    ts = "2026-01-01T00:00:00Z"
-    body["status"] = {"phase": "Running", "startTime": ts,
-                      "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": ts}]}
     return body
-
-
-def seed(server: KubeServer, names: list[str], lent: set[str], pods_total: int, now: float) -> float:
-    store = server.store
-    t0 = time.perf_counter()
-    nodes = []
-    for i, n in enumerate(names, 1):
-        obj = node_object(n, POOL, 4, i % 250)
-        phase = "lent" if n in lent else "serving"
-        obj["metadata"]["labels"][wk.LABEL_PHASE] = phase
-        obj["metadata"]["annotations"] = {wk.ANNOTATION_PHASE_SINCE: f"{now - 86400:.3f}",
-                                          wk.ANNOTATION_REASON: "bench", wk.ANNOTATION_OWNER: "bench"}
-        if n in lent:
-            obj["spec"] = {"unschedulable": True, "taints": [{"key": wk.TAINT_KEY, "effect": wk.TAINT_EFFECT}]}
-            obj["metadata"]["annotations"][wk.ANNOTATION_CORDONED] = "true"
-        nodes.append(obj)
-    store.bulk_load(R.core("nodes"), nodes)
-    for ns in (NS, "batch"):
-        store.create(R.core("namespaces"), {"metadata": {"name": ns}})
-    serving = len(names) - len(lent)
-    model = ServingModel(nodes=serving, pool=POOL, namespace=NS, replicas=serving, termination_grace_s=1)
-    d = deployment_object(model)
-    on_create(R.get("apps", "deployments"), d)
-    store.create(R.get("apps", "deployments"), d)
-    others = max(0, pods_total - serving)
-    store.bulk_load(R.core("pods"), (other_pod(i, names[i % len(names)]) for i in range(others)))
-    assert server.controllers is not None
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        server.controllers.wait_idle(5)
-        ready = sum(1 for p in store.objs(R.core("pods"), NS)
-                    if any(c.get("type") == "Ready" and c.get("status") == "True"
-                           for c in (p.get("status") or {}).get("conditions") or []))
-        if ready >= serving:
-            break
-        time.sleep(0.2)
-    return time.perf_counter() - t0
 
 
 def seed_api(kubeconfig: Path, names: list[str], lent: set[str], pods_total: int, now: float) -> tuple[float, int]:
@@ -280,8 +233,7 @@ def seed_api(kubeconfig: Path, names: list[str], lent: set[str], pods_total: int
 
     def node(i_n: tuple[int, str]) -> None:
         i, n = i_n
-        obj = node_object(n, POOL, 4, i % 250)
-        obj["status"] = {k: v for k, v in obj["status"].items() if k in ("capacity", "allocatable", "addresses")}
+        obj = node_object(n, POOL, 4, i)
         obj["metadata"]["labels"][wk.LABEL_PHASE] = "lent" if n in lent else "serving"
         obj["metadata"]["annotations"] = {wk.ANNOTATION_PHASE_SINCE: f"{now - 86400:.3f}",
                                           wk.ANNOTATION_REASON: "bench", wk.ANNOTATION_OWNER: "bench"}
@@ -292,7 +244,6 @@ def seed_api(kubeconfig: Path, names: list[str], lent: set[str], pods_total: int
 
     def pod(i: int) -> None:
         body = other_pod(i, names[i % len(names)])
-        body.pop("status", None)
         core.create_namespaced_pod(body["metadata"]["namespace"], body)
 
     with ThreadPoolExecutor(8) as ex:
@@ -330,11 +281,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=18, help="cProfile entries shown")
     ap.add_argument("--pending-jobs", type=int, default=300, help="research jobs waiting in the preempt partition")
     ap.add_argument("--no-freeze", action="store_true",
-                    help="do not gc.freeze() after seeding (the in-process API server's heap is then scanned by "
+                    help="do not gc.freeze() after seeding (the watch cache's objects are then scanned by "
                          "every full collection the daemon's allocations trigger)")
-    ap.add_argument("--kube", choices=("emulator", "real"), default="emulator",
-                    help="the project's API server in this process (default) or the real control plane "
-                         "(gpu_bridge_lab.sandbox.realkube; seeded through its API)")
     args = ap.parse_args()
     logs.configure(json=True, level="error", stream=io.StringIO())  # the daemon's logs cost I/O, not measured here
 
@@ -355,23 +303,13 @@ def main() -> int:
         slurm_model.add_job(f"sweep-{i}", "bob", wk.SLURM_PREEMPT_PARTITION, None, None)
 
     with contextlib.ExitStack() as stack:
-        if args.kube == "real":
-            from gpu_bridge_lab.sandbox.realkube import control_plane
+        from gpu_bridge_lab.sandbox.realkube import control_plane
 
-            # kwok renews 2,000 node Leases: every 60 s, not 10 s, on 2 shared cores (else nodes
-            # go NotReady because the simulator is late, which real kubelets would not be)
-            sb = stack.enter_context(control_plane(kube_args=("--pod-start-delay-s", "0.2",
-                                                              "--node-heartbeat-s", "60")))
-            server = None
-            seed_s, total_pods = seed_api(sb.kubeconfig, names, lent, args.pods, now)
-            kubeconfig = sb.kubeconfig
-        else:
-            server = stack.enter_context(KubeServer(port=0, pod_start_delay_s=0.2, pod_stop_s=0.2,
-                                                    bookmark_interval_s=3600, event_log_size=400_000))
-            seed_s = seed(server, names, lent, args.pods, now)
-            total_pods = len(server.store.objs(R.core("pods")))
-            kubeconfig = server.write_kubeconfig(Path(f"/tmp/gpu-bridge-bench-scale-{server.port}.kubeconfig"))
-            stack.callback(kubeconfig.unlink, missing_ok=True)
+        # kwok renews 2,000 node Leases: every 60 s, not 10 s, on 2 shared cores (else nodes
+        # go NotReady because the simulator is late, which real kubelets would not be)
+        sb = stack.enter_context(control_plane(kube_args=("--pod-start-delay-s", "0.2", "--node-heartbeat-s", "60")))
+        seed_s, total_pods = seed_api(sb.kubeconfig, names, lent, args.pods, now)
+        kubeconfig = sb.kubeconfig
         sinfo_kb = len(slurm_model._render("sinfo")) / 1024
         squeue_kb = len(slurm_model._render("squeue")) / 1024
         print(f"world: {len(names)} pool nodes ({len(serving)} serving, {len(lent)} lent), {total_pods} pods "
@@ -387,8 +325,8 @@ def main() -> int:
               f"{sum(kube.calls.snapshot().values())}")
         if not args.no_freeze:
             gc.collect()
-            gc.freeze()  # the server's 10,000 pods are this process's only because the bench runs it here
-            print(f"gc.freeze() after seeding: {gc.get_freeze_count()} objects (the API server's and the cache's) "
+            gc.freeze()  # the watch cache's objects: long-lived, as in the daemon after its first list
+            print(f"gc.freeze() after seeding: {gc.get_freeze_count()} objects (the watch cache's) "
                   "kept out of the collector's scans")
         config = default_config(POOL, namespace=NS, min_serving=1)
         import dataclasses as dc
@@ -399,14 +337,14 @@ def main() -> int:
         prom = Load(clock, steady_replicas, len(serving))
         daemon = Daemon(config, kube=kube, slurm=slurm, prom=prom, prom_pools={POOL: PromPool(POOL, POOL)}, clock=clock)
         try:
-            return run(args, daemon, kube, slurm_model, prom, clock, server, names, lent)
+            return run(args, daemon, kube, slurm_model, prom, clock, names, lent)
         finally:
             kube.stop()
             api.close()
 
 
 def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, prom: Load, clock: Clock,
-        server: KubeServer | None, names: list[str], lent: set[str]) -> int:
+        names: list[str], lent: set[str]) -> int:
     tick_s = daemon.config.policy.tick_s
 
     gc_time = [0.0]

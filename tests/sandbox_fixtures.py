@@ -145,3 +145,16 @@ def slurm2411_sandbox() -> Iterator[Sandbox]:
 def slurm2411_clean(slurm2411_sandbox: Sandbox) -> Iterator[Sandbox]:
     yield slurm2411_sandbox
     slurm2411_sandbox.reset()
+
+
+@pytest.fixture(scope="session")
+def kube_plane() -> Iterator[Sandbox]:
+    """One real Kubernetes control plane for the session (etcd, kube-apiserver, controllers,
+    scheduler, kwok; gpu_bridge_lab.sandbox.realkube), shared by the adapter, leader, CLI,
+    drain and contract tests: starting one costs ~10 s. Tests keep apart by working in
+    namespaces, pools and node names of their own (a random prefix each)."""
+    from gpu_bridge_lab.sandbox.realkube import control_plane
+
+    # pods Ready 0.5 s after they start (kwok): the tests wait for readiness, not for a cold start
+    with control_plane(kube_args=("--pod-start-delay-s", "0.5")) as sb:
+        yield sb

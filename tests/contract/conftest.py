@@ -1,67 +1,41 @@
 """Contract tests of the Kubernetes API: real kubectl (subprocesses, each test with its own
-HOME so kubectl's discovery cache is private) and the official client.
-
-By default they run against an in-process ``KubeServer(port=0)``; with ``GPU_BRIDGE_KUBE=real``
-against a real control plane started for the session (gpu_bridge_lab.sandbox.realkube) and the kubectl
-built with it. Set
-``GPU_BRIDGE_CONTRACT_KUBECONFIG=1`` and ``KUBECONFIG`` to run them against a real cluster
-instead: every test then works in its own namespace and on Node objects it creates itself
-(names prefixed ``c<6 hex>-``), and the few tests that need the sandbox (compaction,
-token auth, fake kubelet timing) skip."""
+HOME so kubectl's discovery cache is private) and the official client, against the session's
+real control plane (``kube_plane``: gpu_bridge_lab.sandbox.realkube) and the kubectl built with
+it. Set ``GPU_BRIDGE_CONTRACT_KUBECONFIG=1`` and ``KUBECONFIG`` to run them against another
+cluster instead. Either way every test works in its own namespace and on Node objects it
+creates itself (names prefixed ``c<6 hex>-``); the few tests that need the sandbox's plane
+(its token file, kwok's timing) skip elsewhere."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from kube_contract import Kube, Serving, make_node, serving_objects, wait_for
+from kube_contract import BookmarkWatch, Kube, Serving, make_node, serving_objects, wait_for
 
 
 @pytest.fixture(scope="session")
-def real_control_plane() -> Iterator[Path | None]:
-    """With GPU_BRIDGE_KUBE=real: one real control plane (etcd, kube-apiserver, controllers,
-    kwok; gpu_bridge_lab.sandbox.realkube) for the session; its admin kubeconfig."""
-    if os.environ.get("GPU_BRIDGE_KUBE") != "real" or os.environ.get("GPU_BRIDGE_CONTRACT_KUBECONFIG"):
-        yield None
-        return
-    import shutil
-    import tempfile
-
-    from gpu_bridge_lab.sandbox.cluster import Sandbox
-
-    d = Path(tempfile.mkdtemp(prefix="gbkc-", dir="/tmp"))
-    sb = Sandbox(d, kube=True, kube_impl="real", vllm=False, prometheus=False, nodes=1)
-    try:
-        sb.up()
-        yield sb.kubeconfig
-    finally:
-        sb.down()
-        shutil.rmtree(d, ignore_errors=True)
+def contract_plane(request: pytest.FixtureRequest) -> Any:
+    """The sandbox's real control plane (shared with the other Kubernetes tests), or None
+    when GPU_BRIDGE_CONTRACT_KUBECONFIG points the tests at another cluster."""
+    if os.environ.get("GPU_BRIDGE_CONTRACT_KUBECONFIG"):
+        return None
+    return request.getfixturevalue("kube_plane")
 
 
 @pytest.fixture
-def kube(tmp_path: Path, real_control_plane: Path | None) -> Iterator[Kube]:
+def kube(tmp_path: Path, contract_plane: Any) -> Iterator[Kube]:
     home = tmp_path / "home"
     home.mkdir()
-    if os.environ.get("GPU_BRIDGE_CONTRACT_KUBECONFIG") or real_control_plane is not None:
-        kc = real_control_plane or Path(os.environ["KUBECONFIG"])
-        k = Kube(kc, home)
-        try:
-            yield k
-        finally:
-            k.close()
-        return
-    from gpu_bridge_lab.sandbox.kube import KubeServer
-
-    with KubeServer(port=0, pod_start_delay_s=0.3, pod_stop_s=0.5, bookmark_interval_s=0.3) as server:
-        kc = server.write_kubeconfig(tmp_path / "kubeconfig")
-        k = Kube(kc, home, server)
-        try:
-            yield k
-        finally:
-            k.close()
+    kc = Path(contract_plane.kubeconfig) if contract_plane is not None else Path(os.environ["KUBECONFIG"])
+    k = Kube(kc, home, contract_plane)
+    try:
+        yield k
+    finally:
+        k.close()
 
 
 @pytest.fixture
@@ -94,3 +68,12 @@ def serving(kube: Kube) -> Iterator[Serving]:
             core.delete_namespace(ns)
         except Exception:  # noqa: BLE001
             pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bookmark_watch(contract_plane: Any) -> Iterator[BookmarkWatch]:
+    """Opened with the first contract test; tests/contract/test_watch_bookmarks.py checks it."""
+    kubeconfig = str(contract_plane.kubeconfig) if contract_plane is not None else os.environ["KUBECONFIG"]
+    w = BookmarkWatch(kubeconfig)
+    yield w
+    w.close()

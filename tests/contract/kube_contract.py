@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -13,17 +14,14 @@ from pathlib import Path
 from typing import Any
 
 # the kubectl under test: $GPU_BRIDGE_KUBECTL (e.g. Debian 12's kubernetes-client 1.20, unpacked
-# somewhere), else the one on PATH
-# the kubectl under test: $GPU_BRIDGE_KUBECTL, else (GPU_BRIDGE_KUBE=real) the one built with the
-# control plane, of the same release, else the one on PATH
+# somewhere: scripts/test_kubectl_debian12.sh), else the one built with the control plane, of
+# the same release (scripts/build_kube.sh)
 def _kubectl() -> str:
     if os.environ.get("GPU_BRIDGE_KUBECTL"):
         return os.environ["GPU_BRIDGE_KUBECTL"]
-    if os.environ.get("GPU_BRIDGE_KUBE") == "real":
-        from gpu_bridge_lab.sandbox.realkube import find_binaries
+    from gpu_bridge_lab.sandbox.realkube import find_binaries
 
-        return str(find_binaries().kubectl)
-    return shutil.which("kubectl") or "/usr/bin/kubectl"
+    return str(find_binaries().kubectl)
 
 
 KUBECTL = _kubectl()
@@ -35,13 +33,13 @@ class Kube:
 
     kubeconfig: Path
     home: Path
-    server: Any = None  # the in-process KubeServer, None against a real cluster
+    plane: Any = None  # the sandbox running the control plane, None against another cluster
     prefix: str = field(default_factory=lambda: "c" + uuid.uuid4().hex[:6])
     _clients: list[Any] = field(default_factory=list)
 
     @property
     def sandbox(self) -> bool:
-        return self.server is not None
+        return self.plane is not None
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
@@ -138,3 +136,42 @@ class Serving:
             if conds.get("Ready") == "True" and p.metadata.deletion_timestamp is None:
                 out.append(p)
         return out
+
+
+class BookmarkWatch:
+    """A watch with bookmarks, opened with the first contract test and read in a thread: the
+    apiserver sends its first BOOKMARK about a minute later (none earlier, whatever the
+    timeout), so the other contract tests run meanwhile instead of the suite waiting."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        from kubernetes import client, config
+
+        self.api = config.new_client_from_config(config_file=kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        self.ns = "c" + uuid.uuid4().hex[:6] + "-bookmarks"
+        self.core.create_namespace({"metadata": {"name": self.ns}})
+        self.rv = json.loads(self.core.list_namespaced_config_map(self.ns, _preload_content=False).data)["metadata"]["resourceVersion"]
+        self.events: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            resp = self.core.list_namespaced_config_map(self.ns, watch=True, resource_version=self.rv,
+                                                        allow_watch_bookmarks=True, timeout_seconds=75,
+                                                        _preload_content=False)
+            for line in resp:
+                self.events += [json.loads(part) for part in line.split(b"\n") if part.strip()]
+                if any(ev["type"] == "BOOKMARK" for ev in self.events):
+                    break
+            resp.close()
+            resp.release_conn()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+
+    def close(self) -> None:
+        try:
+            self.core.delete_namespace(self.ns)
+        finally:
+            self.api.close()

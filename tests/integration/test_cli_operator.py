@@ -1,4 +1,4 @@
-"""The operator CLI against the sandbox's Kubernetes API server: `gpu-bridge lend|reclaim|pin|
+"""The operator CLI against the real control plane (``kube_plane``, a serving side of its own): `gpu-bridge lend|reclaim|pin|
 unpin NODE` write requests and pins on the node (the leader carries them out through the
 lifecycle: tests/unit/test_daemon_loop.py), refuse nodes outside the pool and bad names."""
 
@@ -14,24 +14,23 @@ import pytest
 import yaml
 
 from bridge import wellknown as wk
-from gpu_bridge_lab.sandbox.kube import KubeServer, ServingModel, seed_serving
+
+from test_kube_adapter_support import Corner, corner, serving_side  # noqa: F401 (corner: fixture)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def site(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    with KubeServer(port=0, pod_start_delay_s=0.1) as server:
-        seed_serving(server.store, ServingModel(nodes=2))
-        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-        os.chmod(kubeconfig, 0o600)
-        cfg = tmp_path / "gpu-bridge.yaml"
-        cfg.write_text(yaml.safe_dump({
-            "pools": [{"name": "default", "namespace": "serving", "deployment": "vllm"}],
-            "kubernetes": {"kubeconfig": str(kubeconfig)},
-        }))
-        os.chmod(cfg, 0o600)
-        yield kubeconfig, cfg
+def site(corner: Corner, tmp_path: Path) -> Iterator[tuple[Path, Path, list[str]]]:
+    m = serving_side(corner, nodes=2)
+    kubeconfig = corner.kubeconfig  # the admin's, mode 0600
+    cfg = tmp_path / "gpu-bridge.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "pools": [{"name": m.pool, "namespace": m.namespace, "deployment": m.deployment}],
+        "kubernetes": {"kubeconfig": str(kubeconfig)},
+    }))
+    os.chmod(cfg, 0o600)
+    yield kubeconfig, cfg, m.node_names()
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,39 +49,39 @@ def node_meta(kubeconfig: Path, name: str) -> dict[str, dict[str, str]]:
         api.close()
 
 
-def test_lend_and_reclaim_write_requests_for_the_leader(site: tuple[Path, Path]) -> None:
-    kubeconfig, cfg = site
-    out = cli("lend", "gpu-node-01", "--config", str(cfg))
+def test_lend_and_reclaim_write_requests_for_the_leader(site: tuple[Path, Path, list[str]]) -> None:
+    kubeconfig, cfg, (n1, n2) = site
+    out = cli("lend", n1, "--config", str(cfg))
     assert out.returncode == 0, out.stderr
-    assert "lend of gpu-node-01 requested" in out.stdout
-    assert node_meta(kubeconfig, "gpu-node-01")["annotations"].get(wk.ANNOTATION_REQUEST) == "lend"
-    out = cli("reclaim", "gpu-node-02", "--config", str(cfg))
+    assert f"lend of {n1} requested" in out.stdout
+    assert node_meta(kubeconfig, n1)["annotations"].get(wk.ANNOTATION_REQUEST) == "lend"
+    out = cli("reclaim", n2, "--config", str(cfg))
     assert out.returncode == 0, out.stderr
-    assert node_meta(kubeconfig, "gpu-node-02")["annotations"].get(wk.ANNOTATION_REQUEST) == "reclaim"
+    assert node_meta(kubeconfig, n2)["annotations"].get(wk.ANNOTATION_REQUEST) == "reclaim"
 
 
-def test_pin_to_slurm_also_asks_to_lend_and_unpin_removes_the_pin(site: tuple[Path, Path]) -> None:
-    kubeconfig, cfg = site
-    out = cli("pin", "gpu-node-01", "slurm", "--config", str(cfg))
+def test_pin_to_slurm_also_asks_to_lend_and_unpin_removes_the_pin(site: tuple[Path, Path, list[str]]) -> None:
+    kubeconfig, cfg, (n1, _) = site
+    out = cli("pin", n1, "slurm", "--config", str(cfg))
     assert out.returncode == 0, out.stderr
-    meta = node_meta(kubeconfig, "gpu-node-01")
+    meta = node_meta(kubeconfig, n1)
     assert meta["labels"].get(wk.LABEL_PIN) == "slurm"
     assert meta["annotations"].get(wk.ANNOTATION_REQUEST) == "lend"  # not yet adopted: serving -> lend it first
-    out = cli("unpin", "gpu-node-01", "--config", str(cfg))
+    out = cli("unpin", n1, "--config", str(cfg))
     assert out.returncode == 0, out.stderr
-    assert wk.LABEL_PIN not in node_meta(kubeconfig, "gpu-node-01")["labels"]
+    assert wk.LABEL_PIN not in node_meta(kubeconfig, n1)["labels"]
 
 
 @pytest.mark.parametrize("name", ["gpu;reboot", "a/../b", "$(id)", "x" * 300])
-def test_bad_node_names_are_refused_before_any_write(site: tuple[Path, Path], name: str) -> None:
-    _server, cfg = site
+def test_bad_node_names_are_refused_before_any_write(site: tuple[Path, Path, list[str]], name: str) -> None:
+    _, cfg, _ = site
     out = cli("lend", name, "--config", str(cfg))
     assert out.returncode == 1
     assert "invalid" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_a_node_outside_the_pool_is_refused(site: tuple[Path, Path]) -> None:
-    _server, cfg = site
+def test_a_node_outside_the_pool_is_refused(site: tuple[Path, Path, list[str]]) -> None:
+    _, cfg, _ = site
     out = cli("lend", "no-such-node", "--config", str(cfg))
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "no-such-node" in out.stderr

@@ -1,35 +1,82 @@
-"""Support (no tests here) for the Kubernetes adapter and leader integration tests: a sandbox
-``KubeServer`` on a free port, a kubeconfig for it, and seeding through the official client
-(the same requests would seed a real cluster)."""
+"""Support (no tests here) for the Kubernetes adapter and leader integration tests: a corner of
+the session's real control plane (``kube_plane``) for one test (its own namespace, pool and
+node names), the lab's fault proxy in front of it, and seeding through the official client
+(the same requests would seed any cluster)."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from bridge import wellknown as wk
-from gpu_bridge_lab.sandbox.faultproxy import pipe
-from gpu_bridge_lab.sandbox.kube.server import KubeServer
+from bridge.adapters.kube import api_client_from_config
+from gpu_bridge_lab.sandbox.faultproxy import FaultProxy, proxied_kubeconfig  # noqa: F401 (re-exported for the tests)
 
 
-def start_server(tmp: Path) -> Iterator[tuple[Any, Path]]:
-    server = KubeServer(port=0, pod_start_delay_s=0.3)
-    start = getattr(server, "start", None)
-    if callable(start):
-        start()
-    kubeconfig = tmp / "kubeconfig"
-    server.write_kubeconfig(str(kubeconfig))
+@dataclass
+class Corner:
+    """One test's part of the shared control plane: names made unique by ``prefix`` so tests
+    never see each other's nodes, pods or Leases; ``close()`` deletes what it made."""
+
+    plane: Any  # the Sandbox running the control plane
+    api: k8s.ApiClient
+    prefix: str = field(default_factory=lambda: "t" + uuid.uuid4().hex[:6])
+    nodes: list[str] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return Path(self.plane.kubeconfig)
+
+    @property
+    def port(self) -> int:
+        return int(self.plane.ports["kube"])
+
+    def name(self, base: str) -> str:
+        return f"{self.prefix}-{base}"
+
+    def close(self) -> None:
+        core = k8s.CoreV1Api(self.api)
+        for n in self.nodes:
+            try:
+                core.delete_node(n, _request_timeout=5)
+            except Exception:  # noqa: BLE001 - cleanup is best effort
+                pass
+        for ns in self.namespaces:
+            try:
+                core.delete_namespace(ns, _request_timeout=5)
+            except Exception:  # noqa: BLE001
+                pass
+        self.api.close()
+
+
+@pytest.fixture
+def corner(kube_plane: Any) -> Iterator[Corner]:
+    c = Corner(kube_plane, api_client_from_config(kubeconfig=str(kube_plane.kubeconfig)))
     try:
-        yield server, kubeconfig
+        yield c
     finally:
-        server.stop()
+        c.close()
+
+
+def kubectl() -> str:
+    """$GPU_BRIDGE_KUBECTL (scripts/test_kubectl_debian12.sh), else the kubectl built with the
+    control plane, of its release."""
+    import os
+
+    from gpu_bridge_lab.sandbox.realkube import find_binaries
+
+    return os.environ.get("GPU_BRIDGE_KUBECTL") or str(find_binaries().kubectl)
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -53,35 +100,52 @@ def raw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         resp.release_conn()
 
 
-def ensure_namespace(api: k8s.ApiClient, name: str) -> None:
-    try:
-        raw(k8s.CoreV1Api(api).create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    except ApiException as e:
-        if e.status != 409:
-            raise
-
-
-def seed_node(api: k8s.ApiClient, name: str, pool: str, *, gpus: int = 4, taints: list[dict[str, str]] | None = None, unschedulable: bool = False) -> None:
+def ensure_namespace(api: k8s.ApiClient, name: str, corner: Corner | None = None) -> None:
+    """The namespace and its ``default`` ServiceAccount (the real admission plugin refuses pods
+    until that exists; the controller makes it, but the ReplicaSet controller backs off)."""
     core = k8s.CoreV1Api(api)
+    for create in (lambda: raw(core.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+                   lambda: raw(core.create_namespaced_service_account, name, {"metadata": {"name": "default"}})):
+        try:
+            create()
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    if corner is not None and name not in corner.namespaces:
+        corner.namespaces.append(name)
+
+
+def seed_node(api: k8s.ApiClient, name: str, pool: str | None, *, gpus: int = 4, taints: list[dict[str, str]] | None = None,
+              unschedulable: bool = False, labels: dict[str, str] | None = None, corner: Corner | None = None,
+              wait: bool = True) -> None:
+    """A GPU node, Ready (kwok keeps it so: --manage-all-nodes). With ``wait``, returns once the
+    node lifecycle controller has lifted the ``node.kubernetes.io/not-ready`` taint every new
+    node is created with (until then the scheduler places nothing there)."""
+    core = k8s.CoreV1Api(api)
+    all_labels = {"kubernetes.io/hostname": name, **({wk.LABEL_POOL: pool} if pool else {}), **(labels or {})}
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {wk.LABEL_POOL: pool, "kubernetes.io/hostname": name}},
+        "metadata": {"name": name, "labels": all_labels},
         "spec": {"unschedulable": unschedulable, "taints": taints or []},
     }
     raw(core.create_node, body)
-    status = {
-        "status": {
-            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", wk.GPU_RESOURCE: str(gpus)},
-            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110", wk.GPU_RESOURCE: str(gpus)},
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "sandbox"}],
-        }
-    }
-    raw(core.patch_node_status, name, status)
+    if corner is not None:
+        corner.nodes.append(name)
+    res = {"cpu": "32", "memory": "256Gi", "pods": "110", wk.GPU_RESOURCE: str(gpus)}
+    ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    raw(core.patch_node_status, name, {"status": {"capacity": res, "allocatable": res, "conditions": [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "sandbox",
+         "lastHeartbeatTime": ts, "lastTransitionTime": ts}]}})
+    if wait:
+        wait_for(lambda: not any(t["key"].startswith("node.kubernetes.io/")
+                                 for t in raw(core.read_node, name)["spec"].get("taints") or []),
+                 timeout=20, what=f"node {name}: the not-ready taint lifted")
 
 
-def seed_deployment(api: k8s.ApiClient, namespace: str, name: str, pool: str, replicas: int, *, grace_s: int = 1) -> None:
-    ensure_namespace(api, namespace)
+def seed_deployment(api: k8s.ApiClient, namespace: str, name: str, pool: str, replicas: int, *, grace_s: int = 1,
+                    corner: Corner | None = None) -> None:
+    ensure_namespace(api, namespace, corner)
     labels = {"app": name, "pool": pool}
     raw(
         k8s.AppsV1Api(api).create_namespaced_deployment,
@@ -98,7 +162,8 @@ def seed_deployment(api: k8s.ApiClient, namespace: str, name: str, pool: str, re
                     "spec": {
                         "nodeSelector": {wk.LABEL_POOL: pool},
                         "terminationGracePeriodSeconds": grace_s,
-                        "containers": [{"name": "vllm", "image": "vllm/vllm-openai", "resources": {"limits": {wk.GPU_RESOURCE: "4"}}}],
+                        "containers": [{"name": "vllm", "image": "vllm/vllm-openai",
+                                        "resources": {"requests": {wk.GPU_RESOURCE: "4"}, "limits": {wk.GPU_RESOURCE: "4"}}}],
                     },
                 },
             },
@@ -119,92 +184,27 @@ def seed_pdb(api: k8s.ApiClient, namespace: str, name: str, labels: dict[str, st
     )
 
 
-class TcpProxy:
-    """A TCP forwarder in front of the API server. ``cut()`` closes every connection and stops
-    listening: what clients see when the API server dies or the network goes away."""
+def outage(proxy: FaultProxy, seconds: float) -> None:
+    """Drop every connection through ``proxy`` and refuse new ones for ``seconds``."""
+    proxy.set_mode("refuse")
 
-    def __init__(self, target_port: int) -> None:
+    def back() -> None:
+        time.sleep(seconds)
+        proxy.set_mode("pass")
 
-        self._target = ("127.0.0.1", target_port)
-        self._socks: list[Any] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self.port = 0
-        self._listen()
-
-    def _listen(self) -> None:
-        import socket
-
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self.port = int(listener.getsockname()[1])
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def _accept(self, listener: Any) -> None:
-        import socket
-
-        while not self._closed:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self._target, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._socks += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
-
-    def cut(self) -> None:
-        self._closed = True
-        self._stop_listening()
-        self.blip()
-
-    def _stop_listening(self) -> None:
-        import socket
-
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
-        except OSError:
-            pass
-        self._listener.close()
-
-    def outage(self, seconds: float) -> None:
-        """Drop every connection and refuse new ones for ``seconds``, then accept again."""
-        self._stop_listening()
-        self.blip()
-
-        def back() -> None:
-            time.sleep(seconds)
-            if not self._closed:
-                self._listen()
-
-        threading.Thread(target=back, daemon=True).start()
-
-    def blip(self) -> None:
-        """Close every open connection; new ones are still accepted."""
-        import socket
-
-        with self._lock:
-            for s in self._socks:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                    s.close()
-                except OSError:
-                    pass
-            self._socks.clear()
+    threading.Thread(target=back, daemon=True).start()
 
 
-def proxied_kubeconfig(kubeconfig: Path, proxy_port: int, out: Path) -> Path:
-    """The same kubeconfig, pointing at the proxy."""
-    import re
+def serving_side(c: Corner, *, nodes: int, spare_nodes: int = 0, grace_s: int = 30, timeout_s: float = 60.0) -> Any:
+    """A whole serving side in this corner (gpu_bridge_lab.sandbox.realkube.serving_model):
+    ``nodes`` GPU nodes with one vLLM replica each plus ``spare_nodes`` empty ones, the
+    Deployment and its PDB, every replica available. Returns the ServingModel."""
+    from gpu_bridge_lab.sandbox.realkube.serving_model import ServingModel, seed_serving, wait_serving_ready
 
-    text = re.sub(r"(server:\s*https?://127\.0\.0\.1:)\d+", lambda m: m.group(1) + str(proxy_port), kubeconfig.read_text())
-    out.write_text(text)
-    return out
+    m = ServingModel(nodes=nodes, pool=c.name("pool"), namespace=c.name("serving"), node_prefix=c.name("gpu-node-"),
+                     termination_grace_s=grace_s)
+    c.namespaces.append(m.namespace)
+    c.nodes.extend(m.node_names(spare_nodes))
+    seed_serving(c.api, m, spare_nodes=spare_nodes)
+    assert wait_serving_ready(c.api, m, timeout_s), f"{m.want_replicas} vLLM replicas not available in {timeout_s} s"
+    return m

@@ -1,4 +1,5 @@
-"""Leader election across two real processes on the sandbox's Kubernetes API server: one
+"""Leader election across two real processes on the real control plane (``kube_plane``; each
+test's Lease in a namespace of its own): one
 leader at a time; the standby takes over within the lease duration after the holder is
 SIGKILLed; after SIGTERM (release) it takes over at its next step."""
 
@@ -17,9 +18,7 @@ from typing import IO, Any
 
 import pytest
 
-from bridge.adapters.kube import api_client_from_config
-
-from test_kube_adapter_support import ensure_namespace, start_server
+from test_kube_adapter_support import Corner, corner, ensure_namespace  # noqa: F401 (corner: fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -31,8 +30,8 @@ from bridge import logs
 logs.configure(json=True, stream=sys.stderr)  # stdout carries only our JSON lines
 from bridge.adapters.kube import api_client_from_config
 from bridge.leader import LeaderElector
-kubeconfig, identity, lease_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
-e = LeaderElector(api_client_from_config(kubeconfig=kubeconfig), namespace="gpu-bridge", identity=identity,
+kubeconfig, identity, lease_s, namespace = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+e = LeaderElector(api_client_from_config(kubeconfig=kubeconfig), namespace=namespace, identity=identity,
                   lease_duration_s=lease_s, renew_deadline_s=lease_s * 2 / 3, retry_period_s=0.2)
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -49,12 +48,12 @@ print(json.dumps({"t": time.time(), "leader": False, "released": True}), flush=T
 
 
 class Candidate:
-    def __init__(self, kubeconfig: Path, identity: str, script: Path, log_dir: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, identity: str, script: Path, log_dir: Path) -> None:
         self.identity = identity
         self.lines: list[dict[str, Any]] = []
         self._log = (log_dir / f"{identity}.log").open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, str(script), str(kubeconfig), identity, str(LEASE_S)],
+            [sys.executable, str(script), str(kubeconfig), identity, str(LEASE_S), namespace],
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
@@ -86,24 +85,23 @@ class Candidate:
 
 
 @pytest.fixture
-def kubeconfig(tmp_path: Path) -> Iterator[Path]:
-    for _server, path in start_server(tmp_path):
-        api = api_client_from_config(kubeconfig=str(path))
-        ensure_namespace(api, "gpu-bridge")
-        api.close()
-        yield path
+def lease_ns(corner: Corner) -> str:
+    ns = corner.name("gpu-bridge")
+    ensure_namespace(corner.api, ns, corner)
+    return ns
 
 
 @pytest.fixture
-def candidates(kubeconfig: Path, tmp_path: Path) -> Iterator[tuple[Candidate, Candidate]]:
+def candidates(corner: Corner, lease_ns: str, tmp_path: Path) -> Iterator[tuple[Candidate, Candidate]]:
     script = tmp_path / "candidate.py"
     script.write_text(CANDIDATE)
-    a = Candidate(kubeconfig, "cand-a", script, tmp_path)
+    kubeconfig = corner.kubeconfig
+    a = Candidate(kubeconfig, lease_ns, "cand-a", script, tmp_path)
     deadline = time.monotonic() + 20
     while not a.leader:  # a first, so the roles are known
         assert time.monotonic() < deadline, "first candidate never became leader"
         time.sleep(0.05)
-    b = Candidate(kubeconfig, "cand-b", script, tmp_path)
+    b = Candidate(kubeconfig, lease_ns, "cand-b", script, tmp_path)
     try:
         yield a, b
     finally:

@@ -45,7 +45,7 @@ def _ts(t: Any) -> float:
 def real() -> Iterator[tuple[Any, Path]]:
     d = Path(tempfile.mkdtemp(prefix="gbrk-", dir="/tmp"))
     sb = serving_sandbox(d, nodes=NODES, grace_s=5, pod_start_delay_s=COLD_START_S, pod_grace_s=POD_GRACE_S,
-                         shutdown_timeout_s=2, kube_impl="real")
+                         shutdown_timeout_s=2)
     sb.up()
     try:
         yield sb, d

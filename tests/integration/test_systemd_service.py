@@ -36,8 +36,8 @@ import pytest
 from kubernetes import client as k8s
 
 from bridge import wellknown
-from gpu_bridge_lab.sandbox import nspawn, serving
-from gpu_bridge_lab.sandbox.daemon_config import sandbox_config, write_config
+from gpu_bridge_lab.sandbox import nspawn
+from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.e2e import World, put_load, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
@@ -96,12 +96,26 @@ class Svc:
 
     def lease_holder(self) -> str | None:
         api = k8s.CoordinationV1Api(self.world.api)
-        lease = api.read_namespaced_lease(wellknown.LEASE_NAME, serving.NAMESPACE, _request_timeout=5)
+        lease = api.read_namespaced_lease(wellknown.LEASE_NAME, daemon_identity(self.sb)["lease_namespace"], _request_timeout=5)
         return lease.spec.holder_identity or None
 
 
 def put(box: nspawn.Container, path: str, text: str, mode: str = "0644") -> None:
     box.run(["install", "-D", "-m", mode, "/dev/stdin", path], input=text)
+
+
+def inline_ca(kubeconfig: Path) -> str:
+    """The kubeconfig with its clusters' CA files put inline (certificate-authority-data)."""
+    import base64
+
+    import yaml
+
+    doc = yaml.safe_load(kubeconfig.read_text())
+    for c in doc.get("clusters") or []:
+        path = c["cluster"].pop("certificate-authority", None)
+        if path:
+            c["cluster"]["certificate-authority-data"] = base64.b64encode(Path(path).read_bytes()).decode()
+    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 def env_file_for(sb: Any) -> str:
@@ -137,9 +151,13 @@ def svc() -> Iterator[Svc]:
         assert sb.vllm_url
         put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})  # low load: lend down to MIN_SERVING
         etc.chmod(0o750)
-        shutil.copyfile(sb.kubeconfig, etc / "kubeconfig")  # the token and CA are inline
+        # the daemon's ServiceAccount (bound token), with the CA inline as an operator installs
+        # it: the shipped unit's user cannot read the sandbox's PKI directory
+        ident = daemon_identity(sb)
+        (etc / "kubeconfig").write_text(inline_ca(Path(ident["kubeconfig"])))
         (etc / "kubeconfig").chmod(0o640)
         cfg = sandbox_config(prometheus_url=sb.prometheus_url, kubeconfig=KUBECONFIG, slurm_conf=sb.slurm.slurm_conf,
+                             lease_namespace=ident["lease_namespace"],
                              grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=4,
                              min_lend_s=5)
         write_config(etc / "gpu-bridge.yaml", cfg).chmod(0o640)  # as the operator guide installs it

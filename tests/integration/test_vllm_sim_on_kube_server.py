@@ -1,7 +1,7 @@
-"""Follow-kube end to end: the sandbox's Kubernetes API server (in-process, port 0) runs the
-vLLM Deployment; the simulator (a subprocess, `--kubeconfig`) follows its Ready pods. An
-eviction drains that pod's replica, which disappears, and the Deployment's replacement pod
-becomes a replica on another node."""
+"""Follow-kube end to end: the real control plane (the session's ``kube_plane``) runs the vLLM
+Deployment; the simulator (a subprocess, `--kubeconfig`) follows its Ready pods. An eviction
+drains that pod's replica, which disappears, and the Deployment's replacement pod becomes a
+replica on another node."""
 
 from __future__ import annotations
 
@@ -18,24 +18,17 @@ from typing import Any
 
 import pytest
 
-from gpu_bridge_lab.sandbox.kube import serving_model
-from gpu_bridge_lab.sandbox.kube import server as kube_server
+from test_kube_adapter_support import Corner, corner, serving_side  # noqa: F401 (corner: fixture)
 
 pytestmark = pytest.mark.integration
 
+GRACE_S = 3  # the pods' termination grace: kwok deletes a pod when it ends
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[Any, Any, Path]]:
-    server = kube_server.KubeServer(pod_start_delay_s=0.3, pod_stop_s=2.0).start()
-    try:
-        m = serving_model.ServingModel(nodes=3, termination_grace_s=30)
-        serving_model.seed_serving(server.store, m, spare_nodes=1)
-        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig", namespace=m.namespace)
-        assert serving_model.wait_serving_ready(server.store, m, timeout_s=20)
-        yield server, m, kubeconfig
-    finally:
-        server.stop()
+def cluster(corner: Corner) -> Iterator[tuple[Any, Any, Path]]:
+    m = serving_side(corner, nodes=3, spare_nodes=1, grace_s=GRACE_S)
+    yield corner, m, corner.kubeconfig
 
 
 def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
@@ -80,7 +73,7 @@ def test_replicas_follow_ready_pods_through_an_eviction(cluster: tuple[Any, Any,
         victim, victim_node = sorted(pods.items())[0]
         api.create_namespaced_pod_eviction(victim, m.namespace, client.V1Eviction(
             metadata=client.V1ObjectMeta(name=victim, namespace=m.namespace)))
-        # the pod lingers 2 s terminating (pod_stop_s): its replica drains meanwhile
+        # the pod lingers GRACE_S terminating: its replica drains meanwhile
         wait_for(lambda: replicas(base).get(victim, {}).get("state") == "draining", 10, "the victim draining")
         wait_for(lambda: victim not in replicas(base), 15, "the victim's replica gone with its pod")
 

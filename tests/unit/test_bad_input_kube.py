@@ -22,7 +22,7 @@ from bridge.adapters.slurm.cli import CliSlurm, CommandResult
 from bridge.config import default_config
 from bridge.daemon import Daemon
 from bridge.model import HoldReason, LoadSignals
-from gpu_bridge_lab.sandbox.kube.serving_model import node_object
+from gpu_bridge_lab.sandbox.realkube.serving_model import node_object
 
 NOW = 1_767_225_600.0
 NODES = [f"gpu-node-0{i}" for i in range(1, 5)]
@@ -30,6 +30,14 @@ NODES = [f"gpu-node-0{i}" for i in range(1, 5)]
 
 def full_node() -> dict[str, Any]:
     n = node_object("gpu-node-01", "default", 4, 1)
+    # what a kubelet (kwok in the sandbox) adds: conditions and a complete NodeSystemInfo
+    n["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                  "message": "kubelet is posting ready status", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                                  "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    n["status"]["nodeInfo"] = {"architecture": "amd64", "bootID": "b1", "containerRuntimeVersion": "containerd://1.7.22",
+                               "kernelVersion": "6.1.0", "kubeProxyVersion": "", "kubeletVersion": "v1.36.3",
+                               "machineID": "m1", "operatingSystem": "linux", "osImage": "Debian GNU/Linux 12 (bookworm)",
+                               "systemUUID": "s1"}
     n["metadata"].update(uid="uid-1", resourceVersion="17", creationTimestamp="2026-01-01T00:00:00Z")
     n["metadata"]["labels"][wk.LABEL_PHASE] = "serving"
     n["metadata"]["annotations"] = {wk.ANNOTATION_PHASE_SINCE: "1767139200.000", wk.ANNOTATION_REASON: "adopted"}

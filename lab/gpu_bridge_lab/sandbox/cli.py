@@ -1,5 +1,5 @@
-"""`gpu-bridge sandbox ...`: the local sandbox (real Slurm, real Prometheus, the Kubernetes
-API server and the vLLM simulator). Each part registers its own subcommands."""
+"""`gpu-bridge sandbox ...`: the local sandbox (real Slurm, real Prometheus, a real Kubernetes
+control plane and the vLLM simulator). Each part registers its own subcommands."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 
 SANDBOX_COMMAND_MODULES: tuple[str, ...] = (
     "gpu_bridge_lab.sandbox.cluster",  # up / down / status
-    "gpu_bridge_lab.sandbox.kube",  # kube: the Kubernetes API server on its own
     "gpu_bridge_lab.sandbox.vllm",  # vllm: the vLLM replica simulator on its own
 )
 

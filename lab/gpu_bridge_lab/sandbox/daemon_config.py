@@ -106,12 +106,10 @@ def sandbox_config(
 
 
 def daemon_identity(sb: Any) -> dict[str, Any]:
-    """``sandbox_config`` arguments for the daemon's own identity on ``sb``: on the real control
-    plane its ServiceAccount's kubeconfig (bound token, exactly deploy/kubernetes/rbac.yaml) and
-    the Lease namespace that manifest grants; on the emulator the one kubeconfig it has."""
-    if getattr(sb, "kube_impl", "emulator") == "real":
-        return {"kubeconfig": sb.daemon_kubeconfig, "lease_namespace": "gpu-bridge"}
-    return {"kubeconfig": sb.kubeconfig, "lease_namespace": serving.NAMESPACE}
+    """``sandbox_config`` arguments for the daemon's own identity on ``sb``: its ServiceAccount's
+    kubeconfig (bound token, exactly deploy/kubernetes/rbac.yaml) and the Lease namespace that
+    manifest grants."""
+    return {"kubeconfig": sb.daemon_kubeconfig, "lease_namespace": "gpu-bridge"}
 
 
 def write_config(path: str | Path, doc: dict[str, Any]) -> Path:

@@ -14,6 +14,7 @@ including long-lived watches, reconnect into the new mode):
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import threading
@@ -38,8 +39,11 @@ def pipe(src: socket.socket, dst: socket.socket) -> None:
                 pass
 
 class FaultProxy:
-    def __init__(self, target_port: int, tls: tuple[Path, Path] | None = None) -> None:
+    def __init__(self, target_port: int, tls: tuple[Path, Path] | None = None, *, echo_headers: bool = False) -> None:
         self._target = ("127.0.0.1", target_port)
+        # echo the request's headers (Authorization included) in the injected error's message,
+        # as a careless debugging proxy might: the secrets tests check the daemon redacts them
+        self._echo = echo_headers
         self._tls: ssl.SSLContext | None = None
         if tls is not None:  # (cert, key): the client's CA trusts it, as it trusts the apiserver
             self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -137,8 +141,12 @@ class FaultProxy:
                     pass
                 return
             status = {"500": "500 Internal Server Error", "429": "429 Too Many Requests"}[mode]
-            body = ('{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected %s",'
-                    '"code":%s}' % (mode, mode)).encode()
+            message = f"injected {mode}"
+            if self._echo:
+                headers = buf.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
+                message += " for request with headers " + "; ".join(headers)
+            body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+                               "code": int(mode)}).encode()
             head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                     + ("Retry-After: 1\r\n" if mode == "429" else "") + "Connection: close\r\n\r\n").encode()
             client.sendall(head + body)

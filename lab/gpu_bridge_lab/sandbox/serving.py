@@ -47,7 +47,6 @@ def serving_sandbox(
     extra_slurm_conf: str = "",
     job_submit_lua: Path | str | None = None,
     timeout_s: float = 60.0,
-    kube_impl: str | None = None,
     pool_b_nodes: int = 0,
 ) -> Sandbox:
     """A Sandbox (not started) with the serving side: ``nodes`` GPU nodes in pool ``default``,
@@ -95,7 +94,6 @@ def serving_sandbox(
         extra_slurm_conf=extra_slurm_conf,
         job_submit_lua=job_submit_lua,
         timeout_s=timeout_s,
-        kube_impl=kube_impl,
     )
 
 

@@ -30,14 +30,11 @@ def register_cli(subparsers: Any) -> None:
                     help="argument passed to `gpu-bridge sandbox vllm` (repeatable; default: --replicas 1)")
     up.add_argument("--no-prometheus", action="store_true", help="Slurm (and munged) only: ready in about 1 s")
     up.add_argument("--kube", action="store_true",
-                    help="with --slurm-only/--no-vllm/--no-prometheus: start the Kubernetes API server anyway")
+                    help="with --slurm-only/--no-vllm/--no-prometheus: start the Kubernetes control plane anyway")
     up.add_argument("--slurm-only", action="store_true",
-                    help="no serving side: no Kubernetes API server; the vLLM simulator stands alone")
+                    help="no serving side: no Kubernetes control plane; the vLLM simulator stands alone")
     up.add_argument("--pod-start-delay-s", type=float, default=3.0,
                     help="seconds from a vLLM pod's start to Ready: the modelled cold start (default 3)")
-    up.add_argument("--kube-impl", choices=("emulator", "real"), default=None,
-                    help="the Kubernetes side: the project's API server (emulator) or a real control plane "
-                         "built by scripts/build_kube.sh (real); default $GPU_BRIDGE_KUBE or emulator")
     up.add_argument("--timeout-s", type=float, default=60.0)
     up.set_defaults(func=cmd_up)
     down = subparsers.add_parser("down", help="stop everything the sandbox started")
@@ -60,7 +57,6 @@ def cmd_up(args: argparse.Namespace) -> int:
                 vllm=False if args.no_vllm else None,
                 vllm_args=tuple(args.vllm_arg) if args.vllm_arg is not None else ("--replicas", "1"),
                 kube=args.kube, timeout_s=args.timeout_s, prometheus=not args.no_prometheus,
-                kube_impl=args.kube_impl,
             )
         else:  # the whole site: Slurm nodes that are also Kubernetes GPU nodes serving vLLM
             from gpu_bridge_lab.sandbox.serving import serving_sandbox
@@ -69,7 +65,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 args.dir, nodes=args.nodes, grace_s=args.grace_s, scrape_targets=args.scrape,
                 job_submit_lua=args.job_submit_lua, extra_slurm_conf=extra,
                 pod_start_delay_s=args.pod_start_delay_s, vllm_extra=tuple(args.vllm_arg or ()),
-                timeout_s=args.timeout_s, kube_impl=args.kube_impl,
+                timeout_s=args.timeout_s,
             )
         if sb.running():
             print(f"gpu-bridge sandbox up: a sandbox is already running in {sb.dir} "

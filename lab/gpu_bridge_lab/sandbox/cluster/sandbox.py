@@ -9,7 +9,8 @@ and ``status`` work from another process (``Sandbox.attach(DIR)``). ``DIR/env`` 
 shell-sourceable summary (``set -a; . DIR/env; set +a``).
 
 Adding a component: implement the ``Component`` protocol below and put it in
-``Sandbox._components()``.
+``Sandbox._components()``; ``kube=True`` adds the real Kubernetes control plane
+(gpu_bridge_lab.sandbox.realkube).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import signal
 import subprocess
 import sys
@@ -82,14 +82,6 @@ def _http_ok(url: str, timeout_s: float = 1.0) -> bool:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback only
             return 200 <= int(resp.status) < 300
     except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def _tcp_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
         return False
 
 
@@ -160,30 +152,6 @@ class VllmSimComponent(BridgeSubprocessComponent):
         return {"VLLM_SIM_URL": self.url(sb)}
 
 
-class KubeApiComponent(BridgeSubprocessComponent):
-    """The sandbox's Kubernetes API server (`gpu-bridge sandbox kube --port P --kubeconfig F`).
-    Enabled with ``Sandbox(kube=True)``; readiness = its port accepts and the kubeconfig exists.
-    Ready before the next component starts: the vLLM simulator follows its pods."""
-
-    ready_before_next = True
-
-    def __init__(self, extra_args: Sequence[str] = ()) -> None:
-        super().__init__("kube-api", "gpu_bridge_lab.sandbox.kube", "kube", "kube", extra_args)
-
-    def argv(self, sb: Sandbox) -> list[str]:
-        return [
-            sys.executable, "-m", "bridge", "sandbox", "kube",
-            "--port", str(sb.ports["kube"]), "--kubeconfig", str(sb.kubeconfig), *self.extra_args,
-        ]
-
-    def wait_ready(self, sb: Sandbox, timeout_s: float) -> None:
-        sb.wait(lambda: sb.kubeconfig.exists() and _tcp_open(sb.ports["kube"]), timeout_s,
-                "the Kubernetes API server to listen and write its kubeconfig", self.name)
-
-    def env(self, sb: Sandbox) -> dict[str, str]:
-        return {"KUBECONFIG": str(sb.kubeconfig)}
-
-
 class PrometheusComponent:
     name = "prometheus"
 
@@ -237,7 +205,7 @@ def _bridge_group() -> str:
 
 
 class Sandbox:
-    """A private Slurm cluster + munged + Prometheus (+ vLLM simulator, + Kubernetes API server)."""
+    """A private Slurm cluster + munged + Prometheus (+ vLLM simulator, + a real Kubernetes control plane)."""
 
     def __init__(
         self,
@@ -256,7 +224,6 @@ class Sandbox:
         kube: bool = False,
         prometheus: bool = True,
         kube_args: Sequence[str] = (),
-        kube_impl: str | None = None,
         cpus_per_node: int = 8,
         real_memory_mb: int = 16000,
         gpus_per_node: int = 4,
@@ -288,11 +255,6 @@ class Sandbox:
         self.kube_enabled = kube
         self.prometheus_enabled = prometheus  # False: a Slurm-only sandbox, ready in about 1 s
         self.kube_args = tuple(kube_args)
-        # "emulator" (gpu_bridge_lab.sandbox.kube) or "real" (etcd + kube-apiserver + controllers + kwok,
-        # gpu_bridge_lab.sandbox.realkube); default from $GPU_BRIDGE_KUBE.
-        self.kube_impl = kube_impl or os.environ.get("GPU_BRIDGE_KUBE") or "emulator"
-        if self.kube_impl not in ("emulator", "real"):
-            raise SandboxError(f"kube_impl: {self.kube_impl!r} is not 'emulator' or 'real' (GPU_BRIDGE_KUBE)")
         self.cpus_per_node = cpus_per_node
         self.real_memory_mb = real_memory_mb
         self.gpus_per_node = gpus_per_node
@@ -348,8 +310,8 @@ class Sandbox:
 
     @property
     def daemon_kubeconfig(self) -> Path:
-        """The kubeconfig the daemon uses: on the real control plane its ServiceAccount's
-        (bound token, exactly deploy/kubernetes/rbac.yaml), on the emulator the only one."""
+        """The kubeconfig the daemon uses: its ServiceAccount's (bound token, exactly
+        deploy/kubernetes/rbac.yaml); the admin's until the control plane has written it."""
         real = self.dir / "kube" / "kubeconfig-daemon"
         return real if "etcd" in self.ports and real.exists() else self.kubeconfig
 
@@ -496,15 +458,10 @@ class Sandbox:
     # ---- lifecycle ---------------------------------------------------------------------
     def _components(self) -> list[Any]:
         comps: list[Any] = [MungeComponent()]
-        if self.kube_enabled and self.kube_impl == "real":
+        if self.kube_enabled:  # etcd, kube-apiserver, controllers, scheduler, kwok
             from gpu_bridge_lab.sandbox.realkube import RealKubeComponent
 
             comps.append(RealKubeComponent(self.kube_args))
-        elif self.kube_enabled:
-            kube = KubeApiComponent(self.kube_args)
-            if not kube.available():
-                raise SandboxError("kube: `gpu-bridge sandbox kube` is not available (gpu_bridge_lab.sandbox.kube registers no command)")
-            comps.append(kube)
         vllm = VllmSimComponent(self.vllm_args)
         if self.vllm_requested is not False:
             if not vllm.available():
@@ -551,15 +508,14 @@ class Sandbox:
         self.components = self._components()
         names = [c.name for c in self.components]
         ports = procs.free_ports(2 + len(self.node_names) + ("vllm-sim" in names)
-                                 + ("kube-api" in names or "kube" in names) + 2 * ("kube" in names))
+                                 + 3 * ("kube" in names))
         self.ports = {"slurmctld": ports.pop()}
         if "prometheus" in names:
             self.ports["prometheus"] = ports.pop()
         if "vllm-sim" in names:
             self.ports["vllm"] = ports.pop()
-        if "kube-api" in names or "kube" in names:
+        if "kube" in names:  # kube-apiserver, etcd (client, peer)
             self.ports["kube"] = ports.pop()
-        if "kube" in names:  # the real control plane's etcd (client, peer)
             self.ports["etcd"], self.ports["etcd-peer"] = ports.pop(), ports.pop()
             self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         self.node_ports = {n: ports.pop() for n in self.node_names}
@@ -690,8 +646,6 @@ class Sandbox:
         sb.components = [MungeComponent()]
         if "vllm-sim" in names:
             sb.components.append(VllmSimComponent())
-        if "kube-api" in names:
-            sb.components.append(KubeApiComponent())
         if "kube" in names:
             from gpu_bridge_lab.sandbox.realkube import RealKubeComponent
 

@@ -4,8 +4,7 @@
 kube-scheduler and kwok (the kubelets: node status and Lease heartbeats, pods Ready after the
 configured cold start, gone after their termination grace). See docs/real-kubernetes.md.
 
-Selected with ``Sandbox(kube_impl="real")``, ``gpu-bridge sandbox up --kube-impl real`` or
-``GPU_BRIDGE_KUBE=real``; the serving side (nodes, namespace, Deployment, PDB) is created
+Started by ``Sandbox(kube=True)`` and ``gpu-bridge sandbox up``; the serving side (nodes, namespace, Deployment, PDB) is created
 through the API, and ``deploy/kubernetes/rbac.yaml`` is applied for the daemon's
 ServiceAccount, whose bound token (TokenRequest API) goes into ``DIR/kube/kubeconfig-daemon``.
 """
@@ -33,7 +32,7 @@ def control_plane(**kwargs: Any) -> Iterator[Any]:
     from gpu_bridge_lab.sandbox.cluster import Sandbox
 
     d = Path(tempfile.mkdtemp(prefix="gbcp-", dir="/tmp"))
-    sb = Sandbox(d, kube=True, kube_impl="real", vllm=False, prometheus=False, nodes=1, **kwargs)
+    sb = Sandbox(d, kube=True, vllm=False, prometheus=False, nodes=1, **kwargs)
     try:
         sb.up()
         yield sb

@@ -1,4 +1,4 @@
-"""The sandbox component that runs the real control plane (``Sandbox(kube_impl="real")``).
+"""The sandbox component that runs the real control plane (``Sandbox(kube=True)``).
 
 Start order: PKI (openssl) -> etcd (healthy) -> kube-apiserver (``/readyz``) ->
 kube-controller-manager, kube-scheduler, kwok -> through the API: the daemon's RBAC
@@ -27,6 +27,7 @@ from bridge.errors import SandboxError
 from gpu_bridge_lab.sandbox.cluster import procs
 from gpu_bridge_lab.sandbox.realkube import pki as pki_mod
 from gpu_bridge_lab.sandbox.realkube.binaries import ROOT, Binaries, find_binaries
+from gpu_bridge_lab.sandbox.realkube.serving_model import ServingModel, seed_serving
 
 if TYPE_CHECKING:
     from gpu_bridge_lab.sandbox.cluster.sandbox import Sandbox
@@ -40,7 +41,7 @@ TOKEN_TTL_S = 7 * 24 * 3600
 
 @dataclass(frozen=True, slots=True)
 class KubeArgs:
-    """The serving side to create (the same flags ``gpu-bridge sandbox kube`` took)."""
+    """The serving side to create (``Sandbox(kube_args=...)``)."""
 
     seed_serving: bool = False
     nodes: int = 4
@@ -68,8 +69,6 @@ def parse_kube_args(argv: Sequence[str]) -> KubeArgs:
     # cores fall behind 10 s and would go NotReady, which real kubelets on their own machines
     # would not: bench_scale raises it.
     p.add_argument("--node-heartbeat-s", type=float, default=10.0)
-    p.add_argument("--pod-stop-s", type=float, default=None)  # emulator only: kwok waits the full grace
-    p.add_argument("--token", default=None)  # emulator only: the real apiserver has its own identities
     try:
         a = p.parse_args(list(argv))
     except SystemExit:
@@ -192,6 +191,9 @@ class RealKubeComponent:
             # the default 20 requests/s makes a large Deployment (bench_scale) take minutes
             "--kube-api-qps=200", "--kube-api-burst=400",
             f"--node-monitor-grace-period={round(5 * self.args.node_heartbeat_s)}s",
+            # how often the node lifecycle controller looks at the nodes (default 5 s): a new
+            # node keeps its not-ready taint, and gets no pod, until it does
+            f"--node-monitor-period={max(1, round(self.args.node_heartbeat_s / 10))}s",
         ], sb.log_dir / "kube-controller-manager.log")
         sb.spawn("kube-scheduler", [str(b.kube_scheduler), f"--kubeconfig={kcs['scheduler']}", *common],
                  sb.log_dir / "kube-scheduler.log")
@@ -240,24 +242,12 @@ class RealKubeComponent:
         _write_private(self.daemon_kubeconfig(sb), yaml.safe_dump(doc, sort_keys=False))
 
     def _seed_serving(self, api: Any) -> None:
-        from kubernetes import client as k8s
-
-        from gpu_bridge_lab.sandbox.kube.serving_model import ServingModel, deployment_object, node_object, pdb_object
-
         a = self.args
-        m = ServingModel(nodes=a.nodes, pool=a.pool, model=a.model, replicas=a.replicas,
-                         termination_grace_s=a.grace_s)
-        core, apps, policy = k8s.CoreV1Api(api), k8s.AppsV1Api(api), k8s.PolicyV1Api(api)
-        for i in range(1, a.nodes + a.spare_nodes + 1):
-            node = node_object(f"{m.node_prefix}{i:02d}", m.pool, m.gpus_per_node, i)
-            # kwok fills in conditions, heartbeats and nodeInfo (its node-initialize stage).
-            node["status"] = {k: v for k, v in node["status"].items() if k in ("capacity", "allocatable", "addresses")}
-            _create(lambda node=node: core.create_node(node))
-        # The ServiceAccount admission plugin refuses pods until "default" exists; do not wait
-        # for the controller to make it (the ReplicaSet controller would back off for seconds).
-        _create(lambda: core.create_namespaced_service_account(m.namespace, {"metadata": {"name": "default"}}))
-        _create(lambda: apps.create_namespaced_deployment(m.namespace, deployment_object(m)))
-        _create(lambda: policy.create_namespaced_pod_disruption_budget(m.namespace, pdb_object(m)))
+        seed_serving(api, self.model(), spare_nodes=a.spare_nodes)
+
+    def model(self) -> ServingModel:
+        a = self.args
+        return ServingModel(nodes=a.nodes, pool=a.pool, model=a.model, replicas=a.replicas, termination_grace_s=a.grace_s)
 
     # ---- the Component protocol -------------------------------------------------------
     def wait_ready(self, sb: Sandbox, timeout_s: float) -> None:
@@ -274,18 +264,16 @@ class RealKubeComponent:
                     "kube-controller-manager")
 
     def _available(self, sb: Sandbox) -> int:
-        from kubernetes import client as k8s
         from kubernetes import config as k8s_config
+
+        from gpu_bridge_lab.sandbox.realkube.serving_model import available_replicas
 
         try:
             api = k8s_config.new_client_from_config(config_file=str(sb.kubeconfig))
         except Exception:  # noqa: BLE001
             return -1
         try:
-            d = k8s.AppsV1Api(api).read_namespaced_deployment("vllm", "serving", _request_timeout=5)
-            return int(d.status.available_replicas or 0) if d.status.observed_generation == d.metadata.generation else -1
-        except Exception:  # noqa: BLE001 - poll again
-            return -1
+            return available_replicas(api, self.model())
         finally:
             api.close()
 

@@ -1,7 +1,9 @@
 """The RBAC manifest grants exactly what the daemon calls, checked from the wire: every
-Kubernetes request the adapter and the leader election send to an in-process sandbox API
-server is recorded (method, path, query), turned into (apiGroup, resource, verb, namespace,
-name) as the apiserver's authorizer sees it, and compared with deploy/kubernetes/rbac.yaml
+Kubernetes request the adapter and the leader election send to the real control plane
+(``kube_plane``), authenticated as the daemon's ServiceAccount with exactly
+deploy/kubernetes/rbac.yaml (so the real authorizer refuses anything not granted), is
+recorded as it leaves the client (method, path, query), turned into (apiGroup, resource,
+verb, namespace, name) as the apiserver's authorizer sees it, and compared with the manifest
 both ways, scopes included (namespaced grants only where bound, resourceNames honoured).
 
 tests/unit/test_rbac.py checks the manifest's shape and scans the code's call sites; this one
@@ -10,6 +12,8 @@ watches what actually goes over the wire when every write is exercised."""
 from __future__ import annotations
 
 import time
+import urllib.parse
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +26,10 @@ from bridge import wellknown as wk
 from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config
 from bridge.leader import LeaderElector
 from bridge.model import Phase
-from gpu_bridge_lab.sandbox.kube import KubeServer, ServingModel, seed_serving, wait_serving_ready
-from gpu_bridge_lab.sandbox.kube import resources as R
+from gpu_bridge_lab.sandbox.realkube.component import RBAC_MANIFEST, apply_rbac
+from gpu_bridge_lab.sandbox.realkube.serving_model import ServingModel, seed_serving, wait_serving_ready
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
@@ -106,38 +112,50 @@ def grants() -> list[Grant]:
 
 
 class Recorder:
-    def __init__(self, server: KubeServer) -> None:
+    """Records every request the client sends (its RESTClientObject, under every API call,
+    the adapter's raw JSON writes included)."""
+
+    def __init__(self, api: Any) -> None:
         self.calls: list[Call] = []
         self.other: list[str] = []
-        self._route = server.route
-        server.route = self.route  # type: ignore[method-assign]
+        rest = api.rest_client
+        self._request = rest.request
+        rest.request = self.request
 
-    def route(self, req: Any) -> Any:
-        c = to_call(req.method, req.path, dict(req.query))
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        u = urllib.parse.urlsplit(url)
+        c = to_call(method, u.path, dict(urllib.parse.parse_qsl(u.query)))
         if c is None:
-            self.other.append(f"{req.method} {req.path}")
+            self.other.append(f"{method} {u.path}")
         else:
             self.calls.append(c)
-        return self._route(req)
+        return self._request(method, url, *args, **kwargs)
 
 
 @pytest.fixture(scope="module")
-def exercised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Call], list[str]]]:
-    """Every read and write of the Kubernetes adapter and the leader election, once."""
-    tmp = tmp_path_factory.mktemp("rbac")
-    model = ServingModel(nodes=3, namespace=SERVING_NS, termination_grace_s=1)
-    with KubeServer(port=0, pod_start_delay_s=0.05, pod_stop_s=0.1) as server:
-        seed_serving(server.store, model, spare_nodes=1)
-        server.store.create(R.core("namespaces"), {"metadata": {"name": "gpu-bridge"}})
+def exercised(kube_plane: Any) -> Iterator[tuple[list[Call], list[str]]]:
+    """Every read and write of the Kubernetes adapter and the leader election, once, as the
+    daemon's ServiceAccount."""
+    from kubernetes import client as k8s
+
+    prefix = "r" + uuid.uuid4().hex[:6]
+    model = ServingModel(nodes=3, namespace=SERVING_NS, pool=f"{prefix}-pool", node_prefix=f"{prefix}-gpu-node-",
+                         termination_grace_s=1)
+    admin = api_client_from_config(kubeconfig=str(kube_plane.kubeconfig))
+    core = k8s.CoreV1Api(admin)
+    outside_node = f"{prefix}-outside-node"
+    try:
+        seed_serving(admin, model, spare_nodes=1)
+        apply_rbac(admin, RBAC_MANIFEST, serving_namespaces=[SERVING_NS])  # the RoleBinding for llm-serving
         # objects the daemon does not watch, to exercise the cache-miss GETs
-        server.store.create(R.core("nodes"), {"metadata": {"name": "outside-node", "labels": {}}})
-        server.store.create(R.core("pods"), {"metadata": {"name": "outside-pod", "namespace": SERVING_NS},
-                                             "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
-        assert wait_serving_ready(server.store, model, 30)
-        rec = Recorder(server)
-        kubeconfig = server.write_kubeconfig(tmp / "kubeconfig")
-        api = api_client_from_config(kubeconfig=str(kubeconfig))
-        kube = KubeAdapter(api, pools=[PoolTarget("default", SERVING_NS, model.deployment)], identity="rbac-test",
+        core.create_node({"metadata": {"name": outside_node, "labels": {}}}, _preload_content=False)
+        core.create_namespaced_pod(SERVING_NS, {"metadata": {"name": "outside-pod"},
+                                                "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+                                   _preload_content=False)
+        assert wait_serving_ready(admin, model, 60)
+        api = api_client_from_config(kubeconfig=str(kube_plane.daemon_kubeconfig))
+        rec = Recorder(api)
+        kube = KubeAdapter(api, pools=[PoolTarget(model.pool, SERVING_NS, model.deployment)], identity="rbac-test",
                            watch_timeout_s=5)
         leader = LeaderElector(api, namespace="gpu-bridge", identity="rbac-test", name=wk.LEASE_NAME,
                                lease_duration_s=15, retry_period_s=0.01)
@@ -145,7 +163,7 @@ def exercised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[C
             kube.start()
             assert kube.wait_synced(10)
             node = kube.nodes()[0].name
-            pods = sorted(kube.pods("default"), key=lambda p: p.name)
+            pods = sorted(kube.pods(model.pool), key=lambda p: p.name)
             now = time.time()
             assert kube.set_phase(node, Phase.LENDING, "rbac test", now)
             assert kube.fence(node)
@@ -155,16 +173,31 @@ def exercised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[C
             assert kube.scale(SERVING_NS, model.deployment, 2)
             kube.evict(SERVING_NS, pods[1].name)
             kube.emit_event(node, "GpuBridgeLending", "rbac test")
-            assert kube.fence("outside-node")  # not in the cache: GET nodes first
+            assert kube.fence(outside_node)  # not in the cache: GET nodes first
             assert kube.set_pod_deletion_cost(SERVING_NS, "outside-pod", 5)  # not in the cache: GET pods first
             assert leader.try_acquire_or_renew()
             time.sleep(0.02)
             assert leader.try_acquire_or_renew()  # renew: update
             assert leader.release()
+            # nothing refused by the authorizer on the way (a 409 is a node written meanwhile by
+            # kwok or the node lifecycle controller: re-read and retried)
+            refused = {k: v for k, v in kube.calls.errors().items() if k[2] in ("401", "403")}
+            assert refused == {}, refused
         finally:
             kube.stop()
             api.close()
         yield rec.calls, rec.other
+    finally:
+        for n in [*model.node_names(1), outside_node]:
+            try:
+                core.delete_node(n, _preload_content=False)
+            except Exception:  # noqa: BLE001 - cleanup is best effort
+                pass
+        try:
+            core.delete_namespace(SERVING_NS, _preload_content=False)
+        except Exception:  # noqa: BLE001
+            pass
+        admin.close()
 
 
 def test_the_exercise_covers_every_call_kind(exercised: tuple[list[Call], list[str]]) -> None:

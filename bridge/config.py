@@ -180,6 +180,14 @@ class SlurmConfig:
     command_prefix: tuple[str, ...] = setting(
         (), doc="argv list put before every Slurm command (e.g. [ssh, login1]); empty = run them on this host"
     )
+    release_launch_failed: bool = setting(
+        True, doc="release preempt-partition jobs Slurm itself held after a failed launch "
+                  "(launch_failed_requeued_held) once that run is gone (docs/slurm-adapter.md)"
+    )
+    own_drain_reasons: tuple[str, ...] = setting(
+        ("Duplicate jobid",), doc="drain reasons Slurm sets itself that gpu-bridge clears (lent) or takes over "
+                                  "(otherwise) on its nodes once Slurm has nothing allocated there; [] = never"
+    )
 
     def _check(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []

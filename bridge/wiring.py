@@ -101,6 +101,15 @@ class DryRunSlurm:
     def requeue(self, job_id: str) -> bool:
         return self._would("requeue", job=job_id)
 
+    def release(self, job_id: str, reason: str) -> bool:
+        return self._would("release", job=job_id, reason=reason)
+
+    def clear_own_drain(self, node: str, slurm_reason: str) -> bool:
+        return self._would("clear_own_drain", node=node, slurm_reason=slurm_reason)
+
+    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> bool:
+        return self._would("take_over_drain", node=node, slurm_reason=slurm_reason, reason=reason)
+
 
 class FencedSlurm:
     """Slurm reads pass through; every write first checks that we still hold the Lease."""
@@ -138,6 +147,18 @@ class FencedSlurm:
     def requeue(self, job_id: str) -> bool:
         self._check("requeue")
         return bool(self._inner.requeue(job_id))
+
+    def release(self, job_id: str, reason: str) -> bool:
+        self._check("release")
+        return bool(self._inner.release(job_id, reason))
+
+    def clear_own_drain(self, node: str, slurm_reason: str) -> bool:
+        self._check("clear_own_drain")
+        return bool(self._inner.clear_own_drain(node, slurm_reason))
+
+    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> bool:
+        self._check("take_over_drain")
+        return bool(self._inner.take_over_drain(node, slurm_reason, reason))
 
 
 @dataclass

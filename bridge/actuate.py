@@ -209,7 +209,7 @@ class Actuator:
         elif step is Step.BLOCKED:
             detail = _blocked_reason(facts)
         record = StepRecord(node, step, changed, self.clock(), detail)
-        if step not in (Step.WAIT_HOLD, Step.WAIT_PODS_GONE, Step.WAIT_READY):
+        if step not in (Step.WAIT_HOLD, Step.WAIT_PODS_GONE, Step.WAIT_DRAIN_SAVED, Step.WAIT_READY):
             log.info("node_step", node=node, pool=pool.name, phase=str(facts.phase), step=str(step), changed=changed, detail=detail)
         self.on_step(record)
         if changed:

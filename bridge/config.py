@@ -180,6 +180,11 @@ class SlurmConfig:
     command_prefix: tuple[str, ...] = setting(
         (), doc="argv list put before every Slurm command (e.g. [ssh, login1]); empty = run them on this host"
     )
+    state_save_s: float = setting(
+        6.0, ge=0, doc="how long slurmctld may keep an acknowledged write unsaved (its SAVE_MAX_WAIT, 5 s, plus the "
+                       "save): a reclaimed node is unfenced only once gpu-bridge's drain is this old, so a slurmctld "
+                       "crash cannot undo the drain under a serving pod"
+    )
     release_launch_failed: bool = setting(
         True, doc="release preempt-partition jobs Slurm itself held after a failed launch "
                   "(launch_failed_requeued_held) once that run is gone (docs/slurm-adapter.md)"

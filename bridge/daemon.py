@@ -484,6 +484,7 @@ class Daemon:
                     scaled_down=dep_desired <= want,
                     requeue_after_s=self.config.slurm.grace_s + REQUEUE_SLACK_S,
                     lend_timeout_s=self.config.policy.lend_timeout_s,
+                    drain_saved_after_s=self.config.slurm.state_save_s,
                 )
                 if step in RETRIED_STEPS and not self._retry_due(name, step, obs.view.now):
                     continue  # blocked by something outside us (a PDB, an admin): backing off

@@ -54,6 +54,7 @@ class Step(enum.StrEnum):
     DRAIN = "drain"
     MARK_RETURNING = "mark_returning"
     UNFENCE = "unfence"
+    WAIT_DRAIN_SAVED = "wait_drain_saved"  # our drain is younger than slurmctld's state-save delay
     WAIT_READY = "wait_ready"
     MARK_SERVING = "mark_serving"
     CLEAR_SLURM_DRAIN = "clear_slurm_drain"  # lent node: lift Slurm's own drain (slurm.own_drain_reasons)
@@ -61,7 +62,7 @@ class Step(enum.StrEnum):
     BLOCKED = "blocked"  # something outside our control: report, do nothing
 
 
-WAITS = frozenset({Step.WAIT_PODS_GONE, Step.WAIT_HOLD, Step.WAIT_READY, Step.BLOCKED})
+WAITS = frozenset({Step.WAIT_PODS_GONE, Step.WAIT_HOLD, Step.WAIT_DRAIN_SAVED, Step.WAIT_READY, Step.BLOCKED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,7 @@ class NodeFacts:
     # Slurm's own drain reason (one of slurm.own_drain_reasons) when Slurm drained the node
     # itself and has nothing allocated or completing there any more; else None
     slurm_own_drain: str | None = None
+    slurm_drained_at: float | None = None  # when our drain was set (Slurm's reason time), if known
 
 
 def next_step(
@@ -110,6 +112,7 @@ def next_step(
     evict_after_s: float = EVICT_AFTER_S,
     requeue_after_s: float | None = None,
     lend_timeout_s: float | None = None,
+    drain_saved_after_s: float = 0.0,
 ) -> Step | None:
     """The next step for a node, or None when it is at rest in its phase.
 
@@ -209,6 +212,9 @@ def next_step(
         if facts.research_jobs:
             return Step.BLOCKED
         if facts.fenced:
+            if (facts.slurm_drained_by_us and facts.slurm_drained_at is not None
+                    and now - facts.slurm_drained_at < drain_saved_after_s):
+                return Step.WAIT_DRAIN_SAVED
             return Step.UNFENCE
         if any(p.ready and not p.terminating for p in facts.pods):
             return Step.MARK_SERVING

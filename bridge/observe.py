@@ -229,6 +229,7 @@ def join(
                 slurm_allocated=kn.name in allocated,
                 hold=holds.get(kn.name),
                 research_jobs=on_node,
+                slurm_drained_at=getattr(sn, "reason_time", None) if sn.drained and sn.reason_ours else None,
                 slurm_own_drain=_own_drain(sn, config, busy=bool(on_node) or (
                     kn.name in allocated and not (kn.name in holds and holds[kn.name].running))),
             )

@@ -129,3 +129,13 @@ def test_users_hold_and_release_switch_off() -> None:
     w.tick(3)
     assert ("release", job) not in w.slurm.writes
     assert w.job(job).state == "pending"
+
+
+def test_returning_node_is_unfenced_only_once_our_drain_is_saved() -> None:
+    f = facts(Phase.RETURNING, slurm_own_drain=None, slurm_drained_by_us=True, slurm_drained_by_other=False,
+              fenced=True, slurm_drained_at=100.0)
+    # slurmctld may not have saved a drain younger than its state-save delay: a crash would undo it
+    assert next_step(f, now=103.0, scaled_down=True, drain_saved_after_s=6.0) is Step.WAIT_DRAIN_SAVED
+    assert next_step(f, now=106.0, scaled_down=True, drain_saved_after_s=6.0) is Step.UNFENCE
+    assert next_step(replace(f, slurm_drained_at=None), now=101.0, scaled_down=True,
+                     drain_saved_after_s=6.0) is Step.UNFENCE  # unknown time: Slurm gave none

@@ -12,13 +12,16 @@ from dataclasses import replace
 
 import pytest
 
-from bridge.lifecycle import HoldFacts, NodeFacts, Step, next_step
+from bridge.lifecycle import NodeFacts, Step, next_step
 from bridge.model import Phase
 from bridge.observe import LAUNCH_FAILED_HELD, own_drain_reason
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.metrics import BridgeMetrics
 
-from test_daemon_loop import HIGH, LOW, World, config
+try:
+    from test_daemon_loop import HIGH, LOW, World, config
+except ImportError:  # tests/ became a package
+    from .test_daemon_loop import HIGH, LOW, World, config  # type: ignore[no-redef]
 
 
 def facts(phase: Phase | None, **kw: object) -> NodeFacts:

@@ -39,6 +39,8 @@ EVENT_REASONS: Mapping[Step | Phase, str] = {
     Step.ABORT_LEND: "GpuBridgeLendAborted",
     Step.BLOCKED: "GpuBridgeBlocked",
     Step.REQUEUE_JOBS: "GpuBridgeRequeued",
+    Step.CLEAR_SLURM_DRAIN: "GpuBridgeSlurmDrainCleared",
+    Step.TAKE_OVER_DRAIN: "GpuBridgeSlurmDrainTakenOver",
 }
 
 _MARKS: Mapping[Step, Phase] = {
@@ -145,14 +147,40 @@ class Actuator:
                 self._event(node, EVENT_REASONS[Step.REQUEUE_JOBS], detail)
         elif step is Step.RESUME:
             changed = self.slurm.resume(node)
+        elif step in (Step.CLEAR_SLURM_DRAIN, Step.TAKE_OVER_DRAIN) and facts.slurm_own_drain is not None:
+            own = facts.slurm_own_drain
+            if step is Step.CLEAR_SLURM_DRAIN:
+                changed = self.slurm.clear_own_drain(node, own)
+                detail = f"Slurm's own drain {own!r} lifted: nothing runs on the node any more; lent again"
+            else:
+                changed = self.slurm.take_over_drain(node, own, f"serving (pool {pool.name})")
+                detail = f"Slurm's own drain {own!r} replaced by gpu-bridge's: the node stays drained"
+            if changed:
+                log.warning("slurm_own_drain_handled", node=node, pool=pool.name, phase=str(facts.phase),
+                            step=str(step), slurm_reason=own)
+                self._event(node, EVENT_REASONS[step], detail, "Warning")
+            else:
+                detail = f"Slurm's own drain {own!r} not handled: the node changed since it was read"
         elif step is Step.BLOCKED:
             detail = _blocked_reason(facts)
         record = StepRecord(node, step, changed, self.clock(), detail)
-        if step not in (Step.WAIT_HOLD, Step.WAIT_PODS_GONE, Step.WAIT_READY):
+        if step not in (Step.WAIT_HOLD, Step.WAIT_PODS_GONE, Step.WAIT_DRAIN_SAVED, Step.WAIT_READY):
             log.info("node_step", node=node, pool=pool.name, phase=str(facts.phase), step=str(step), changed=changed, detail=detail)
         self.on_step(record)
         if changed:
             self.after_write(str(step))
+        return changed
+
+    def release_job(self, job_id: str, reason: str, node: str | None) -> bool:
+        """Release a research job Slurm itself held (``reason``), logged and, when the node
+        it last ran on is known and ours, shown as an Event there."""
+        changed = self.slurm.release(job_id, reason)
+        if changed:
+            msg = f"Slurm job {job_id} released: Slurm had held it ({reason}) after a failed launch; its run is gone"
+            log.warning("slurm_job_released", job=job_id, node=node or "", reason=reason)
+            if node:
+                self._event(node, "GpuBridgeJobReleased", msg, "Warning")
+            self.after_write("release_job")
         return changed
 
     def report(self, node: str, reason: str, message: str) -> None:

@@ -217,6 +217,23 @@ class SlurmConfig:
         "The daemon's environment (`SLURM_CONF`) is passed to the prefix program; `ssh` does not carry it over, "
         "so set it on the far side",
     )
+    state_save_s: Num = Field(
+        default=6.0,
+        ge=0,
+        description="how long slurmctld may keep an acknowledged write unsaved (its SAVE_MAX_WAIT, 5 s, plus the "
+        "save): a reclaimed node is unfenced only once gpu-bridge's drain is this old, so a slurmctld "
+        "crash cannot undo the drain under a serving pod",
+    )
+    release_launch_failed: Bool = Field(
+        default=True,
+        description="release preempt-partition jobs Slurm itself held after a failed launch "
+        "(launch_failed_requeued_held) once that run is gone (docs/slurm-adapter.md)",
+    )
+    own_drain_reasons: Items[Str] = Field(
+        default=("Duplicate jobid",),
+        description="drain reasons Slurm sets itself that gpu-bridge clears (lent) or takes over "
+        "(otherwise) on its nodes once Slurm has nothing allocated there; [] = never",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:

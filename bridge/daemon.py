@@ -31,7 +31,7 @@ from bridge.lifecycle import WAITS, NodeFacts, Step, desired_replicas, next_step
 from bridge.manual import check_request
 from bridge.metrics import BridgeMetrics
 from bridge.model import Action, ActionKind, LoadSignals, Phase, Plan, SlurmJob
-from bridge.observe import Observation, Readings, SlurmNodeLike, join
+from bridge.observe import LAUNCH_FAILED_HELD, Observation, Readings, SlurmNodeLike, join
 from bridge.policy.calibrate import Calibrator
 from bridge.policy.forecast import history_windows, horizon_s, measured_horizon
 from bridge.policy.history import HistoryRecorder
@@ -368,10 +368,26 @@ class Daemon:
             obs = self.observe(self.clock())
         if not self.dry_run:
             result.steps = self._advance(obs)
+            if obs.slurm_held:
+                self._release_held(obs)
         result.in_transit = sum(1 for f in obs.facts.values() if f.phase not in (None, Phase.SERVING, Phase.LENT))
         if self.metrics is not None:
             self.metrics.record_tick(duration_s=self.clock() - now, ok=True, now=now)
         return result
+
+    def _release_held(self, obs: Observation) -> None:
+        """Release the preempt partition's jobs Slurm held itself after a failed launch (a
+        controller restarted from a state that missed their start launches them again on the
+        node where the first run goes on: "Duplicate jobid"). ``observe`` lists only jobs whose
+        failed run is gone (pending, not completing), so the release cannot start a second run."""
+        for job_id, host in sorted(obs.slurm_held.items()):
+            node = host if host in obs.pool_of else None
+            try:
+                if self.actuator.release_job(job_id, LAUNCH_FAILED_HELD, node) and self.metrics is not None:
+                    self.metrics.record_slurm_repair(kind="job_released", pool=obs.pool_of.get(node or "", ""))
+            except AdapterError as exc:
+                self._count_error(exc.system)
+                log.warning("slurm_release_failed", job=job_id, error=str(exc))
 
     def _report_stuck(self, obs: Observation) -> None:
         """A returning node that never gets a Ready replica: say so once (log, Event, metric)."""
@@ -433,6 +449,7 @@ class Daemon:
                     scaled_down=dep_desired <= want,
                     requeue_after_s=self.config.slurm.grace_s + REQUEUE_SLACK_S,
                     lend_timeout_s=self.config.policy.lend_timeout_s,
+                    drain_saved_after_s=self.config.slurm.state_save_s,
                 )
                 if step in RETRIED_STEPS and not self._retry_due(name, step, obs.view.now):
                     continue  # blocked by something outside us (a PDB, an admin): backing off
@@ -489,6 +506,9 @@ class Daemon:
         self._tick_records.append(record)
         if record.step is Step.MARK_LENT and record.changed and self.metrics is not None and self.last_observation:
             self.metrics.record_lend(self.last_observation.pool_of.get(record.node, ""))
+        if record.step in (Step.CLEAR_SLURM_DRAIN, Step.TAKE_OVER_DRAIN) and record.changed and self.metrics is not None:
+            pool = self.last_observation.pool_of.get(record.node, "") if self.last_observation else ""
+            self.metrics.record_slurm_repair(kind=str(record.step), pool=pool)
         if record.step is Step.ABORT_LEND and record.changed:
             self._backoff.pop(record.node, None)  # the eviction retries are over
             if self.metrics is not None and self.last_observation:

@@ -54,12 +54,15 @@ class Step(enum.StrEnum):
     DRAIN = "drain"
     MARK_RETURNING = "mark_returning"
     UNFENCE = "unfence"
+    WAIT_DRAIN_SAVED = "wait_drain_saved"  # our drain is younger than slurmctld's state-save delay
     WAIT_READY = "wait_ready"
     MARK_SERVING = "mark_serving"
+    CLEAR_SLURM_DRAIN = "clear_slurm_drain"  # lent node: lift Slurm's own drain (slurm.own_drain_reasons)
+    TAKE_OVER_DRAIN = "take_over_drain"  # other phases: Slurm's own drain becomes ours (stays drained)
     BLOCKED = "blocked"  # something outside our control: report, do nothing
 
 
-WAITS = frozenset({Step.WAIT_PODS_GONE, Step.WAIT_HOLD, Step.WAIT_READY, Step.BLOCKED})
+WAITS = frozenset({Step.WAIT_PODS_GONE, Step.WAIT_HOLD, Step.WAIT_DRAIN_SAVED, Step.WAIT_READY, Step.BLOCKED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,10 @@ class NodeFacts:
     slurm_allocated: bool  # slurmctld has any job (ours or research) allocated on it
     hold: HoldFacts | None
     research_jobs: tuple[str, ...]  # research jobs running on the node
+    # Slurm's own drain reason (one of slurm.own_drain_reasons) when Slurm drained the node
+    # itself and has nothing allocated or completing there any more; else None
+    slurm_own_drain: str | None = None
+    slurm_drained_at: float | None = None  # when our drain was set (Slurm's reason time), if known
 
 
 def next_step(
@@ -105,6 +112,7 @@ def next_step(
     evict_after_s: float = EVICT_AFTER_S,
     requeue_after_s: float | None = None,
     lend_timeout_s: float | None = None,
+    drain_saved_after_s: float = 0.0,
 ) -> Step | None:
     """The next step for a node, or None when it is at rest in its phase.
 
@@ -129,6 +137,8 @@ def next_step(
             # Research on a serving node (adopted that way, or slipped in): stop new ones,
             # then requeue these at once: a drained node never starts our hold job.
             return Step.REQUEUE_JOBS if drained else Step.ENSURE_DRAINED
+        if facts.slurm_own_drain is not None:
+            return Step.TAKE_OVER_DRAIN  # drained by Slurm itself: make the drain ours (never lifted)
         if facts.fenced:  # an abandoned lend (or a crash right after marking it serving)
             return Step.UNFENCE
         if any(p.deletion_cost == LENDING_POD_DELETION_COST and not p.terminating for p in facts.pods):
@@ -159,6 +169,8 @@ def next_step(
             return Step.CANCEL_HOLD
         if facts.slurm_drained_by_us:
             return Step.RESUME
+        if facts.slurm_own_drain is not None:
+            return Step.CLEAR_SLURM_DRAIN
         return Step.MARK_LENT
     if phase is Phase.LENT:
         # Re-assert the release (idempotent): e.g. a crash between resume and mark.
@@ -166,8 +178,14 @@ def next_step(
             return Step.CANCEL_HOLD
         if facts.slurm_drained_by_us:
             return Step.RESUME
+        if facts.slurm_own_drain is not None:
+            # Slurm drained it itself (e.g. "Duplicate jobid" after a controller crash) and
+            # nothing runs there now: lent again, not unusable forever
+            return Step.CLEAR_SLURM_DRAIN
         return None
     if phase is Phase.RECLAIMING:
+        if facts.slurm_own_drain is not None:
+            return Step.TAKE_OVER_DRAIN  # empty and drained: ours from now on, the reclaim goes on
         slurm_empty_and_down = facts.slurm_down and not facts.slurm_allocated
         if facts.slurm_drained_by_other and not facts.slurm_drained_by_us and not slurm_empty_and_down:
             return Step.BLOCKED  # an administrator's drain keeps our hold job from starting
@@ -187,11 +205,16 @@ def next_step(
             return Step.WAIT_HOLD if facts.hold is not None else Step.SUBMIT_HOLD
         return Step.MARK_RETURNING
     if phase is Phase.RETURNING:
+        if facts.slurm_own_drain is not None:
+            return Step.TAKE_OVER_DRAIN
         if not facts.slurm_drained_by_us and not facts.slurm_drained_by_other:
             return Step.DRAIN  # never unfence a node Slurm could still schedule on
         if facts.research_jobs:
             return Step.BLOCKED
         if facts.fenced:
+            if (facts.slurm_drained_by_us and facts.slurm_drained_at is not None
+                    and now - facts.slurm_drained_at < drain_saved_after_s):
+                return Step.WAIT_DRAIN_SAVED
             return Step.UNFENCE
         if any(p.ready and not p.terminating for p in facts.pods):
             return Step.MARK_SERVING

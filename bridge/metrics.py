@@ -152,6 +152,17 @@ class BridgeMetrics:
             "GPU-hours of research work lost by preemption (since each job's last published checkpoint).",
             ["pool"], registry=r,
         )
+        self.slurm_repairs = Counter(
+            "gpu_bridge_slurm_repairs",
+            "What gpu-bridge undid of Slurm's own reactions to a controller crash: job_released (a job Slurm "
+            "held after a failed launch), clear_slurm_drain / take_over_drain (Slurm's own drain on a node).",
+            ["pool", "kind"], registry=r,
+        )
+        self.lent_unusable = Gauge(
+            "gpu_bridge_lent_nodes_unusable",
+            "Nodes in phase lent that Slurm cannot use (drained by someone else, or down).",
+            ["pool"], registry=r,
+        )
         self.decisions = Counter(
             "gpu_bridge_decisions", "Policy decisions by action (lend, reclaim, hold) and reason code.",
             ["action", "reason"], registry=r,
@@ -195,6 +206,9 @@ class BridgeMetrics:
             for phase in Phase:
                 self.nodes.labels(pool=pool, phase=phase.value).set(sum(1 for n in members if n.phase is phase))
             self.nodes_held.labels(pool=pool).set(sum(1 for n in members if n.problem is not None or n.pin is not None))
+            self.lent_unusable.labels(pool=pool).set(
+                sum(1 for n in members if n.phase is Phase.LENT and n.slurm_state in ("drained", "draining", "down"))
+            )
             ages = [view.now - n.phase_since for n in members if n.phase in (Phase.RECLAIMING, Phase.RETURNING)]
             self.reclaim_in_progress.labels(pool=pool).set(max([0.0, *ages]))
         for name, state in view.pools.items():
@@ -268,6 +282,9 @@ class BridgeMetrics:
             self.reclaim_phase_latency.labels(pool=pool, phase=phase).observe(seconds)
         self.reclaim_latency.labels(pool=pool).observe(sum(phases.values()))
         self.reclaims.labels(pool=pool, reason=reason).inc()
+
+    def record_slurm_repair(self, *, kind: str, pool: str) -> None:
+        self.slurm_repairs.labels(pool=pool, kind=kind).inc()
 
     def record_lend_failure(self, *, pool: str, reason: str) -> None:
         self.lend_failures.labels(pool=pool, reason=reason).inc()

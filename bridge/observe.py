@@ -95,6 +95,20 @@ class Observation:
     pool_of: Mapping[str, str]
     problems: Mapping[str, str] = field(default_factory=dict)  # node -> why it is held
     requests: Mapping[str, str] = field(default_factory=dict)  # node -> an operator's lend/reclaim
+    # preempt-partition jobs Slurm itself held after a failed launch, whose run is gone
+    # (pending, no longer completing): released when slurm.release_launch_failed
+    slurm_held: Mapping[str, str] = field(default_factory=dict)  # job id -> the node it last ran on ("" unknown)
+
+
+# The reason Slurm (22.05 .. 24.11) gives a job it requeued held after its launch failed
+# (e.g. a second start of a job whose first run still goes on: "Duplicate jobid").
+LAUNCH_FAILED_HELD = "launch_failed_requeued_held"
+
+
+def own_drain_reason(reason: str, config: Config) -> str | None:
+    """The entry of ``slurm.own_drain_reasons`` a node's drain reason starts with, if any."""
+    low = reason.lower()
+    return next((r for r in config.slurm.own_drain_reasons if r and low.startswith(r.lower())), None)
 
 
 def is_hold_job(job: SlurmJob, config: Config) -> bool:
@@ -142,6 +156,7 @@ def join(
     allocated: set[str] = set()
     research_jobs: dict[str, SlurmJob] = {}
     pending_nodes = 0
+    slurm_held: dict[str, str] = {}
     for job in jobs:
         if is_hold_job(job, config):
             target = hold_job_node(job)
@@ -161,6 +176,13 @@ def join(
                 research_on.setdefault(n, []).append(job.job_id)
                 allocated.add(n)
         elif job.state == "pending" and job.partition == config.slurm.preempt_partition:
+            held_for = getattr(job, "held_for", None)
+            if held_for is not None and held_for(LAUNCH_FAILED_HELD):
+                # held by Slurm (priority 0): it never starts on its own; pending means the
+                # failed run's kill has completed on its node (COMPLETING is over)
+                if config.slurm.release_launch_failed:
+                    slurm_held[job.job_id] = getattr(job, "batch_host", "")
+                continue
             pending_nodes += max(1, len(job.nodes) or 1)
 
     inflight_by_pod: dict[str, float] = {}
@@ -196,7 +218,12 @@ def join(
         elif sn is None:
             problem = problem or "node unknown to Slurm"
         elif sn.drained and not sn.reason_ours:
-            problem = problem or "drained in Slurm by someone else (never undone by gpu-bridge)"
+            own = own_drain_reason(getattr(sn, "reason", ""), config)
+            if own is not None:
+                problem = problem or (f"drained in Slurm by Slurm itself ({getattr(sn, 'reason', '')!r}): gpu-bridge "
+                                      "clears it (lent) or takes it over once nothing is allocated there")
+            else:
+                problem = problem or "drained in Slurm by someone else (never undone by gpu-bridge)"
         node_pods = pods_on.get(kn.name, [])
         bad_pod = next((p for p in node_pods if getattr(p, "problem", None)), None)
         if bad_pod is not None:  # a serving pod we cannot read properly: never guess around it
@@ -228,6 +255,9 @@ def join(
                 slurm_allocated=kn.name in allocated,
                 hold=holds.get(kn.name),
                 research_jobs=on_node,
+                slurm_drained_at=getattr(sn, "reason_time", None) if sn.drained and sn.reason_ours else None,
+                slurm_own_drain=_own_drain(sn, config, busy=bool(on_node) or (
+                    kn.name in allocated and not (kn.name in holds and holds[kn.name].running))),
             )
         if problem:
             problems[kn.name] = problem
@@ -266,7 +296,18 @@ def join(
         jobs=research_jobs,
         pending_research_nodes=pending_nodes,
     )
-    return Observation(view=view, facts=facts, pool_of=pool_of, problems=problems, requests=requests)
+    return Observation(
+        view=view, facts=facts, pool_of=pool_of, problems=problems, requests=requests, slurm_held=slurm_held
+    )
+
+
+def _own_drain(sn: SlurmNodeLike, config: Config, *, busy: bool) -> str | None:
+    """Slurm's own drain reason (``slurm.own_drain_reasons``) on a responding node where Slurm
+    has no research job and nothing completing (our running hold job aside): only then may
+    gpu-bridge handle it (a run Slurm knows of could still be on the node otherwise)."""
+    if not sn.drained or sn.reason_ours or sn.down or busy or "COMPLETING" in getattr(sn, "flags", frozenset()):
+        return None
+    return own_drain_reason(getattr(sn, "reason", ""), config)
 
 
 def _inflight(pods: Sequence[KubePod], by_pod: Mapping[str, float]) -> float | None:

@@ -170,6 +170,18 @@ class SlurmWriter(Protocol):
         """Requeue a running research job (never cancel it); False if it is not running."""
         ...
 
+    def release(self, job_id: str, reason: str) -> bool:
+        """Release a job Slurm itself held with ``reason``; False if it is not held so."""
+        ...
+
+    def clear_own_drain(self, node: str, slurm_reason: str) -> bool:
+        """Lift Slurm's own drain ``slurm_reason`` on a node with nothing allocated."""
+        ...
+
+    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> bool:
+        """Replace Slurm's own drain ``slurm_reason`` on an empty node by our drain."""
+        ...
+
 
 @runtime_checkable
 class SlurmAdapterProtocol(SlurmReader, SlurmWriter, Protocol):

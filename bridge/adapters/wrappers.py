@@ -161,6 +161,18 @@ class DryRunSlurm(SlurmReadThrough):
         self._would("requeue", job=job_id)
         return False
 
+    def release(self, job_id: str, reason: str) -> bool:
+        self._would("release", job=job_id, reason=reason)
+        return False
+
+    def clear_own_drain(self, node: str, slurm_reason: str) -> bool:
+        self._would("clear_own_drain", node=node, slurm_reason=slurm_reason)
+        return False
+
+    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> bool:
+        self._would("take_over_drain", node=node, slurm_reason=slurm_reason, reason=reason)
+        return False
+
 
 # --- the write fence ------------------------------------------------------------------------
 
@@ -243,3 +255,15 @@ class FencedSlurm(SlurmReadThrough):
     def requeue(self, job_id: str) -> bool:
         self._check("requeue")
         return self._inner.requeue(job_id)
+
+    def release(self, job_id: str, reason: str) -> bool:
+        self._check("release")
+        return self._inner.release(job_id, reason)
+
+    def clear_own_drain(self, node: str, slurm_reason: str) -> bool:
+        self._check("clear_own_drain")
+        return self._inner.clear_own_drain(node, slurm_reason)
+
+    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> bool:
+        self._check("take_over_drain")
+        return self._inner.take_over_drain(node, slurm_reason, reason)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bridge.config import SlurmConfig
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
@@ -31,6 +32,7 @@ GRACE_S = 5
 POD_START_S = 3.0
 MIN_SERVING = 1
 JOB_S = 25
+STATE_SAVE_S = SlurmConfig().state_save_s  # the daemon's default: unfence once the drain is saved
 
 
 @pytest.fixture(scope="module", params=["22.05", pytest.param("24.11", marks=[pytest.mark.slurm2411, pytest.mark.timeout(600)])])
@@ -150,13 +152,20 @@ def test_lend_then_reclaim_requeues_jobs_and_restores_serving(world: tuple[Any, 
         decided = min(ts(e) for e in decisions if e["node"] == node)
         submitted = min(ts(e) for e in steps if e["node"] == node and e["step"] == "submit_hold")
         drained = min(ts(e) for e in steps if e["node"] == node and e["step"] == "drain")
+        unfenced = min(ts(e) for e in steps if e["node"] == node and e["step"] == "unfence")
         served = min(ts(e) for e in steps if e["node"] == node and e["step"] == "mark_serving")
         detect, release, ready = decided - spike_at, drained - decided, served - drained
+        # deliberate: unfenced only once slurmctld has surely saved the drain (slurm.state_save_s)
+        saved_wait = unfenced - drained
+        assert saved_wait >= STATE_SAVE_S - 1.0, "unfenced before slurmctld could have saved the drain"
+        assert saved_wait <= STATE_SAVE_S + 1.5, "the daemon waits for the state save, not more"
         # Slurm's own part: from GraceTime's end to the hold job's start (squeue has whole seconds).
         slurm_own = max(0.0, hold_start[node] - submitted - GRACE_S)
         # The daemon's own part: deciding -> hold submitted, hold running -> drained (its poll),
-        # and drained -> serving beyond the pod start delay (unfence, scale, observe Ready).
-        share = (submitted - decided) + max(0.0, drained - hold_start[node] - 1.0) + (ready - POD_START_S)
+        # and drained -> serving beyond the pod start delay and the state-save wait (unfence,
+        # scale, observe Ready).
+        share = ((submitted - decided) + max(0.0, drained - hold_start[node] - 1.0)
+                 + (ready - POD_START_S - min(saved_wait, STATE_SAVE_S)))
         print(f"{node:<13}{detect:>8.2f}{release:>15.2f}{slurm_own:>12.2f}{ready:>11.2f}{served - spike_at:>8.2f}"
               f"{share:>14.2f}")
         assert detect <= 1.0 + 2.0 + 1.5, "a spike is detected within one scrape interval plus one tick"

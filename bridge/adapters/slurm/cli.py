@@ -289,3 +289,52 @@ class CliSlurm:
         self._run(["scontrol", "requeue", jid])
         _log().info("slurm_job_requeued", job=jid, node=",".join(job.nodes))
         return True
+
+    # ---- Slurm's own holds and drains (after a controller crash; docs/slurm-adapter.md) ----
+    def release(self, job_id: str, reason: str) -> bool:
+        """Release a job Slurm itself held with ``reason`` (e.g. launch_failed_requeued_held):
+        only if it is still pending for that reason (a hold by a user or an administrator,
+        JobHeldUser/JobHeldAdmin, is never released). False if it no longer is so."""
+        jid = validate_job_id(job_id)
+        job = next((j for j in self.jobs() if j.job_id == jid), None)
+        if job is None or not job.held_for(reason):
+            return False
+        if self._is_our_hold(job):
+            raise NotOursError("slurm", f"release {jid}: it is a hold job, not a research job")
+        self._run(["scontrol", "release", jid])
+        _log().info("slurm_job_released", job=jid, reason=job.state_description or job.state_reason)
+        return True
+
+    def _own_drain(self, node: str, slurm_reason: str, *, empty: bool) -> SlurmNode | None:
+        """The node now, if it carries Slurm's own drain ``slurm_reason`` (prefix, case-insensitive),
+        responds, and (``empty``) has nothing allocated or completing; None otherwise."""
+        cur = self.node_now(node)
+        if not cur.drained or cur.reason_ours or not cur.reason.lower().startswith(slurm_reason.lower()):
+            return None
+        if cur.down or (empty and cur.allocated):
+            return None
+        return cur
+
+    def clear_own_drain(self, node: str, slurm_reason: str) -> bool:
+        """Lift a drain Slurm set itself (``slurm_reason``) on an empty node: an administrator's
+        or another reason is never touched. False if the node is not (or no longer) so."""
+        validate_node_name(node)
+        cur = self._own_drain(node, slurm_reason, empty=True)
+        if cur is None:
+            return False
+        self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        _log().warning("slurm_own_drain_cleared", node=node, slurm_reason=cur.reason)
+        return True
+
+    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> bool:
+        """Replace Slurm's own drain reason (``slurm_reason``) on an empty node by ours: the
+        node stays drained throughout (so it may hold our hold job), and from then on the
+        drain is gpu-bridge's."""
+        validate_node_name(node)
+        cur = self._own_drain(node, slurm_reason, empty=False)
+        if cur is None:
+            return False
+        text = drain_reason(reason)
+        self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}"])
+        _log().warning("slurm_own_drain_taken_over", node=node, slurm_reason=cur.reason, reason=text)
+        return True

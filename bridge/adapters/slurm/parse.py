@@ -301,6 +301,7 @@ def _job(rec: Any, i: int) -> SlurmJobInfo:
         end_time=number(rec.get("end_time"), what + " end_time") if running else None,
         state_reason=_str(rec, "state_reason", what, ""),
         batch_host=_str(rec, "batch_host", what, ""),
+        state_description=_str(rec, "state_description", what, ""),
     )
 
 

@@ -76,6 +76,13 @@ class SlurmJobInfo(SlurmJob):
     end_time: float | None = None  # for a preempted job: preempt_time + GraceTime
     state_reason: str = ""
     batch_host: str = ""
+    state_description: str = ""  # Slurm's free text (state_desc), e.g. "launch failed requeued held"
+
+    def held_for(self, reason: str) -> bool:
+        """Pending for ``reason``, as squeue's %r shows it (state_desc with spaces as "_", else
+        the reason code): Slurm 22.05 puts "launch failed requeued held" in state_desc."""
+        want = _norm(reason)
+        return self.state == "pending" and want in (_norm(self.state_reason), _norm(self.state_description))
 
     def grace_over(self, now: float) -> bool:
         """A preempted job's GraceTime has certainly passed: Slurm's times are whole seconds
@@ -93,3 +100,7 @@ class SlurmJobInfo(SlurmJob):
     def hold_node(self) -> str | None:
         """The node a hold job is for, from its name ``gpu-bridge-hold:<node>``."""
         return self.name[len(wellknown.SLURM_HOLD_JOB_PREFIX) :] if self.is_hold else None
+
+
+def _norm(text: str) -> str:
+    return "_".join(text.lower().split())

@@ -51,6 +51,7 @@ class _Job:
     requeueable: bool = True
     comment: str = ""
     gpus: int = 4
+    held_reason: str = ""  # Slurm's own hold (priority 0), e.g. launch_failed_requeued_held
 
 
 @dataclass
@@ -81,6 +82,18 @@ class FakeSlurm:
     def admin_drain(self, node: str, reason: str, user: str = "admin") -> None:
         n = self._nodes[node]
         n.drained, n.reason, n.reason_user = True, reason, user
+
+    def duplicate_start(self, job_id: str) -> None:
+        """What slurmctld does after a SIGKILL lost a job's start and it starts the job again on
+        the node where the first run goes on: the node drained "Duplicate jobid", the first run
+        killed, the job requeued held (launch_failed_requeued_held)."""
+        j = self._jobs[job_id]
+        node = j.nodes[0]
+        self._requeue(j)
+        j.held_reason = "launch failed requeued held"  # state_desc, as 22.05 has it
+        n = self._nodes[node]
+        n.drained, n.reason, n.reason_user = True, "Duplicate jobid", "slurm"
+        self._schedule()
 
     def set_responding(self, node: str, responding: bool) -> None:
         """A dead slurmd: its running jobs are requeued, as slurmctld does for a DOWN node."""
@@ -139,7 +152,8 @@ class FakeSlurm:
                         v.preempt_time, v.end_time = self.now, self.now + self.grace_s
                 continue
             h.state, h.nodes, h.start_time = "running", (n.name,), self.now
-        for j in sorted((j for j in self._jobs.values() if not self._is_hold(j) and j.state == "pending"),
+        for j in sorted((j for j in self._jobs.values()
+                         if not self._is_hold(j) and j.state == "pending" and not j.held_reason),
                         key=lambda j: int(j.job_id)):
             cands = [j.node] if j.node else sorted(self._nodes)
             for c in cands:
@@ -157,7 +171,8 @@ class FakeSlurm:
             start_time=j.start_time, checkpoint_time=checkpoint_time(j.comment), signal_save_s=signal_save_s(j.comment),
             requeueable=j.requeueable,
             gpus_per_node=j.gpus, restart_count=j.restart_count, preempt_time=j.preempt_time, end_time=j.end_time,
-            batch_host=j.nodes[0] if j.nodes else "",
+            batch_host=j.nodes[0] if j.nodes else "", state_reason="JobHeldAdmin" if j.held_reason else "",
+            state_description=j.held_reason,
         )
 
     def _node_info(self, n: _Node) -> SlurmNode:
@@ -270,6 +285,41 @@ class FakeSlurm:
         self._requeue(j)
         self.writes.append(("requeue", jid))
         self._schedule()
+        return True
+
+    def release(self, job_id: str, reason: str) -> bool:
+        self._check("release")
+        j = self._jobs.get(validate_job_id(job_id))
+        if j is None or not self._info(j).held_for(reason):
+            return False
+        j.held_reason = ""
+        self.writes.append(("release", j.job_id))
+        self._schedule()
+        return True
+
+    def _own_drain(self, node: str, slurm_reason: str, *, empty: bool = True) -> bool:
+        cur = self.node(node)
+        held = any(self._is_hold(h) and h.state == "running" and node in h.nodes for h in self._jobs.values())
+        return (cur.drained and not cur.reason_ours and cur.reason.lower().startswith(slurm_reason.lower())
+                and not cur.down and not (empty and (cur.allocated or held)))
+
+    def clear_own_drain(self, node: str, slurm_reason: str) -> bool:
+        self._check("clear_own_drain")
+        if not self._own_drain(node, slurm_reason):
+            return False
+        n = self._nodes[node]
+        n.drained, n.reason, n.reason_user = False, "", ""
+        self.writes.append(("clear_own_drain", node))
+        self._schedule()
+        return True
+
+    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> bool:
+        self._check("take_over_drain")
+        if not self._own_drain(node, slurm_reason, empty=False):
+            return False
+        n = self._nodes[node]
+        n.reason, n.reason_user = drain_reason(reason), self.bridge_user
+        self.writes.append(("take_over_drain", node))
         return True
 
     def snapshot(self) -> dict[str, SlurmJobInfo]:

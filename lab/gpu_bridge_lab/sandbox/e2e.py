@@ -87,7 +87,7 @@ def event_time(doc: Mapping[str, Any]) -> float:
 
 # The log events that are writes to Slurm or Kubernetes (the actuator's and the adapters').
 WRITE_EVENTS = frozenset({"node_step", "pool_scaled", "node_transition_started", "node_phase_set", "node_fenced",
-                          "node_unfenced"})
+                          "node_unfenced", "slurm_job_released"})
 
 
 def write_events(log_path: Path) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing (scripts/setup.sh), then runs the whole
-# suite, unit and integration (real Slurm, Prometheus and the sandbox's Kubernetes API server).
+# suite, unit and integration (real Slurm, Prometheus and the real Kubernetes control plane).
 # Extra arguments go to pytest, e.g. `scripts/test.sh -m "not integration"`.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

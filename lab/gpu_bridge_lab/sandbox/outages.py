@@ -299,10 +299,13 @@ def pdb_blocks_eviction(h: Harness, *, hold_s: float = 45.0) -> OutageRow:
                                   {"metadata": {"annotations": {wk.POD_DELETION_COST: "-20000"}}})
     policy = k8s_policy(h)
     pdbs = policy.list_namespaced_pod_disruption_budget(serving.NAMESPACE).items
-    saved = {p.metadata.name: p.spec.min_available for p in pdbs}
+    # the apiserver refuses a PDB with both fields: minAvailable replaces maxUnavailable (null
+    # deletes it in a merge patch), and both are put back afterwards
+    saved = {p.metadata.name: {"minAvailable": p.spec.min_available, "maxUnavailable": p.spec.max_unavailable}
+             for p in pdbs}
     for p in pdbs:
         policy.patch_namespaced_pod_disruption_budget(p.metadata.name, serving.NAMESPACE,
-                                                      {"spec": {"minAvailable": h.n}})
+                                                      {"spec": {"minAvailable": h.n, "maxUnavailable": None}})
     d = h.daemon("pdb", config=cfg)
     t0 = time.time()
     time.sleep(hold_s)
@@ -319,8 +322,8 @@ def pdb_blocks_eviction(h: Harness, *, hold_s: float = 45.0) -> OutageRow:
         row.did += f"; lend abandoned after lend_timeout_s {LEND_TIMEOUT_S:g} s: {aborts[0].get('node')}"
     row.logged = warnings_between(d, t0 - 1, t1)
     row.metrics = nonzero_metrics(d) or "(none)"
-    for name, v in saved.items():
-        policy.patch_namespaced_pod_disruption_budget(name, serving.NAMESPACE, {"spec": {"minAvailable": v}})
+    for name, spec in saved.items():
+        policy.patch_namespaced_pod_disruption_budget(name, serving.NAMESPACE, {"spec": spec})
     t2 = time.monotonic()
     ok = poll(h.settled, 90, 0.25)
     row.recovered = bool(ok)

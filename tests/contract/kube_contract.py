@@ -98,6 +98,14 @@ def make_node(core: Any, client: Any, name: str, labels: dict[str, str] | None =
     return core.read_node(name)
 
 
+def settled(core: Any, name: str) -> Any:
+    """The node once the node lifecycle controller has lifted the not-ready taint it gives a
+    new node: a write of its own, not to be mistaken for a test's (a real cluster only)."""
+    wait_for(lambda: not any(t.key.startswith("node.kubernetes.io/") for t in core.read_node(name).spec.taints or []),
+             20, f"node {name}: the not-ready taint lifted")
+    return core.read_node(name)
+
+
 def serving_objects(ns: str, pool: str, replicas: int, grace: int = 5, max_unavailable: int = 1) -> tuple[dict, dict]:
     dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "vllm", "namespace": ns},
            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "vllm"}},

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from kube_contract import Kube, Serving, make_node, wait_for
+from kube_contract import Kube, Serving, make_node, settled, wait_for
 
 
 def _core(kube: Kube) -> tuple[Any, Any]:
@@ -39,14 +39,6 @@ def _ns(kube: Kube, core: Any, base: str = "ns") -> str:
 
 def _cm(name: str, data: dict[str, str] | None = None) -> dict[str, Any]:
     return {"metadata": {"name": name}, "data": data or {"k": "v"}}
-
-
-def settled(core: Any, name: str) -> Any:
-    """The node once the node lifecycle controller has lifted the not-ready taint it gives a
-    new node: a write of its own, not to be mistaken for a test's (a real cluster only)."""
-    wait_for(lambda: not any(t.key.startswith("node.kubernetes.io/") for t in core.read_node(name).spec.taints or []),
-             20, f"node {name}: the not-ready taint lifted")
-    return core.read_node(name)
 
 
 def test_conflicts_on_stale_put_and_patch(kube: Kube) -> None:

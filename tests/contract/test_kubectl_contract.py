@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from kube_contract import Kube, Serving, make_node, wait_for
+from kube_contract import Kube, Serving, make_node, settled, wait_for
 
 
 def drained(node: str, out: str) -> bool:
@@ -60,6 +60,7 @@ def test_taint_is_replaced_whole_and_removed(kube: Kube) -> None:
     core = client.CoreV1Api(api)
     name = kube.name("node-taint")
     make_node(core, client, name)
+    settled(core, name)
     try:
         kube.kubectl("taint", "nodes", name, "gpu-bridge.io/lent=true:NoSchedule")
         kube.kubectl("taint", "nodes", name, "other=x:NoExecute")

@@ -134,6 +134,12 @@ def _run(sb: Sandbox, work: Path, *, kill_ctld: bool) -> dict[str, Outcome]:
         while not all(any(x.startswith("signal") for x in o.lines()) for o in outcomes.values()):
             assert time.monotonic() < deadline, [o.evidence() for o in outcomes.values()]
             time.sleep(0.1)
+        # a controller's SIGKILL loses its last seconds of unsaved state (jobs, the preemption):
+        # it dies once the preemption is on disk, before the jobs' exits. A job update after
+        # the preemption makes slurmctld save within its 5 s cadence.
+        since = time.time()
+        sb.run_slurm(["scontrol", "update", f"JobId={hold}", "Comment=preempted-saved"])
+        sb.wait_job_state_saved(since)
         sb.kill_process("slurmctld")
         deadline = time.monotonic() + 40
         while not all(exited(o) for o in outcomes.values()):

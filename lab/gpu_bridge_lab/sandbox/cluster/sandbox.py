@@ -412,6 +412,22 @@ class Sandbox:
         del self.records[name]
         self._save_state("running")
 
+    def wait_job_state_saved(self, since: float, timeout_s: float = 20.0) -> float:
+        """Wait until slurmctld has written its job state (StateSaveLocation/job_state) after the
+        wall-clock time ``since``; returns that write's time. slurmctld saves at most every 5 s,
+        so a SIGKILL loses what changed in the last seconds: a test that means "the controller
+        dies after X" waits for X to be saved first."""
+        js = self.slurm.state_dir / "job_state"
+
+        def saved() -> bool:
+            try:
+                return js.stat().st_mtime > since
+            except FileNotFoundError:
+                return False
+
+        self.wait(saved, timeout_s, f"slurmctld to save its job state after {since:.1f}", "slurmctld")
+        return js.stat().st_mtime
+
     def signal_process(self, name: str, sig: int) -> None:
         """Send a signal to one daemon by name (SIGSTOP/SIGCONT: pause and resume it)."""
         rec = self.records.get(name)

@@ -124,12 +124,15 @@ def soak(args: argparse.Namespace) -> int:
             say(f"  started twice by slurmctld after its SIGKILL (Slurm's, not gpu-bridge's): {twice}")
         for lost in r.lost_by_slurmctld:
             say(f"  lost by slurmctld's SIGKILL before it saved the submission (Slurm's, not gpu-bridge's): {lost}")
+        for failed in r.failed_by_slurmctld:
+            say(f"  failed by slurmctld after its SIGKILL lost the run's start (Slurm's, not gpu-bridge's): {failed}")
     total = sum(r.duration_s for r in results)
     bad = sum(len(r.violations) for r in results)
     say(f"soak total: {len(results)} seed(s) {','.join(str(r.seed) for r in results)}, {total / 60:.1f} min of faults, "
         f"{sum(len(r.faults) for r in results)} faults, {sum(r.jobs for r in results)} jobs "
         f"({sum(r.completed for r in results)} completed, {sum(r.requeues for r in results)} requeues, "
-        f"{sum(len(r.lost_by_slurmctld) for r in results)} lost by slurmctld SIGKILLs), "
+        f"{sum(len(r.lost_by_slurmctld) for r in results)} lost and "
+        f"{sum(len(r.failed_by_slurmctld) for r in results)} failed by slurmctld after its SIGKILLs), "
         f"violations: {bad}")
     return 0 if bad == 0 else 1
 

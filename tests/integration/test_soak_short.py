@@ -21,5 +21,6 @@ def test_short_seeded_soak_holds_every_invariant() -> None:
     injected = [k for _, k, _ in result.faults if k in FAULTS]
     assert len(injected) >= 3 and len(set(injected)) >= 2, result.faults  # the run really was faulty
     assert result.samples >= 40, result.summary()  # the invariants really were checked
-    assert result.completed + len(result.lost_by_slurmctld) == result.jobs >= 3, result.summary()
+    assert result.completed + len(result.lost_by_slurmctld) + len(result.failed_by_slurmctld) == result.jobs >= 3, \
+        result.summary()
     assert result.violations == [], "\n".join(str(v) for v in result.violations)

@@ -117,6 +117,50 @@ def test_a_run_started_twice_around_a_slurmctld_sigkill_is_slurms(tmp_path: Path
     assert [v.kind for v in so.violations] == ["job-work"] and so.slurm_double_starts == []
 
 
+class _Slurm:
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    def ctld_log(self) -> Path:
+        return self.log
+
+
+def _failed_job(tmp_path: Path, kills: list[float], log_line: str) -> S.Soak:
+    """Seed 306's job 60: run started at 100.0 s, slurmctld SIGKILLed (kills), Slurm failed it."""
+    so = _soak(tmp_path)
+    so.failed_by_slurm = []
+    log = tmp_path / "slurmctld.log"
+    log.write_text(log_line)
+    so.h.sb = type("SB", (), {"slurm": _Slurm(log)})()  # type: ignore[attr-defined]
+    _job(so, tmp_path, ["unit 0 7 0", "unit 1 7 0"], [f"start 7 0 0 {BASE + 100.0}"], n=4)
+    so.jobs["7"].states = ["PENDING", "FAILED"]
+    so.jobs["7"].ended_badly = "job 7 (t1, save) FAILED on gpu-node-02"
+    so.ctld_kills = [BASE + k for k in kills]
+    return so
+
+
+BASE = datetime(2026, 12, 3, 14, 14, 0).timestamp()  # local time, as slurmctld stamps its log
+REVOKED = "[2026-12-03T14:15:50.120] Killing non-startable batch JobId=7: Job credential revoked\n"
+
+
+def test_a_run_whose_start_a_sigkill_lost_and_slurm_then_failed_is_reported_apart(tmp_path: Path) -> None:
+    so = _failed_job(tmp_path, [103.0], REVOKED)
+    so.judge_bad_ends()
+    so.check_jobs()
+    assert so.violations == [] and "failed by slurmctld on restart" in so.failed_by_slurm[0]
+
+
+def test_a_failed_run_without_that_evidence_is_a_violation(tmp_path: Path) -> None:
+    for kills, line in (([120.0], REVOKED),  # SIGKILL long after the start: the start was saved
+                        ([103.0], "[2026-12-03T14:15:50.120] _job_complete: JobId=7 WEXITSTATUS 1\n"),
+                        ([], REVOKED)):
+        so = _failed_job(tmp_path, kills, line)
+        so.judge_bad_ends()
+        so.check_jobs()
+        assert [v.kind for v in so.violations] == ["job-ended-badly", "job-work"], (kills, line)
+        assert so.failed_by_slurm == []
+
+
 def _reliability_script():  # type: ignore[no-untyped-def]
     import importlib.util
 

@@ -10,7 +10,9 @@ checked every second from outside, through the real CLIs (``scontrol``, ``squeue
    then Slurm again: a violation only if both Slurm reads say usable, so a transition between
    the reads is not mistaken for one);
 2. Ready serving pods never below ``min_serving``;
-3. no research job is ever seen TIMEOUT, FAILED, CANCELLED, NODE_FAIL, ...;
+3. no research job is ever seen TIMEOUT, FAILED, CANCELLED, NODE_FAIL, ... (seen live, judged
+   at the end: ``judge_bad_ends`` reports apart, with slurmctld's own log as evidence, a run
+   whose start a slurmctld SIGKILL lost and that Slurm then failed itself);
 
 and at the end:
 
@@ -126,6 +128,7 @@ class SoakJob:
     mode: str
     submitted_at: float = 0.0
     states: list[str] = field(default_factory=list)
+    ended_badly: str = ""  # evidence of a bad state seen live (judged at the end: judge_bad_ends)
     lost: str = ""  # lost by slurmctld (a SIGKILL before it saved the submission): the evidence
 
 
@@ -145,6 +148,7 @@ class SoakResult:
     lost_by_slurmctld: list[str] = field(default_factory=list)
     noop_reruns: list[str] = field(default_factory=list)
     slurm_double_starts: list[str] = field(default_factory=list)
+    failed_by_slurmctld: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -159,6 +163,7 @@ class SoakResult:
                 f"jobs={self.jobs} completed={self.completed} requeues={self.requeues} "
                 f"lost_by_slurmctld_sigkill={len(self.lost_by_slurmctld)} noop_reruns={len(self.noop_reruns)} "
                 f"started_twice_by_slurmctld={len(self.slurm_double_starts)} "
+                f"failed_by_slurmctld_after_lost_start={len(self.failed_by_slurmctld)} "
                 f"samples={self.samples} (skipped {self.skipped_samples}) violations={len(self.violations)}")
 
 
@@ -174,21 +179,36 @@ def _parse_scontrol_nodes(text: str) -> dict[str, str]:
 
 
 _PURGED = re.compile(r"^\[(\S+)\] Purged files for defunct batch JobId=(\d+)")
+_NON_STARTABLE = re.compile(r"^\[(\S+)\] Killing non-startable batch JobId=(\d+): Job credential revoked")
+# slurmctld writes its state at most every 5 s (SAVE_MAX_WAIT in its state_save.c): a SIGKILL
+# loses what changed in the last 5 s; 1 s more for the clocks of the job and of the harness
+SLURM_UNSAVED_WINDOW_S = 6.0
 
 
-def purged_jobs(ctld_log: Path) -> dict[str, list[float]]:
-    """job id -> when slurmctld purged a batch job it had no record of (after a restart)."""
+def _ctld_log_times(ctld_log: Path, pattern: re.Pattern[str]) -> dict[str, list[float]]:
+    """job id -> when slurmctld logged ``pattern`` (its group 1 the stamp, group 2 the job id)."""
     out: dict[str, list[float]] = {}
     try:
         text = ctld_log.read_text(errors="replace")
     except OSError:
         return out
     for line in text.splitlines():
-        m = _PURGED.match(line)
+        m = pattern.match(line)
         if m:
             t = time.mktime(time.strptime(m.group(1).split(".")[0], "%Y-%m-%dT%H:%M:%S"))
             out.setdefault(m.group(2), []).append(t + float("0." + m.group(1).split(".")[1]) if "." in m.group(1) else t)
     return out
+
+
+def purged_jobs(ctld_log: Path) -> dict[str, list[float]]:
+    """job id -> when slurmctld purged a batch job it had no record of (after a restart)."""
+    return _ctld_log_times(ctld_log, _PURGED)
+
+
+def non_startable_jobs(ctld_log: Path) -> dict[str, list[float]]:
+    """job id -> when slurmctld failed a batch job slurmd refused to launch again ("Job
+    credential revoked": slurmd had killed the run the restarted controller did not know of)."""
+    return _ctld_log_times(ctld_log, _NON_STARTABLE)
 
 
 def slurm_usable(state: str) -> bool:
@@ -221,6 +241,7 @@ class Soak:
         self.slurm_double_starts: list[str] = []  # a run started twice by slurmctld after a SIGKILL
         self.noop_reruns: list[str] = []  # requeued after its work was done: reran with nothing to do
         self.lost: list[str] = []  # submissions slurmctld lost in a SIGKILL (see judge_lost_submissions)
+        self.failed_by_slurm: list[str] = []  # runs slurmctld lost in a SIGKILL, then failed (judge_bad_ends)
         self.flips = 0
         self.samples = 0
         self.skipped = 0
@@ -428,9 +449,10 @@ class Soak:
                 continue
             if not j.states or j.states[-1] != state:
                 j.states.append(state)
-                if state in BAD_JOB_STATES:
-                    self.violation("job-ended-badly", f"job {job_id} ({j.tag}, {j.mode}) {state} on {nodes}; "
-                                                      f"states seen {j.states}; runs: {self._runs(j)}")
+                if state in BAD_JOB_STATES and not j.ended_badly:
+                    j.ended_badly = (f"job {job_id} ({j.tag}, {j.mode}) {state} on {nodes} at {self.now():.1f} s; "
+                                     f"states seen {j.states}; runs: {self._runs(j)}")
+                    self.say(f"[{self.now():7.1f} s] job ended badly (judged at the end): {j.ended_badly}")
 
     def _checker(self) -> None:
         while not self.stop_checks.is_set():
@@ -471,6 +493,32 @@ class Soak:
                       f"(runs started before: {len(runs)}; an orphaned run is killed by Slurm)")
             self.lost.append(f"job {j.job_id} ({j.tag}): {j.lost}")
             self.say(f"[{self.now():7.1f} s] lost by slurmctld (not gpu-bridge): {self.lost[-1]}")
+
+    def judge_bad_ends(self) -> None:
+        """Every job seen in a bad state is a violation, but one: slurmctld SIGKILLed within its
+        unsaved window after starting the job's run (the start was lost), and after the restart
+        Slurm itself failed it ("Killing non-startable batch JobId=N: Job credential revoked":
+        slurmd had killed the run the new controller did not know of, then refused the same
+        credential). gpu-bridge never touched such a run; it is reported apart, with that
+        evidence, like submissions slurmctld lost. Without all of it: a violation."""
+        failed = non_startable_jobs(self.h.sb.slurm.ctld_log())
+        for j in self.jobs.values():
+            if not j.ended_badly or j.lost:
+                continue
+            starts = [float(x.split()[4]) for x in self._runs(j) if x.startswith("start ") and len(x.split()) >= 5]
+            last = max(starts, default=None)
+            kills = [k for k in self.ctld_kills if last is not None and last <= k <= last + SLURM_UNSAVED_WINDOW_S]
+            when = [t for t in failed.get(j.job_id, []) if kills and t >= kills[0]]
+            final = j.states[-1] if j.states else ""
+            if kills and when and final == "FAILED":
+                j.lost = (f"run started at {last - self.t0:.1f} s, slurmctld SIGKILLed {kills[0] - last:.1f} s later "
+                          f"before saving the start, failed by slurmctld on restart at {when[0] - self.t0:.1f} s "
+                          f"(Job credential revoked)")
+                self.failed_by_slurm.append(f"job {j.job_id} ({j.tag}): {j.lost}")
+                self.say(f"[{self.now():7.1f} s] failed by slurmctld after a lost start (not gpu-bridge): "
+                         f"{self.failed_by_slurm[-1]}")
+            else:
+                self.violation("job-ended-badly", j.ended_badly)
 
     def check_jobs(self) -> None:
         for j in self.jobs.values():
@@ -648,6 +696,7 @@ class Soak:
             checker.join(10)
             self.check_once()  # a last sample, to see final states
             self.judge_lost_submissions()
+            self.judge_bad_ends()
             self.check_jobs()
             self.h.load(HIGH)
             poll(self.h.all_serving, 120, 0.5)  # settle: reclaim everything (no job left)
@@ -665,7 +714,7 @@ class Soak:
         return SoakResult(cfg.seed, cfg.duration_s, self.faults, self.violations, len(self.jobs),
                           sum(1 for j in self.jobs.values() if j.states and j.states[-1] == "COMPLETED"), requeues,
                           self.flips, self.samples, self.skipped, time.monotonic() - wall0, list(self.lost),
-                          list(self.noop_reruns), list(self.slurm_double_starts))
+                          list(self.noop_reruns), list(self.slurm_double_starts), list(self.failed_by_slurm))
 
     def _keep_evidence(self) -> None:
         """Copy the daemons' logs, the jobs' files and the sandbox's logs out before tear-down."""

@@ -185,6 +185,12 @@ def svc() -> Iterator[Svc]:
             os.chown(f, 0, gid)
         box.run(["systemctl", "daemon-reload"])
         shipped = box.run(["systemd-analyze", "security", "--no-pager", "gpu-bridge"]).stdout
+        # a checkout (or venv) under /tmp is hidden by the unit's PrivateTmp=: a drop-in of its
+        # own binds it back in (the test's install, kept when step 6 runs the unit as shipped)
+        under_tmp = sorted({p for p in (str(ROOT), sys.prefix) if p == "/tmp" or p.startswith("/tmp/")})
+        if under_tmp:
+            put(box, "/etc/systemd/system/gpu-bridge.service.d/checkout.conf",
+                "[Service]\n" + "".join(f"BindReadOnlyPaths={p}\n" for p in under_tmp))
         put(box, "/etc/systemd/system/gpu-bridge.service.d/sandbox.conf",
             "# The sandbox's SlurmUser is root; without slurmdbd the daemon runs as SlurmUser (see the unit).\n"
             "[Service]\nUser=root\nGroup=root\n")

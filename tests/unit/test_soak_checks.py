@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bridge.leader import default_identity
 from gpu_bridge_lab.sandbox import soak as S
 
 
@@ -159,6 +161,12 @@ def test_a_failed_run_without_that_evidence_is_a_violation(tmp_path: Path) -> No
         so.check_jobs()
         assert [v.kind for v in so.violations] == ["job-ended-badly", "job-work"], (kills, line)
         assert so.failed_by_slurm == []
+
+
+def test_holder_pid_reads_the_daemons_lease_identity() -> None:
+    assert S.holder_pid(default_identity()) == os.getpid()
+    assert S.holder_pid("gpu-host-a-1234-9fdd5f") == 1234
+    assert S.holder_pid("vm-1234") is None and S.holder_pid("") is None
 
 
 def _reliability_script():  # type: ignore[no-untyped-def]

@@ -211,6 +211,12 @@ def non_startable_jobs(ctld_log: Path) -> dict[str, list[float]]:
     return _ctld_log_times(ctld_log, _NON_STARTABLE)
 
 
+def holder_pid(identity: str) -> int | None:
+    """The pid in a daemon's Lease identity (``hostname-pid-suffix``, bridge.leader.default_identity)."""
+    parts = identity.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
 def slurm_usable(state: str) -> bool:
     """A node Slurm may start a research job on: no DRAIN/DOWN/FAIL, responding, registered."""
     base = state.split("|", 1)[0]
@@ -380,8 +386,8 @@ class Soak:
                                        "--request-timeout=5s"]))
         except (RuntimeError, subprocess.TimeoutExpired, ValueError):
             return None
-        holder = str((doc.get("spec") or {}).get("holderIdentity") or "")
-        return next((d for d in self.h.daemons if d.alive() and holder.endswith(f"-{d.pid}")), None)
+        pid = holder_pid(str((doc.get("spec") or {}).get("holderIdentity") or ""))
+        return next((d for d in self.h.daemons if d.alive() and d.pid == pid), None)
 
     @staticmethod
     def _ns() -> str:

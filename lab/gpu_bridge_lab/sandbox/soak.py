@@ -19,7 +19,7 @@ and at the end:
 4. every submitted job COMPLETED with its work done exactly once (below);
 5. after the faults stop, every node is serving or lent and its phase agrees with Slurm
    (serving: drained by gpu-bridge; lent: usable by Slurm);
-6. only the Lease holder wrote: every write a daemon logged lies within its own leadership
+6. after the faults a running daemon holds the Lease, and only the Lease holder wrote: every write a daemon logged lies within its own leadership
    (from acquiring the Lease to losing, releasing or dying), and no other daemon acquired the
    Lease between that acquisition and the write.
 
@@ -382,18 +382,13 @@ class Soak:
     def lease_holder(self) -> DaemonProc | None:
         """The running daemon that holds the Lease now (read through kubectl)."""
         try:
-            doc = json.loads(self.cli(["kubectl", "get", "lease", wk.LEASE_NAME, "-n", self._ns(), "-o", "json",
+            ns = str(self.h.config_doc()["daemon"]["lease_namespace"])  # the daemons' own (RBAC: gpu-bridge)
+            doc = json.loads(self.cli(["kubectl", "get", "lease", wk.LEASE_NAME, "-n", ns, "-o", "json",
                                        "--request-timeout=5s"]))
         except (RuntimeError, subprocess.TimeoutExpired, ValueError):
             return None
         pid = holder_pid(str((doc.get("spec") or {}).get("holderIdentity") or ""))
         return next((d for d in self.h.daemons if d.alive() and d.pid == pid), None)
-
-    @staticmethod
-    def _ns() -> str:
-        from gpu_bridge_lab.sandbox import serving
-
-        return serving.NAMESPACE
 
     def _signal_component(self, name: str, sig: int) -> None:
         if name in self.h.sb.records:
@@ -707,6 +702,9 @@ class Soak:
             self.h.load(HIGH)
             poll(self.h.all_serving, 120, 0.5)  # settle: reclaim everything (no job left)
             self.check_phases()
+            if poll(lambda: self.lease_holder() is not None, 30, 0.5) is None:
+                # (also what the leader-pause fault relies on: it pauses the daemon found here)
+                self.violation("no-leader", "after the faults, no running daemon holds the Lease (read with kubectl)")
             for d in self.h.daemons:
                 d.stop()
             self.check_lease_writes()

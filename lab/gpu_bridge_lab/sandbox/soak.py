@@ -19,9 +19,10 @@ and at the end:
 4. every submitted job COMPLETED with its work done exactly once (below);
 5. after the faults stop, every node is serving or lent and its phase agrees with Slurm
    (serving: drained by gpu-bridge; lent: usable by Slurm);
-6. after the faults a running daemon holds the Lease, and only the Lease holder wrote: every write a daemon logged lies within its own leadership
-   (from acquiring the Lease to losing, releasing or dying), and no other daemon acquired the
-   Lease between that acquisition and the write.
+6. after the faults a running daemon holds the Lease, and only the Lease holder wrote: every
+   write a daemon logged lies within its own leadership (from acquiring the Lease to losing,
+   releasing or dying), and no other daemon acquired the Lease between that acquisition and
+   the write.
 
 **Exactly once.** A job has N units of work. After a unit it appends ``unit <i> <job> <run>``
 to its units file in one ``write`` (its checkpoint: a run resumes at the number of units

@@ -38,7 +38,7 @@ from kubernetes import client as k8s
 from bridge import wellknown
 from gpu_bridge_lab.sandbox import nspawn
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
-from gpu_bridge_lab.sandbox.e2e import World, put_load, wait_until
+from gpu_bridge_lab.sandbox.e2e import World, lease_identity, put_load, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
 # the first run builds the Debian 12 tree (about 80 s) inside the fixture
@@ -299,9 +299,9 @@ def test_unit_under_real_systemd(svc: Svc) -> None:
     pid2 = int(st2["MainPID"])
     # the new daemon converges: it leads again and the pool stays lent down to MIN_SERVING
     # identity: hostname-pid-suffix (bridge.leader.default_identity): the new process holds it
-    host = holder.rsplit("-", 2)[0]
-    assert holder.rsplit("-", 2)[1:2] == [str(pid1)], holder
-    wait_until(lambda: (svc.lease_holder() or "").startswith(f"{host}-{pid2}-"), 30, "the new daemon to take the Lease")
+    ident = lease_identity(holder)
+    assert ident is not None and ident[1] == pid1, holder
+    wait_until(lambda: lease_identity(svc.lease_holder() or "") == (ident[0], pid2), 30, "the new daemon to take the Lease")
     wait_until(lambda: list(w.phases().values()).count("lent") == NODES - MIN_SERVING
                and all(p in ("lent", "serving") for p in w.phases().values()), 60, "phases to settle")
     ticks_after = [e for e in svc.events() if e.get("event") == "starting"]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
 from bridge.leader import default_identity
 from gpu_bridge_lab.sandbox import soak as S
+from gpu_bridge_lab.sandbox.e2e import lease_identity
 
 
 class _H:
@@ -22,6 +24,7 @@ def _soak(d: Path) -> S.Soak:
     so = S.Soak.__new__(S.Soak)
     so.h = _H(d)  # type: ignore[assignment]
     so.violations, so.noop_reruns, so.lost, so.ctld_kills, so.slurm_double_starts = [], [], [], [], []
+    so.failed_by_slurm = []
     so.lock = threading.Lock()
     so.say = lambda _s: None
     so.t0 = 0.0
@@ -130,7 +133,6 @@ class _Slurm:
 def _failed_job(tmp_path: Path, kills: list[float], log_line: str) -> S.Soak:
     """Seed 306's job 60: run started at 100.0 s, slurmctld SIGKILLed (kills), Slurm failed it."""
     so = _soak(tmp_path)
-    so.failed_by_slurm = []
     log = tmp_path / "slurmctld.log"
     log.write_text(log_line)
     so.h.sb = type("SB", (), {"slurm": _Slurm(log)})()  # type: ignore[attr-defined]
@@ -163,10 +165,10 @@ def test_a_failed_run_without_that_evidence_is_a_violation(tmp_path: Path) -> No
         assert so.failed_by_slurm == []
 
 
-def test_holder_pid_reads_the_daemons_lease_identity() -> None:
-    assert S.holder_pid(default_identity()) == os.getpid()
-    assert S.holder_pid("gpu-host-a-1234-9fdd5f") == 1234
-    assert S.holder_pid("vm-1234") is None and S.holder_pid("") is None
+def test_lease_identity_reads_the_daemons_lease_identity() -> None:
+    assert lease_identity(default_identity()) == (socket.gethostname(), os.getpid())
+    assert lease_identity("gpu-host-a-1234-9fdd5f") == ("gpu-host-a", 1234)
+    assert lease_identity("vm-1234") is None and lease_identity("") is None
 
 
 def _reliability_script():  # type: ignore[no-untyped-def]

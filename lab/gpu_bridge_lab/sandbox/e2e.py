@@ -53,6 +53,13 @@ def wait_until(check: Callable[[], Any], timeout_s: float, what: str, poll_s: fl
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def lease_identity(identity: str) -> tuple[str, int] | None:
+    """(hostname, pid) of a daemon's Lease identity, ``hostname-pid-suffix``
+    (bridge.leader.default_identity); None for any other holder."""
+    parts = identity.rsplit("-", 2)
+    return (parts[0], int(parts[1])) if len(parts) == 3 and parts[1].isdigit() else None
+
+
 def poll(check: Callable[[], Any], timeout_s: float, poll_s: float = 0.25) -> Any:
     """Like ``wait_until`` but returns None on timeout (for "did it happen?" questions)."""
     deadline = time.monotonic() + timeout_s

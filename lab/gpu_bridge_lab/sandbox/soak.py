@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from bridge import wellknown as wk
-from gpu_bridge_lab.sandbox.daemon_config import write_config
-from gpu_bridge_lab.sandbox.e2e import DaemonProc, event_time, poll, read_events, write_events
+from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, write_config
+from gpu_bridge_lab.sandbox.e2e import DaemonProc, event_time, lease_identity, poll, read_events, write_events
 from gpu_bridge_lab.sandbox.reliability import GRACE_S, HIGH, LOW, Harness
 
 BAD_JOB_STATES = frozenset({"TIMEOUT", "FAILED", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -210,12 +210,6 @@ def non_startable_jobs(ctld_log: Path) -> dict[str, list[float]]:
     """job id -> when slurmctld failed a batch job slurmd refused to launch again ("Job
     credential revoked": slurmd had killed the run the restarted controller did not know of)."""
     return _ctld_log_times(ctld_log, _NON_STARTABLE)
-
-
-def holder_pid(identity: str) -> int | None:
-    """The pid in a daemon's Lease identity (``hostname-pid-suffix``, bridge.leader.default_identity)."""
-    parts = identity.rsplit("-", 2)
-    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def slurm_usable(state: str) -> bool:
@@ -383,13 +377,13 @@ class Soak:
     def lease_holder(self) -> DaemonProc | None:
         """The running daemon that holds the Lease now (read through kubectl)."""
         try:
-            ns = str(self.h.config_doc()["daemon"]["lease_namespace"])  # the daemons' own (RBAC: gpu-bridge)
+            ns = daemon_identity(self.h.sb)["lease_namespace"]  # the daemons' own (RBAC: gpu-bridge)
             doc = json.loads(self.cli(["kubectl", "get", "lease", wk.LEASE_NAME, "-n", ns, "-o", "json",
                                        "--request-timeout=5s"]))
         except (RuntimeError, subprocess.TimeoutExpired, ValueError):
             return None
-        pid = holder_pid(str((doc.get("spec") or {}).get("holderIdentity") or ""))
-        return next((d for d in self.h.daemons if d.alive() and d.pid == pid), None)
+        holder = lease_identity(str((doc.get("spec") or {}).get("holderIdentity") or ""))
+        return next((d for d in self.h.daemons if d.alive() and holder is not None and d.pid == holder[1]), None)
 
     def _signal_component(self, name: str, sig: int) -> None:
         if name in self.h.sb.records:
@@ -466,6 +460,10 @@ class Soak:
         f = self.h.job_dir / f"runs-{j.tag}"
         return f.read_text().splitlines() if f.exists() else []
 
+    def _starts(self, j: SoakJob) -> list[tuple[str, float]]:
+        """(SLURM_RESTART_COUNT, wall time) of each run's ``start`` line, in file order."""
+        return [(f[2], float(f[4])) for f in (x.split() for x in self._runs(j)) if f[0] == "start" and len(f) >= 5]
+
     def judge_lost_submissions(self) -> None:
         """A submission slurmctld had not saved when it was SIGKILLed is gone after the restart
         (its StateSaveLocation is written asynchronously; the id is handed out again). Slurm's
@@ -507,8 +505,7 @@ class Soak:
         for j in self.jobs.values():
             if not j.ended_badly or j.lost:
                 continue
-            starts = [float(x.split()[4]) for x in self._runs(j) if x.startswith("start ") and len(x.split()) >= 5]
-            last = max(starts, default=None)
+            last = max((t for _, t in self._starts(j)), default=None)
             kills = [k for k in self.ctld_kills if last is not None and last <= k <= last + SLURM_UNSAVED_WINDOW_S]
             when = [t for t in failed.get(j.job_id, []) if kills and t >= kills[0]]
             final = j.states[-1] if j.states else ""
@@ -566,10 +563,8 @@ class Soak:
         """Evidence that Slurm ran the same run of a job twice: two starts with the same
         SLURM_RESTART_COUNT with a SIGKILL of slurmctld between them ("" if not so)."""
         starts: dict[str, list[float]] = {}
-        for x in self._runs(j):
-            f = x.split()
-            if f[0] == "start" and len(f) >= 5:
-                starts.setdefault(f[2], []).append(float(f[4]))
+        for run, t in self._starts(j):
+            starts.setdefault(run, []).append(t)
         for run, times in sorted(starts.items()):
             if len(times) > 1:
                 first, second = sorted(times)[:2]

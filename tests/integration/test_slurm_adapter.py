@@ -100,14 +100,21 @@ def test_hold_preempts_research_job_and_daemon_requeues_at_grace_end(slurm_clean
     assert not preempted.grace_over(time.time())  # type: ignore[union-attr]
     while not preempted.grace_over(time.time()):  # type: ignore[union-attr]
         time.sleep(0.1)
-    assert slurm.requeue(jid) is True
+    # Slurm may requeue it itself at the same moment (seen once on 24.11, in a full suite run):
+    # then ours finds it no longer running and does nothing. Either way the job must be requeued
+    # at the grace end, never cancelled (checked below: restart count 1).
+    by_us = slurm.requeue(jid)
     t_requeue = time.time()
+    if not by_us:
+        now = job(slurm, jid)
+        assert now is not None and now.state in ("pending", "requeued", "completing"), now
     wait_until(lambda: slurm.holds().get(node) is not None and slurm.holds()[node].state == "running", 20, "hold running")
     t_hold = time.time()
     victim = job(slurm, jid)
     assert victim is not None and victim.restart_count == 1 and victim.state in ("pending", "running")
     assert (tmp_path / "out").read_text().count("usr1") >= 1
-    print(f"\nadapter reclaim: preempt decided {t_preempt - t0:.2f} s, requeued by us {t_requeue - t0:.2f} s, "
+    print(f"\nadapter reclaim: preempt decided {t_preempt - t0:.2f} s, requeued by {'us' if by_us else 'Slurm'} "
+          f"{t_requeue - t0:.2f} s, "
           f"hold running {t_hold - t0:.2f} s after submit_hold (GraceTime {sb.grace_s} s)")
     assert sb.grace_s <= t_hold - t0 < sb.grace_s + 6
     # lending the node again: drop the hold, research jobs may come back

@@ -3,6 +3,8 @@
 
     .venv/bin/python scripts/bench_harvest.py [--days 14] [--seed 1] [--config FILE]
                                               [--set pools.0.headroom=0.1 ...] [--max-cv X]
+    .venv/bin/python scripts/bench_harvest.py --suite [--seeds 1 2 3] [--history-days 1]
+    .venv/bin/python scripts/bench_harvest.py --day-slices [--trace FILE ...]
 
 Setup: 24 nodes x 4 GPUs, the busiest 10-minute window needs 20 replicas, 5-min cold
 start, 2-min Slurm grace, the config's other defaults. Prints the table of the four policies
@@ -76,7 +78,11 @@ def main() -> int:
     ap.add_argument("--suite", action="store_true", help="suite mode over the development traces in bridge/data/traces")
     ap.add_argument("--history-days", type=float, default=0.0, help="days of each trace given as history before the run")
     ap.add_argument("--cold-start-cv", type=float, default=COLD_START_CV, help="cv of the drawn cold starts (mean 300 s)")
+    ap.add_argument("--day-slices", action="store_true",
+                    help="suite mode: every whole day of each trace as its own one-day trace, no history")
     args = ap.parse_args()
+    if args.day_slices:
+        return day_slices(args)
     if args.trace or args.suite:
         return suite(args)
 
@@ -317,6 +323,64 @@ def _suite_one(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         if k in holds or k in misses:
             print(f"summary {k}: holds on {', '.join(holds[k]) or 'none'}" + (f"; MISSED on {', '.join(misses[k])}" if misses[k] else ""))
     return out
+
+
+def day_slices(args: argparse.Namespace) -> int:
+    """Each whole day of each trace run as a trace of its own: a fresh pool, no history, scaled
+    so that the day's busiest window needs ``--peak-replicas`` (what a new user does with a
+    one-day trace). Per trace: on how many days the SLO target and the fixed-window target
+    hold, the median and lowest share of the oracle, the days that miss."""
+    cfg = load_config(args.config) if args.config else default_config()
+    if args.set:
+        cfg = set_keys(cfg, args.set)
+    cfg = apply_overrides(cfg, cold_start_s=300.0, grace_s=120.0, victims="bridge")
+    data = Path(__file__).resolve().parents[1] / "bridge" / "data" / "traces"
+    paths = list(args.trace or []) + ([str(data / n) for n in SUITE] if args.suite or not args.trace else [])
+    print(
+        f"one-day slices: {args.nodes} nodes x 4 GPUs, each day's busiest 10-min window = {args.peak_replicas:g} replicas, "
+        f"no history, seed {args.seed}; slo_budget {cfg.pools[0].slo_budget:g}" + (f"; overrides {', '.join(args.set)}" if args.set else "")
+    )
+    head = (
+        f"{'trace':<22} {'days':>4} {'slo ok':>6} {'>=fixed':>7} {'%oracle med':>11} {'min':>6} "
+        f"{'bridge GPU-h':>12} {'fixed':>7} {'oracle':>7} {'viol':>5} {'oracle':>6}  misses (day: what)"
+    )
+    print(head)
+    print("-" * len(head))
+    for path in paths:
+        name = Path(path).name.removesuffix(".csv")
+        trace = load_trace(path)
+        per_day = int(round(86400.0 / trace.window_s))
+        rows = []
+        for day in range(len(trace.rates) // per_day):
+            lo, hi = day * per_day, (day + 1) * per_day
+            one = dataclasses.replace(
+                trace, starts_s=tuple(t - trace.starts_s[lo] for t in trace.starts_s[lo:hi]),
+                rates=trace.rates[lo:hi], cvs=trace.cvs[lo:hi],
+            )
+            w = build_workload(one, peak_replicas=args.peak_replicas, seed=args.seed, max_cv=args.max_cv)
+            setup = Setup(cfg, w, args.nodes, 4, seed=args.seed, cold_start_cv=args.cold_start_cv)
+            m = {pol: simulate(setup, make_controller(pol, setup)).metrics for pol in ("bridge", "fixed-window", "oracle")}
+            rows.append((day, m["bridge"], m["fixed-window"], m["oracle"]))
+        slo = [r for r in rows if r[1].slo_violation_minutes <= r[3].slo_violation_minutes + 0.001 * r[1].trace_minutes]
+        fix = [r for r in rows if r[1].lent_gpu_hours >= r[2].lent_gpu_hours]
+        frac = [r[1].lent_gpu_hours / max(r[3].lent_gpu_hours, 1e-9) for r in rows]
+        misses = [
+            f"{d}: " + ", ".join(
+                ([f"{b.slo_violation_minutes} viol (oracle {o.slo_violation_minutes})"]
+                 if b.slo_violation_minutes > o.slo_violation_minutes + 0.001 * b.trace_minutes else [])
+                + ([f"{b.lent_gpu_hours:.0f} < fixed {f.lent_gpu_hours:.0f} GPU-h"] if b.lent_gpu_hours < f.lent_gpu_hours else [])
+            )
+            for d, b, f, o in rows
+            if b.slo_violation_minutes > o.slo_violation_minutes + 0.001 * b.trace_minutes or b.lent_gpu_hours < f.lent_gpu_hours
+        ]
+        print(
+            f"{name:<22} {len(rows):4d} {len(slo):6d} {len(fix):7d} {float(np.median(frac)):11.1%} {min(frac):6.1%} "
+            f"{sum(r[1].lent_gpu_hours for r in rows):12.0f} {sum(r[2].lent_gpu_hours for r in rows):7.0f} "
+            f"{sum(r[3].lent_gpu_hours for r in rows):7.0f} {sum(r[1].slo_violation_minutes for r in rows):5d} "
+            f"{sum(r[3].slo_violation_minutes for r in rows):6d}  {'; '.join(misses) or '-'}",
+            flush=True,
+        )
+    return 0
 
 
 def frontier(setup: Setup, rb: Result, ro: Result) -> None:

@@ -66,3 +66,23 @@ def test_bench_harvest_suite_over_seeds_prints_the_worst_case_per_trace() -> Non
     i = next(i for i, line in enumerate(lines) if line.startswith("worst case over seeds 1, 2"))
     worst = lines[i + 1]
     assert worst.strip().startswith("azure2024-code") and "%oracle min" in worst and "viol max" in worst, worst
+
+
+def test_bench_harvest_day_slices_runs_each_whole_day_as_a_trace_of_its_own(tmp_path: Path) -> None:
+    src = (ROOT / "bridge" / "data" / "traces" / "azure2024-code.csv").read_text().splitlines()
+    head = next(i for i, line in enumerate(src) if line.startswith("window_start_s"))
+    two_days = tmp_path / "two-days.csv"  # 2 whole days and a half: the half day is not a slice
+    two_days.write_text("\n".join(src[: head + 1 + 2 * 144 + 72]) + "\n")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_harvest.py"), "--day-slices", "--trace", str(two_days)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("two-days ")]
+    assert len(rows) == 1, out.stdout
+    days, slo_ok, above_fixed = (int(x) for x in rows[0].split()[1:4])
+    assert days == 2 and 0 <= slo_ok <= 2 and 0 <= above_fixed <= 2, rows[0]
+    assert "%" in rows[0].split()[4], rows[0]

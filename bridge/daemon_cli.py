@@ -9,14 +9,15 @@ import sys
 import threading
 import time
 from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from bridge import logs, sdnotify, wellknown
 from bridge.config import Config, load_config
 from bridge.adapters.kube.objects import NodeInfo
 from bridge.adapters.protocols import Leader
 from bridge.daemon import Daemon, TickResult
-from bridge.errors import AdapterError, BridgeError, ConfigError
+from bridge.errors import BridgeError, ConfigError
 from bridge.leader import LeaderElector, LeaseKeeper
 from bridge.metrics import BridgeMetrics, serve
 from bridge.model import Phase, Pin
@@ -64,6 +65,9 @@ def register_cli(subparsers: Any) -> None:
     plan.set_defaults(func=cmd_plan)
 
 
+T = TypeVar("T")
+
+
 def _load(path: str) -> Config:
     check_private_file(path, what="config")
     return load_config(path)
@@ -78,17 +82,29 @@ def _fail(exc: BridgeError) -> int:
     return 1
 
 
-def _one_shot(args: argparse.Namespace) -> tuple[Config, Adapters, Daemon]:
-    config = _load(args.config)
-    adapters = build_adapters(config, dry_run=True, leader=False)
-    if not adapters.kube.cache_status().synced:
-        deadline = time.monotonic() + config.kubernetes.timeout_s
-        while time.monotonic() < deadline and not adapters.kube.cache_status().synced:
-            time.sleep(0.05)
-    daemon = Daemon(
-        config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools, dry_run=True
-    )
-    return config, adapters, daemon
+def _one_shot(args: argparse.Namespace, step: Callable[[Daemon], T]) -> tuple[Daemon, T] | int:
+    """``status`` and ``plan``: a dry-run daemon on the config's adapters (its Kubernetes cache
+    given up to ``kubernetes.timeout_s`` to sync), ``step`` run on it once, the adapters closed
+    whatever happens. The daemon and what ``step`` returned, or the exit code of a failure."""
+    logs.configure(json=True, level="warning")
+    try:
+        config = _load(args.config)
+        adapters = build_adapters(config, dry_run=True, leader=False)
+    except BridgeError as exc:
+        return _fail(exc)
+    try:
+        if not adapters.kube.cache_status().synced:
+            deadline = time.monotonic() + config.kubernetes.timeout_s
+            while time.monotonic() < deadline and not adapters.kube.cache_status().synced:
+                time.sleep(0.05)
+        daemon = Daemon(
+            config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools, dry_run=True
+        )
+        return daemon, step(daemon)
+    except BridgeError as exc:
+        return _fail(exc)
+    finally:
+        adapters.close()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -253,18 +269,10 @@ def status_table(rows: list[dict[str, Any]]) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    logs.configure(json=True, level="warning")
-    try:
-        _config, adapters, daemon = _one_shot(args)
-    except BridgeError as exc:
-        return _fail(exc)
-    try:
-        obs = daemon.observe(time.time())
-    except AdapterError as exc:
-        return _fail(exc)
-    finally:
-        adapters.close()
-    rows = status_rows(obs)
+    got = _one_shot(args, lambda daemon: daemon.observe(time.time()))
+    if isinstance(got, int):
+        return got
+    rows = status_rows(got[1])
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -303,18 +311,10 @@ def _asdict(obj: Any) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    logs.configure(json=True, level="warning")
-    try:
-        _config, adapters, daemon = _one_shot(args)
-    except BridgeError as exc:
-        return _fail(exc)
-    try:
-        daemon.tick()
-    except AdapterError as exc:
-        return _fail(exc)
-    finally:
-        adapters.close()
-    _print_plan(daemon, as_json=args.json)
+    got = _one_shot(args, lambda daemon: daemon.tick())
+    if isinstance(got, int):
+        return got
+    _print_plan(got[0], as_json=args.json)
     return 0
 
 

@@ -1,0 +1,78 @@
+"""``gpu-bridge status`` and ``gpu-bridge plan``: a failure of the outside systems (or of the
+daemon's set-up) is a one-line error and exit 1, and the adapters (watches, connections) are
+closed on every path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bridge import cli, daemon_cli
+from bridge.config import default_config, to_dict
+from bridge.errors import AdapterError
+from gpu_bridge_lab.sandbox.daemon_config import write_config
+
+
+def _setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemon: Any) -> list[str]:
+    closed: list[str] = []
+    adapters = SimpleNamespace(
+        kube=SimpleNamespace(cache_status=lambda: SimpleNamespace(synced=True)),
+        slurm=None, prom=None, prom_pools={}, close=lambda: closed.append("closed"),
+    )
+    monkeypatch.setattr(daemon_cli, "build_adapters", lambda *a, **k: adapters)
+    monkeypatch.setattr(daemon_cli, "Daemon", daemon)
+    return closed
+
+
+class _Down:
+    def __init__(self, *_a: Any, **_k: Any) -> None:
+        pass
+
+    def observe(self, _now: float) -> None:
+        raise AdapterError("kubernetes", "GET /api/v1/nodes: connection refused")
+
+    def tick(self) -> None:
+        raise AdapterError("slurm", "squeue failed (rc 1): slurm_load_jobs error")
+
+
+class _Broken:
+    def __init__(self, *_a: Any, **_k: Any) -> None:
+        raise AdapterError("prometheus", "query_range answered garbage")
+
+
+@pytest.mark.parametrize("command, said", [("status", "kubernetes: GET /api/v1/nodes"), ("plan", "slurm: squeue failed")])
+def test_an_outside_failure_is_one_line_and_exit_1_and_the_adapters_are_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str, said: str
+) -> None:
+    cfg = write_config(tmp_path / "gpu-bridge.yaml", to_dict(default_config()))
+    closed = _setup(tmp_path, monkeypatch, _Down)
+    assert cli.main([command, "--config", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("gpu-bridge: " + said) and err.count("\n") == 1, err
+    assert closed == ["closed"]
+
+
+@pytest.mark.parametrize("command", ["status", "plan"])
+def test_a_daemon_that_cannot_be_set_up_still_closes_the_adapters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    cfg = write_config(tmp_path / "gpu-bridge.yaml", to_dict(default_config()))
+    closed = _setup(tmp_path, monkeypatch, _Broken)
+    assert cli.main([command, "--config", str(cfg)]) == 1
+    assert "prometheus: query_range answered garbage" in capsys.readouterr().err
+    assert closed == ["closed"]
+
+
+def test_a_bad_config_names_the_key_and_opens_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = to_dict(default_config())
+    doc["policy"]["tick_s"] = -1
+    cfg = write_config(tmp_path / "gpu-bridge.yaml", doc)
+    closed = _setup(tmp_path, monkeypatch, _Down)
+    assert cli.main(["plan", "--config", str(cfg)]) == 1
+    assert "policy.tick_s" in capsys.readouterr().err
+    assert closed == []

@@ -244,25 +244,36 @@ def suite(args: argparse.Namespace) -> int:
     return 0
 
 
-def _suite_one(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """One seed of the suite: prints its table, returns per trace the numbers and targets."""
+def _suite_setup(args: argparse.Namespace, *, default_suite: bool = False) -> tuple[Config, list[str]]:
+    """The config of the suite modes (``--config``, ``--set``, the benchmark's delays) and the
+    trace files (``--trace``, then the development set with ``--suite``, or by default)."""
     cfg = load_config(args.config) if args.config else default_config()
     if args.set:
         cfg = set_keys(cfg, args.set)
     cfg = apply_overrides(cfg, cold_start_s=300.0, grace_s=120.0, victims="bridge")
     data = Path(__file__).resolve().parents[1] / "bridge" / "data" / "traces"
-    paths = list(args.trace or []) + ([str(data / n) for n in SUITE] if args.suite else [])
-    print(
-        f"suite: {args.nodes} nodes x 4 GPUs, busiest 10-min window = {args.peak_replicas:g} replicas, cold start 300 s "
-        f"(lognormal, cv {args.cold_start_cv:g}), grace 120 s, seed {args.seed}, history {args.history_days:g} days; "
-        f"slo_budget {cfg.pools[0].slo_budget:g}" + (f"; overrides {', '.join(args.set)}" if args.set else "")
-    )
-    head = (
-        f"{'trace':<22} {'days':>5} {'bridge GPU-h':>12} {'oracle':>8} {'fixed':>8} {'%oracle':>8} {'x fixed':>7} "
-        f"{'viol':>5} {'oracle':>6} {'fixed':>6} {'allowed':>7} {'margin':>11} {'CPU s':>6}  targets"
-    )
+    dev_set = args.suite or (default_suite and not args.trace)
+    return cfg, list(args.trace or []) + ([str(data / n) for n in SUITE] if dev_set else [])
+
+
+def _header(args: argparse.Namespace, cfg: Config, setup: str, head: str) -> str:
+    """Print a suite mode's set-up line (with the budget and the overrides) and its column heads."""
+    print(f"{setup}; slo_budget {cfg.pools[0].slo_budget:g}" + (f"; overrides {', '.join(args.set)}" if args.set else ""))
     print(head)
     print("-" * len(head))
+    return head
+
+
+def _suite_one(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """One seed of the suite: prints its table, returns per trace the numbers and targets."""
+    cfg, paths = _suite_setup(args)
+    head = _header(
+        args, cfg,
+        f"suite: {args.nodes} nodes x 4 GPUs, busiest 10-min window = {args.peak_replicas:g} replicas, cold start 300 s "
+        f"(lognormal, cv {args.cold_start_cv:g}), grace 120 s, seed {args.seed}, history {args.history_days:g} days",
+        f"{'trace':<22} {'days':>5} {'bridge GPU-h':>12} {'oracle':>8} {'fixed':>8} {'%oracle':>8} {'x fixed':>7} "
+        f"{'viol':>5} {'oracle':>6} {'fixed':>6} {'allowed':>7} {'margin':>11} {'CPU s':>6}  targets",
+    )
     worst: dict[str, tuple[float, str]] = {}
     out: dict[str, dict[str, Any]] = {}
     holds: dict[str, list[str]] = collections.defaultdict(list)
@@ -330,22 +341,14 @@ def day_slices(args: argparse.Namespace) -> int:
     so that the day's busiest window needs ``--peak-replicas`` (what a new user does with a
     one-day trace). Per trace: on how many days the SLO target and the fixed-window target
     hold, the median and lowest share of the oracle, the days that miss."""
-    cfg = load_config(args.config) if args.config else default_config()
-    if args.set:
-        cfg = set_keys(cfg, args.set)
-    cfg = apply_overrides(cfg, cold_start_s=300.0, grace_s=120.0, victims="bridge")
-    data = Path(__file__).resolve().parents[1] / "bridge" / "data" / "traces"
-    paths = list(args.trace or []) + ([str(data / n) for n in SUITE] if args.suite or not args.trace else [])
-    print(
+    cfg, paths = _suite_setup(args, default_suite=True)
+    _header(
+        args, cfg,
         f"one-day slices: {args.nodes} nodes x 4 GPUs, each day's busiest 10-min window = {args.peak_replicas:g} replicas, "
-        f"no history, seed {args.seed}; slo_budget {cfg.pools[0].slo_budget:g}" + (f"; overrides {', '.join(args.set)}" if args.set else "")
-    )
-    head = (
+        f"no history, seed {args.seed}",
         f"{'trace':<22} {'days':>4} {'slo ok':>6} {'>=fixed':>7} {'%oracle med':>11} {'min':>6} "
-        f"{'bridge GPU-h':>12} {'fixed':>7} {'oracle':>7} {'viol':>5} {'oracle':>6}  misses (day: what)"
+        f"{'bridge GPU-h':>12} {'fixed':>7} {'oracle':>7} {'viol':>5} {'oracle':>6}  misses (day: what)",
     )
-    print(head)
-    print("-" * len(head))
     for path in paths:
         name = Path(path).name.removesuffix(".csv")
         trace = load_trace(path)

@@ -34,21 +34,32 @@ from bridge.errors import SandboxError
 from gpu_bridge_lab.sandbox.cluster import Sandbox
 
 
-def _short_tmpdir(prefix: str) -> Path:
-    # Unix socket paths live under the sandbox dir: keep it short (pytest's tmp_path is long).
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+@contextlib.contextmanager
+def _scratch(prefix: str) -> Iterator[Path]:
+    """A fresh directory under /tmp for the block, removed after it. Unix socket paths live
+    under a sandbox's dir: keep it short (pytest's tmp_path is long)."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _running(sb: Sandbox) -> Iterator[Sandbox]:
+    """``sb`` up for the block (``up`` stops what it started if it fails), then every job
+    cancelled (``cancel_all_jobs``) and ``sb`` down."""
+    with sb:
+        try:
+            yield sb
+        finally:
+            cancel_all_jobs(sb)
 
 
 @pytest.fixture(scope="session")
 def slurm_sandbox() -> Iterator[Sandbox]:
-    d = _short_tmpdir("gbsb-")
-    sb = Sandbox(d, nodes=4, grace_s=10)
-    try:
-        sb.up()
+    with _scratch("gbsb-") as d, _running(Sandbox(d, nodes=4, grace_s=10)) as sb:
         yield sb
-    finally:
-        sb.down()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
@@ -59,9 +70,8 @@ def slurm_clean(slurm_sandbox: Sandbox) -> Iterator[Sandbox]:
 
 @pytest.fixture
 def sandbox_dir() -> Iterator[Path]:
-    d = _short_tmpdir("gbsx-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with _scratch("gbsx-") as d:
+        yield d
 
 
 class SlurmOnly:
@@ -90,20 +100,13 @@ class SlurmOnly:
 @contextlib.contextmanager
 def slurm_only(**options: Any) -> Iterator[SlurmOnly]:
     """``with slurm_only(nodes=1, job_requeue=0, ...) as c:``: Sandbox options as keywords."""
-    d = _short_tmpdir("gbso-")
-    d.chmod(0o755)  # munged (user munge) and jobs of user nobody must reach the sandbox dir
-    work = d / "work"
-    work.mkdir()
-    work.chmod(0o777)
-    try:
-        sb = Sandbox(d / "sb", prometheus=False, vllm=False, **options).up()  # stops what it started if it fails
-        try:
+    with _scratch("gbso-") as d:
+        d.chmod(0o755)  # munged (user munge) and jobs of user nobody must reach the sandbox dir
+        work = d / "work"
+        work.mkdir()
+        work.chmod(0o777)
+        with _running(Sandbox(d / "sb", prometheus=False, vllm=False, **options)) as sb:
             yield SlurmOnly(sb, work)
-        finally:
-            cancel_all_jobs(sb)
-            sb.down()
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def cancel_all_jobs(sb: Sandbox, timeout_s: float = 20.0) -> None:
@@ -125,20 +128,15 @@ def slurm2411_sandbox() -> Iterator[Sandbox]:
     from gpu_bridge_lab.sandbox import nspawn
 
     tree = nspawn.ensure_tree("trixie")
-    d = _short_tmpdir("gb24-")
-    box = nspawn.Container(tree, binds=["/tmp"], log_path=d / "nspawn.log").start()
-    try:
-        sb = Sandbox(d, nodes=4, grace_s=10, prometheus=False, vllm=False,
-                     slurm_command_prefix=box.host_pid_prefix(), slurm_root=tree)
+    with _scratch("gb24-") as d:
+        box = nspawn.Container(tree, binds=["/tmp"], log_path=d / "nspawn.log").start()
         try:
-            sb.up()
-            yield sb
+            sb = Sandbox(d, nodes=4, grace_s=10, prometheus=False, vllm=False,
+                         slurm_command_prefix=box.host_pid_prefix(), slurm_root=tree)
+            with _running(sb):
+                yield sb
         finally:
-            cancel_all_jobs(sb)
-            sb.down()
-    finally:
-        box.stop()
-        shutil.rmtree(d, ignore_errors=True)
+            box.stop()
 
 
 @pytest.fixture

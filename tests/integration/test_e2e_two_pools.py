@@ -90,10 +90,6 @@ def test_pool_a_lends_its_least_busy_node_while_pool_b_has_a_problem_node(world:
     doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf,
                          grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=1, scale_down_window_s=6,
                          min_lend_s=5, pool_b=True)
-    # compressed time, like sandbox_config's other forecast windows: a lend must fit under the
-    # peak of the last 30 s, not of the last hour, which holds the sandbox's start-up backlog
-    # (its size depends on how busy the machine was while the pods started)
-    doc["policy"]["forecast"]["lend_lookback_s"] = 30.0
     cfg = write_config(d / "gpu-bridge.yaml", doc)
     log_path = d / "daemon.log"
     daemon = DaemonProc(cfg, log_path, sb.env).start()

@@ -27,6 +27,11 @@ def test_sandbox_config_takes_the_products_defaults(tmp_path: Path) -> None:
     assert doc["policy"]["lend_timeout_s"] == product.policy.lend_timeout_s
     # what the sandbox compresses is its own
     assert doc["policy"]["tick_s"] == 2.0 and pool["cold_start_s"] == 2.0
+    # every forecast window in compressed time, the lend lookback too (the product's hour would
+    # still hold the sandbox's start-up backlog when the tests want their first lend)
+    f = doc["policy"]["forecast"]
+    assert f["lend_lookback_s"] == 30.0 < product.policy.forecast.lend_lookback_s
+    assert max(f["burst_window_s"], f["trend_window_s"], f["compare_window_s"]) <= f["lend_lookback_s"]
     cfg = load_config(write_config(tmp_path / "gpu-bridge.yaml", doc))
     assert cfg.pools[0].drain_s == 5.0 and cfg.kubernetes.kubeconfig == "/tmp/kubeconfig"
 

@@ -153,10 +153,9 @@ def _config(sb: Any, minutes: float) -> dict[str, Any]:
     doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), grace_s=GRACE_S,
                          cold_start_s=POD_START_S, min_serving=MIN_SERVING,
                          concurrency_per_replica=CONCURRENCY_PER_REPLICA,
-                         scale_down_window_s=max(5.0, 3.0 * minutes), min_lend_s=max(4.0, 2.0 * minutes))
-    # A lend must fit under the peak of the last ~2 trace hours (the production default,
-    # 3600 s, would be 12 trace days here).
-    doc["policy"]["forecast"]["lend_lookback_s"] = max(8.0, 5.0 * minutes)
+                         scale_down_window_s=max(5.0, 3.0 * minutes), min_lend_s=max(4.0, 2.0 * minutes),
+                         # a lend must fit under the peak of the last ~2 trace hours
+                         lend_lookback_s=max(8.0, 5.0 * minutes))
     return doc
 
 

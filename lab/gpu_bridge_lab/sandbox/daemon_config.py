@@ -32,6 +32,7 @@ def sandbox_config(
     tick_s: float = 2.0,
     scale_down_window_s: float = 20.0,
     min_lend_s: float = 10.0,
+    lend_lookback_s: float = 30.0,
     min_serving: int = _PRODUCT.pools[0].min_serving,
     concurrency_per_replica: float = 60.0,
     headroom: float = 0.15,
@@ -43,8 +44,11 @@ def sandbox_config(
     pool_b: bool = False,
 ) -> dict[str, Any]:
     """The YAML document (a dict, every key resolved) for a daemon run against the sandbox;
-    ``pool_b``: the second pool of ``serving.split_pool`` too, with the same settings. Raises
-    ``ConfigError`` if an argument is out of the product's bounds."""
+    ``pool_b``: the second pool of ``serving.split_pool`` too, with the same settings.
+    ``lend_lookback_s``: a lend must fit under the peak of this window; the product's hour would
+    hold the sandbox's start-up backlog (its size depends on how busy the machine was while the
+    pods started) long after it is served. Raises ``ConfigError`` if an argument is out of the
+    product's bounds."""
 
     def pool(name: str, deployment: str, model: str) -> dict[str, Any]:
         return {
@@ -86,6 +90,7 @@ def sandbox_config(
                 "burst_window_s": 10.0,
                 "trend_window_s": 20.0,
                 "compare_window_s": 30.0,
+                "lend_lookback_s": lend_lookback_s,
                 "burst_history_s": 86400.0,
                 "seasonal_lags_s": [86400.0, 604800.0],
             },

@@ -8,8 +8,8 @@ import signal
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from bridge import logs, sdnotify, wellknown

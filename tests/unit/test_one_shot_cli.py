@@ -16,7 +16,7 @@ from bridge.errors import AdapterError
 from gpu_bridge_lab.sandbox.daemon_config import write_config
 
 
-def _setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemon: Any) -> list[str]:
+def _setup(monkeypatch: pytest.MonkeyPatch, daemon: Any) -> list[str]:
     closed: list[str] = []
     adapters = SimpleNamespace(
         kube=SimpleNamespace(cache_status=lambda: SimpleNamespace(synced=True)),
@@ -48,7 +48,7 @@ def test_an_outside_failure_is_one_line_and_exit_1_and_the_adapters_are_closed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str, said: str
 ) -> None:
     cfg = write_config(tmp_path / "gpu-bridge.yaml", to_dict(default_config()))
-    closed = _setup(tmp_path, monkeypatch, _Down)
+    closed = _setup(monkeypatch, _Down)
     assert cli.main([command, "--config", str(cfg)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("gpu-bridge: " + said) and err.count("\n") == 1, err
@@ -60,7 +60,7 @@ def test_a_daemon_that_cannot_be_set_up_still_closes_the_adapters(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
     cfg = write_config(tmp_path / "gpu-bridge.yaml", to_dict(default_config()))
-    closed = _setup(tmp_path, monkeypatch, _Broken)
+    closed = _setup(monkeypatch, _Broken)
     assert cli.main([command, "--config", str(cfg)]) == 1
     assert "prometheus: query_range answered garbage" in capsys.readouterr().err
     assert closed == ["closed"]
@@ -72,7 +72,7 @@ def test_a_bad_config_names_the_key_and_opens_nothing(
     doc = to_dict(default_config())
     doc["policy"]["tick_s"] = -1
     cfg = write_config(tmp_path / "gpu-bridge.yaml", doc)
-    closed = _setup(tmp_path, monkeypatch, _Down)
+    closed = _setup(monkeypatch, _Down)
     assert cli.main(["plan", "--config", str(cfg)]) == 1
     assert "policy.tick_s" in capsys.readouterr().err
     assert closed == []

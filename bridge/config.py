@@ -215,7 +215,8 @@ class SlurmConfig:
         "Slurm's clients must match the controller's release: run them where they do. A list of separate arguments, "
         "never a shell string (a first item with a space is refused); every item non-empty, no control characters. "
         "The daemon's environment (`SLURM_CONF`) is passed to the prefix program; `ssh` does not carry it over, "
-        "so set it on the far side",
+        "so set it on the far side. With `ssh` as the program each argument is shell-quoted for the remote "
+        "shell, which must be a POSIX shell (sh, bash, dash, zsh; docs/security.md)",
     )
     state_save_s: Num = Field(
         default=6.0,

@@ -155,7 +155,9 @@ class PoolConfig:
     min_serving: Int = Field(default=1, ge=0, description="nodes that always serve, whatever the load")
     max_lent: Count | None = Field(default=None, description="most nodes lent at once; null = no limit")
     blind_serving: Count | None = Field(
-        default=None, description="nodes to serve when signals have been missing for policy.blind_after_s; null = all"
+        default=0,
+        description="nodes to serve when signals have been missing for policy.blind_after_s (at least min_serving; "
+        "nodes already serving stay); null = all (docs/config.md: why 0)",
     )
     slo_budget: Num = Field(
         default=0.001, gt=0, lt=0.5,
@@ -390,6 +392,39 @@ class PrometheusConfig:
     step_s: Num = Field(default=60.0, gt=0, description="resolution of history range queries (max_over_time per step)")
     scrape_interval_s: Num = Field(default=15.0, gt=0, description="Prometheus scrape interval of vLLM (part of the horizon)")
     rate_window_s: Num = Field(default=60.0, gt=0, description="rate() window of the token counters")
+    namespace_label: Str | None = Field(
+        default="namespace",
+        description="label naming the scraped pod's namespace (prometheus-operator and the usual kubernetes_sd relabelling "
+        "set `namespace`); series are selected by pools[].namespace on it; null = not by namespace",
+    )
+    own_pods_only: Bool = Field(
+        default=True,
+        description="count only series whose `pod` label names one of the pool's pods (its Deployment's, as Kubernetes "
+        "lists them): another workload exporting the same vLLM metrics can neither blind nor steer the pool",
+    )
+    ca_file: Str | None = Field(
+        default=None, description="PEM CA bundle verifying an https Prometheus; null = the system's CAs (verification is never off)"
+    )
+    cert_file: Str | None = Field(default=None, description="client certificate (PEM) for an https Prometheus; null = none")
+    key_file: Str | None = Field(default=None, description="private key of cert_file, if not in it; must be private (0600)")
+    bearer_token_file: Str | None = Field(
+        default=None,
+        description="file holding a bearer token sent to an https Prometheus, e.g. a systemd credential "
+        "(`/run/credentials/gpu-bridge.service/NAME` with `LoadCredential=`); must be private (0600)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        out: list[tuple[str, str]] = []
+        https = self.url.lower().startswith("https://")
+        for key in ("ca_file", "cert_file", "key_file", "bearer_token_file"):
+            if getattr(self, key) is not None and not https:
+                out.append((key, f"needs an https:// url (it would protect nothing, or send the secret in clear), got url {_show(self.url)}"))
+        if self.key_file is not None and self.cert_file is None:
+            out.append(("key_file", "needs cert_file"))
+        if self.namespace_label is not None and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.namespace_label):
+            out.append(("namespace_label", f"expected a Prometheus label name, got {_show(self.namespace_label)}"))
+        return _checked(self, out)
 
 
 @dataclass(frozen=True, slots=True, config=_SECTION)

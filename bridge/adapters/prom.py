@@ -547,8 +547,12 @@ class PromAdapter:
             raise AdapterError("prometheus", f"pool {pool.name}: {kind} failed: {self._redact(str(e))[:ERROR_CAP]}") from None
         except (requests.RequestException, OSError, ValueError, KeyError, TypeError) as e:
             self._fail(kind)
+            # urllib3 puts the whole query URL before the cause: keep the cause (a refused
+            # connection, "certificate verify failed") within the cap
+            text = str(e)
+            text = text.split("(Caused by ", 1)[1].rstrip(")") if "(Caused by " in text else text
             raise AdapterError(
-                "prometheus", f"pool {pool.name}: {kind} failed: {type(e).__name__}: {self._redact(str(e))[:ERROR_CAP]}"
+                "prometheus", f"pool {pool.name}: {kind} failed: {type(e).__name__}: {self._redact(text)[:ERROR_CAP]}"
             ) from None
         if not isinstance(result, list):
             self._fail(kind)

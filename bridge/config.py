@@ -483,6 +483,12 @@ class Config:
                     "policy.lend_timeout_s",
                     f"must be > pools[{i}].drain_s + {EVICT_AFTER_S:g} s ({_show(least)}), got {_show(self.policy.lend_timeout_s)}",
                 ))
+        for i, p in enumerate(self.pools):
+            if self.prometheus.namespace_label is not None and self.prometheus.namespace_label in p.prometheus_matchers:
+                out.append((
+                    f"pools[{i}].prometheus_matchers",
+                    f"{_show(self.prometheus.namespace_label)} is prometheus.namespace_label, matched on pools[{i}].namespace already",
+                ))
         for i, r in enumerate(self.policy.calendar):
             for j, pn in enumerate(r.pools):
                 if pn not in seen:

@@ -66,10 +66,23 @@ def _list_only(v: Any) -> Any:
     return v
 
 
-Num = Annotated[float, Strict(), Field(allow_inf_nan=False)]
-"""A finite number; an integer is fine, a bool or a string is not."""
-Int = Annotated[int, BeforeValidator(_whole_number), Strict()]
-Count = Annotated[int, Strict(), Field(ge=0), BeforeValidator(_whole_number)]
+MAX_NUMBER = 10_000_000
+"""Upper bound of every number of the config: 115 days in seconds, far beyond any timing,
+target or count gpu-bridge has a use for, and small enough that nothing derived from it
+(a calibration window of steps, a datetime, a float) overflows. Keys with a tighter meaning
+carry their own ``le``."""
+MAX_STEPS = 1_000_000
+"""Most steps one history window may hold (``window_s / step_s``): the calibration keeps an
+array of that many slots (14 days at 60 s is 20,160)."""
+
+
+Num = Annotated[float, Strict(), Field(allow_inf_nan=False, le=MAX_NUMBER)]
+"""A finite number up to ``MAX_NUMBER`` (a key's own ``le`` replaces it); an integer is fine,
+a bool or a string is not."""
+Int = Annotated[int, Strict(), Field(le=MAX_NUMBER), BeforeValidator(_whole_number)]
+"""An integer up to ``MAX_NUMBER``; a key's own ``le`` would be lost here: see ``Port``."""
+Port = Annotated[int, Strict(), Field(ge=0, le=65535), BeforeValidator(_whole_number)]
+Count = Annotated[int, Strict(), Field(ge=0, le=MAX_NUMBER), BeforeValidator(_whole_number)]
 """A number of nodes (>= 0); the bound before the validator so the JSON Schema says ``minimum``."""
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
@@ -330,9 +343,13 @@ class ForecastConfig:
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        out: list[tuple[str, str]] = []
         if self.ratio_min > self.ratio_max:
-            return _checked(self, [("ratio_min", f"must be <= ratio_max ({_show(self.ratio_max)}), got {_show(self.ratio_min)}")])
-        return self
+            out.append(("ratio_min", f"must be <= ratio_max ({_show(self.ratio_max)}), got {_show(self.ratio_min)}"))
+        steps = self.burst_history_s / self.burst_step_s
+        if steps > MAX_STEPS:
+            out.append(("burst_history_s", f"must be <= {MAX_STEPS:,} steps of burst_step_s ({_show(self.burst_step_s)} s), got {steps:,.0f}"))
+        return _checked(self, out)
 
 
 @dataclass(frozen=True, slots=True, config=_SECTION)
@@ -353,6 +370,13 @@ class CalibrationConfig:
     )
     delay_quantile: Num = Field(default=0.95, gt=0, lt=1, description="quantile of measured reclaim delays the horizon uses")
     delay_min_samples: Int = Field(default=5, ge=1, description="measured reclaims needed before they replace the configured delays")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        steps = self.window_s / self.step_s
+        if steps > MAX_STEPS:
+            return _checked(self, [("window_s", f"must be <= {MAX_STEPS:,} steps of step_s ({_show(self.step_s)} s), got {steps:,.0f}")])
+        return self
 
 
 class VictimRule(enum.StrEnum):
@@ -446,7 +470,7 @@ class LogLevel(enum.StrEnum):
 class DaemonConfig:
     dry_run: Bool = Field(default=False, description="decide and log, never write to Slurm or Kubernetes")
     metrics_host: Str = Field(default="0.0.0.0", description="bind address of the /metrics endpoint")
-    metrics_port: Int = Field(default=9808, ge=0, le=65535, description="port of the /metrics endpoint (0 = any free port)")
+    metrics_port: Port = Field(default=9808, description="port of the /metrics endpoint (0 = any free port)")
     lease_name: Str = Field(default=wellknown.LEASE_NAME, description="Kubernetes Lease used for leader election")
     lease_namespace: Str = Field(default="gpu-bridge", description="namespace of that Lease")
     lease_duration_s: Num = Field(default=15.0, gt=0, description="a leader that has not renewed for this long is replaced")

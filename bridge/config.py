@@ -457,6 +457,11 @@ class KubernetesConfig:
     kubeconfig: Str | None = Field(default=None, description="path of a kubeconfig; null = $KUBECONFIG or ~/.kube/config")
     context: Str | None = Field(default=None, description="kubeconfig context; null = current")
     timeout_s: Num = Field(default=10.0, gt=0, description="timeout of one API call")
+    allow_insecure_tls: Bool = Field(
+        default=False,
+        description="accept a kubeconfig with `insecure-skip-tls-verify: true` (the API server's certificate is then not "
+        "checked: anyone on the path can be the API server); false = such a kubeconfig is refused",
+    )
 
 
 class LogLevel(enum.StrEnum):
@@ -469,7 +474,11 @@ class LogLevel(enum.StrEnum):
 @dataclass(frozen=True, slots=True, config=_SECTION)
 class DaemonConfig:
     dry_run: Bool = Field(default=False, description="decide and log, never write to Slurm or Kubernetes")
-    metrics_host: Str = Field(default="0.0.0.0", description="bind address of the /metrics endpoint")
+    metrics_host: Str = Field(
+        default="127.0.0.1",
+        description="bind address of the /metrics endpoint; loopback by default (it tells anyone who can reach it "
+        "which nodes are lent, and it has no authentication): open it (e.g. 0.0.0.0 in a pod) for a remote Prometheus",
+    )
     metrics_port: Port = Field(default=9808, description="port of the /metrics endpoint (0 = any free port)")
     lease_name: Str = Field(default=wellknown.LEASE_NAME, description="Kubernetes Lease used for leader election")
     lease_namespace: Str = Field(default="gpu-bridge", description="namespace of that Lease")

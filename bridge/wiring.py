@@ -145,7 +145,9 @@ def build_adapters(
     k = config.kubernetes
     for path in kubeconfig_paths(config):
         check_private_file(path, what="kubeconfig")
-    api = api_client_from_config(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None)
+    api = api_client_from_config(
+        kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None, allow_insecure_tls=k.allow_insecure_tls
+    )
     real_kube = KubeAdapter(
         api,
         pools=[PoolTarget(p.name, p.namespace, p.deployment, node_selector=dict(p.node_selector) or None) for p in config.pools],

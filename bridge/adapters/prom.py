@@ -491,7 +491,8 @@ class PromAdapter:
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise AdapterError("prometheus", f"pool {pool.name}: unexpected query result: {str(e)[:ERROR_CAP]}") from None
         if reading.problems:
-            log.info("signals_incomplete", pool=pool.name, problems=dict(reading.problems))
+            # the series left out say why, e.g. a Prometheus without the namespace or pod label
+            log.info("signals_incomplete", pool=pool.name, problems=dict(reading.problems), ignored=list(reading.ignored[:5]))
         return reading
 
     def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:

@@ -430,11 +430,13 @@ class PrometheusConfig:
         default=None, description="PEM CA bundle verifying an https Prometheus; null = the system's CAs (verification is never off)"
     )
     cert_file: Str | None = Field(default=None, description="client certificate (PEM) for an https Prometheus; null = none")
-    key_file: Str | None = Field(default=None, description="private key of cert_file, if not in it; must be private (0600)")
+    key_file: Str | None = Field(
+        default=None, description="private key of cert_file, if not in it; readable by the daemon only (0600, or 0640 with its group)"
+    )
     bearer_token_file: Str | None = Field(
         default=None,
         description="file holding a bearer token sent to an https Prometheus, e.g. a systemd credential "
-        "(`/run/credentials/gpu-bridge.service/NAME` with `LoadCredential=`); must be private (0600)",
+        "(`/run/credentials/gpu-bridge.service/NAME` with `LoadCredential=`); readable by the daemon only (0600, or 0640 with its group)",
     )
 
     @model_validator(mode="after")

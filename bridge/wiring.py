@@ -50,14 +50,26 @@ def check_private_file(path: str | Path, *, what: str) -> None:
 
 
 def check_secret_file(path: str | Path, *, what: str) -> None:
-    """``check_private_file``, and readable by its owner only: whoever reads a key or a
-    token is the daemon to that service."""
+    """``check_private_file``, and readable by no one but the daemon (its user, or its own
+    group as in the install's ``0640 root:gpu-bridge``): whoever reads a key or a token is the
+    daemon to that service. A systemd credential (under ``$CREDENTIALS_DIRECTORY``) is taken
+    as systemd made it: a per-unit private directory, the unit's user granted by an ACL."""
     check_private_file(path, what=what)
     p = Path(path)
-    mode = p.stat().st_mode
-    if mode & (stat.S_IRGRP | stat.S_IROTH):
+    creds = os.environ.get("CREDENTIALS_DIRECTORY")
+    if creds and p.resolve().is_relative_to(Path(creds).resolve()):
+        return
+    st = p.stat()
+    if st.st_mode & stat.S_IROTH:
         raise ConfigError(
-            [f"{p}: {what} is readable by group or others (mode {stat.filemode(mode)}); refusing to use it. Fix with: chmod go-rwx {p}"]
+            [f"{p}: {what} is readable by others (mode {stat.filemode(st.st_mode)}); refusing to use it. Fix with: chmod o-rwx {p}"]
+        )
+    if st.st_mode & stat.S_IRGRP and st.st_gid != os.getegid():
+        raise ConfigError(
+            [
+                f"{p}: {what} is readable by group gid {st.st_gid}, not the daemon's (gid {os.getegid()}); "
+                f"refusing to use it. Fix with: chmod g-rwx {p}"
+            ]
         )
 
 

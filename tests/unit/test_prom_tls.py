@@ -149,9 +149,38 @@ def test_a_token_file_others_can_read_is_refused(certs: dict[str, Path], tmp_pat
     with pytest.raises(ConfigError) as ei:
         prom_adapter(_config("https://127.0.0.1:1", tmp_path, certs["server_crt"], token_mode=0o644))
     assert ei.value.problems == [
-        f"{tmp_path / 'prom-token'}: prometheus.bearer_token_file is readable by group or others (mode -rw-r--r--); "
-        f"refusing to use it. Fix with: chmod go-rwx {tmp_path / 'prom-token'}"
+        f"{tmp_path / 'prom-token'}: prometheus.bearer_token_file is readable by others (mode -rw-r--r--); "
+        f"refusing to use it. Fix with: chmod o-rwx {tmp_path / 'prom-token'}"
     ]
+
+
+def test_a_token_file_readable_by_a_foreign_group_is_refused_the_daemons_own_group_is_fine(
+    certs: dict[str, Path], tmp_path: Path
+) -> None:
+    cfg = _config("https://127.0.0.1:1", tmp_path, certs["server_crt"], token_mode=0o640)
+    prom_adapter(cfg)  # 0640, the daemon's own group (the install's root:gpu-bridge)
+    if os.geteuid() != 0:
+        pytest.skip("chgrp to a foreign group needs root")
+    token = tmp_path / "prom-token"
+    foreign = 65534 if os.getegid() != 65534 else 65533
+    os.chown(token, -1, foreign)
+    with pytest.raises(ConfigError) as ei:
+        prom_adapter(cfg)
+    assert ei.value.problems == [
+        f"{token}: prometheus.bearer_token_file is readable by group gid {foreign}, not the daemon's (gid {os.getegid()}); "
+        f"refusing to use it. Fix with: chmod g-rwx {token}"
+    ]
+
+
+def test_a_systemd_credential_is_taken_as_systemd_made_it(
+    certs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # systemd grants the unit's user by an ACL, which shows as group bits (root:root 0440)
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    cfg = _config("https://127.0.0.1:1", creds, certs["server_crt"], token_mode=0o444)
+    assert prom_adapter(cfg)._secret == TOKEN
 
 
 @pytest.mark.parametrize("key", ["ca_file", "cert_file", "bearer_token_file"])
@@ -171,4 +200,4 @@ def test_a_key_without_its_certificate_is_refused() -> None:
 
 
 def test_the_token_is_not_in_the_adapters_repr(certs: dict[str, Path]) -> None:
-    assert TOKEN not in repr(PromAccess(bearer_token=TOKEN)) and os.environ.get("X") is None
+    assert TOKEN not in repr(PromAccess(bearer_token=TOKEN))

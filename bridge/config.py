@@ -66,10 +66,23 @@ def _list_only(v: Any) -> Any:
     return v
 
 
-Num = Annotated[float, Strict(), Field(allow_inf_nan=False)]
-"""A finite number; an integer is fine, a bool or a string is not."""
-Int = Annotated[int, BeforeValidator(_whole_number), Strict()]
-Count = Annotated[int, Strict(), Field(ge=0), BeforeValidator(_whole_number)]
+MAX_NUMBER = 10_000_000
+"""Upper bound of every number of the config: 115 days in seconds, far beyond any timing,
+target or count gpu-bridge has a use for, and small enough that nothing derived from it
+(a calibration window of steps, a datetime, a float) overflows. Keys with a tighter meaning
+carry their own ``le``."""
+MAX_STEPS = 1_000_000
+"""Most steps one history window may hold (``window_s / step_s``): the calibration keeps an
+array of that many slots (14 days at 60 s is 20,160)."""
+
+
+Num = Annotated[float, Strict(), Field(allow_inf_nan=False, le=MAX_NUMBER)]
+"""A finite number up to ``MAX_NUMBER`` (a key's own ``le`` replaces it); an integer is fine,
+a bool or a string is not."""
+Int = Annotated[int, Strict(), Field(le=MAX_NUMBER), BeforeValidator(_whole_number)]
+"""An integer up to ``MAX_NUMBER``; a key's own ``le`` would be lost here: see ``Port``."""
+Port = Annotated[int, Strict(), Field(ge=0, le=65535), BeforeValidator(_whole_number)]
+Count = Annotated[int, Strict(), Field(ge=0, le=MAX_NUMBER), BeforeValidator(_whole_number)]
 """A number of nodes (>= 0); the bound before the validator so the JSON Schema says ``minimum``."""
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
@@ -155,7 +168,9 @@ class PoolConfig:
     min_serving: Int = Field(default=1, ge=0, description="nodes that always serve, whatever the load")
     max_lent: Count | None = Field(default=None, description="most nodes lent at once; null = no limit")
     blind_serving: Count | None = Field(
-        default=None, description="nodes to serve when signals have been missing for policy.blind_after_s; null = all"
+        default=0,
+        description="nodes to serve when signals have been missing for policy.blind_after_s (at least min_serving; "
+        "nodes already serving stay); null = all (docs/config.md: why 0)",
     )
     slo_budget: Num = Field(
         default=0.001, gt=0, lt=0.5,
@@ -215,7 +230,8 @@ class SlurmConfig:
         "Slurm's clients must match the controller's release: run them where they do. A list of separate arguments, "
         "never a shell string (a first item with a space is refused); every item non-empty, no control characters. "
         "The daemon's environment (`SLURM_CONF`) is passed to the prefix program; `ssh` does not carry it over, "
-        "so set it on the far side",
+        "so set it on the far side. With `ssh` as the program each argument is shell-quoted for the remote "
+        "shell, which must be a POSIX shell (sh, bash, dash, zsh; docs/security.md)",
     )
     state_save_s: Num = Field(
         default=6.0,
@@ -327,9 +343,13 @@ class ForecastConfig:
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        out: list[tuple[str, str]] = []
         if self.ratio_min > self.ratio_max:
-            return _checked(self, [("ratio_min", f"must be <= ratio_max ({_show(self.ratio_max)}), got {_show(self.ratio_min)}")])
-        return self
+            out.append(("ratio_min", f"must be <= ratio_max ({_show(self.ratio_max)}), got {_show(self.ratio_min)}"))
+        steps = self.burst_history_s / self.burst_step_s
+        if steps > MAX_STEPS:
+            out.append(("burst_history_s", f"must be <= {MAX_STEPS:,} steps of burst_step_s ({_show(self.burst_step_s)} s), got {steps:,.0f}"))
+        return _checked(self, out)
 
 
 @dataclass(frozen=True, slots=True, config=_SECTION)
@@ -350,6 +370,13 @@ class CalibrationConfig:
     )
     delay_quantile: Num = Field(default=0.95, gt=0, lt=1, description="quantile of measured reclaim delays the horizon uses")
     delay_min_samples: Int = Field(default=5, ge=1, description="measured reclaims needed before they replace the configured delays")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        steps = self.window_s / self.step_s
+        if steps > MAX_STEPS:
+            return _checked(self, [("window_s", f"must be <= {MAX_STEPS:,} steps of step_s ({_show(self.step_s)} s), got {steps:,.0f}")])
+        return self
 
 
 class VictimRule(enum.StrEnum):
@@ -389,6 +416,41 @@ class PrometheusConfig:
     step_s: Num = Field(default=60.0, gt=0, description="resolution of history range queries (max_over_time per step)")
     scrape_interval_s: Num = Field(default=15.0, gt=0, description="Prometheus scrape interval of vLLM (part of the horizon)")
     rate_window_s: Num = Field(default=60.0, gt=0, description="rate() window of the token counters")
+    namespace_label: Str | None = Field(
+        default="namespace",
+        description="label naming the scraped pod's namespace (prometheus-operator and the usual kubernetes_sd relabelling "
+        "set `namespace`); series are selected by pools[].namespace on it; null = not by namespace",
+    )
+    own_pods_only: Bool = Field(
+        default=True,
+        description="count only series whose `pod` label names one of the pool's pods (its Deployment's, as Kubernetes "
+        "lists them): another workload exporting the same vLLM metrics can neither blind nor steer the pool",
+    )
+    ca_file: Str | None = Field(
+        default=None, description="PEM CA bundle verifying an https Prometheus; null = the system's CAs (verification is never off)"
+    )
+    cert_file: Str | None = Field(default=None, description="client certificate (PEM) for an https Prometheus; null = none")
+    key_file: Str | None = Field(
+        default=None, description="private key of cert_file, if not in it; readable by the daemon only (0600, or 0640 with its group)"
+    )
+    bearer_token_file: Str | None = Field(
+        default=None,
+        description="file holding a bearer token sent to an https Prometheus, e.g. a systemd credential "
+        "(`/run/credentials/gpu-bridge.service/NAME` with `LoadCredential=`); readable by the daemon only (0600, or 0640 with its group)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        out: list[tuple[str, str]] = []
+        https = self.url.lower().startswith("https://")
+        for key in ("ca_file", "cert_file", "key_file", "bearer_token_file"):
+            if getattr(self, key) is not None and not https:
+                out.append((key, f"needs an https:// url (it would protect nothing, or send the secret in clear), got url {_show(self.url)}"))
+        if self.key_file is not None and self.cert_file is None:
+            out.append(("key_file", "needs cert_file"))
+        if self.namespace_label is not None and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.namespace_label):
+            out.append(("namespace_label", f"expected a Prometheus label name, got {_show(self.namespace_label)}"))
+        return _checked(self, out)
 
 
 @dataclass(frozen=True, slots=True, config=_SECTION)
@@ -397,6 +459,11 @@ class KubernetesConfig:
     kubeconfig: Str | None = Field(default=None, description="path of a kubeconfig; null = $KUBECONFIG or ~/.kube/config")
     context: Str | None = Field(default=None, description="kubeconfig context; null = current")
     timeout_s: Num = Field(default=10.0, gt=0, description="timeout of one API call")
+    allow_insecure_tls: Bool = Field(
+        default=False,
+        description="accept a kubeconfig with `insecure-skip-tls-verify: true` (the API server's certificate is then not "
+        "checked: anyone on the path can be the API server); false = such a kubeconfig is refused",
+    )
 
 
 class LogLevel(enum.StrEnum):
@@ -409,8 +476,12 @@ class LogLevel(enum.StrEnum):
 @dataclass(frozen=True, slots=True, config=_SECTION)
 class DaemonConfig:
     dry_run: Bool = Field(default=False, description="decide and log, never write to Slurm or Kubernetes")
-    metrics_host: Str = Field(default="0.0.0.0", description="bind address of the /metrics endpoint")
-    metrics_port: Int = Field(default=9808, ge=0, le=65535, description="port of the /metrics endpoint (0 = any free port)")
+    metrics_host: Str = Field(
+        default="127.0.0.1",
+        description="bind address of the /metrics endpoint; loopback by default (it tells anyone who can reach it "
+        "which nodes are lent, and it has no authentication): open it (e.g. 0.0.0.0 in a pod) for a remote Prometheus",
+    )
+    metrics_port: Port = Field(default=9808, description="port of the /metrics endpoint (0 = any free port)")
     lease_name: Str = Field(default=wellknown.LEASE_NAME, description="Kubernetes Lease used for leader election")
     lease_namespace: Str = Field(default="gpu-bridge", description="namespace of that Lease")
     lease_duration_s: Num = Field(default=15.0, gt=0, description="a leader that has not renewed for this long is replaced")
@@ -446,6 +517,12 @@ class Config:
                 out.append((
                     "policy.lend_timeout_s",
                     f"must be > pools[{i}].drain_s + {EVICT_AFTER_S:g} s ({_show(least)}), got {_show(self.policy.lend_timeout_s)}",
+                ))
+        for i, p in enumerate(self.pools):
+            if self.prometheus.namespace_label is not None and self.prometheus.namespace_label in p.prometheus_matchers:
+                out.append((
+                    f"pools[{i}].prometheus_matchers",
+                    f"{_show(self.prometheus.namespace_label)} is prometheus.namespace_label, matched on pools[{i}].namespace already",
                 ))
         for i, r in enumerate(self.policy.calendar):
             for j, pn in enumerate(r.pools):

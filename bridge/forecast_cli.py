@@ -73,7 +73,8 @@ def sentence(outlook: Sequence[Any], nodes: int, hours: float, now: float) -> st
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.adapters.prom import PromAdapter, PromPool, history_chunked, selector
+    from bridge.adapters.prom import PromPool, history_chunked, selector
+    from bridge.wiring import prom_adapter
     from bridge.policy.outlook import OUTLOOK_LAGS_S, OUTLOOK_STEP_S, lendable_outlook, outlook_calibration, outlook_span_s
     from bridge.policy.demand import replicas_needed
     from bridge.simulate.cli import parse_duration, parse_time
@@ -105,11 +106,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(EXIT_BAD_INPUT, exc.problems)
 
-    ppool = PromPool.from_config(pool)
-    adapter = PromAdapter(
-        url, timeout_s=max(cfg.prometheus.timeout_s, 30.0), rate_window_s=cfg.prometheus.rate_window_s,
-        scrape_interval_s=cfg.prometheus.scrape_interval_s,
-    )
+    ppool = PromPool.from_config(pool, cfg.prometheus)
+    try:
+        adapter = prom_adapter(cfg, url=url, timeout_s=max(cfg.prometheus.timeout_s, 30.0))
+    except ConfigError as exc:
+        return fail(EXIT_BAD_INPUT, exc.problems)
     # the calibration needs policy.calibration.window_s at its own step, as the daemon reads it
     cc = cfg.policy.calibration
     step = cc.step_s if cc.enabled else OUTLOOK_STEP_S

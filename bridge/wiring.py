@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bridge import logs
 from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
-from bridge.adapters.prom import PromAdapter, PromPool
+from bridge.adapters.prom import PromAccess, PromAdapter, PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, SlurmAdapterProtocol
 from bridge.adapters.slurm.cli import CliSlurm
 from bridge.adapters.wrappers import DryRunKube, DryRunSlurm, FencedKube, FencedSlurm
@@ -47,6 +47,74 @@ def check_private_file(path: str | Path, *, what: str) -> None:
                 f"refusing to use it. Fix with: chmod go-w {p}"
             ]
         )
+
+
+def check_secret_file(path: str | Path, *, what: str) -> None:
+    """``check_private_file``, and readable by no one but the daemon (its user, or its own
+    group as in the install's ``0640 root:gpu-bridge``): whoever reads a key or a token is the
+    daemon to that service. A systemd credential (under ``$CREDENTIALS_DIRECTORY``) is taken
+    as systemd made it: a per-unit private directory, the unit's user granted by an ACL."""
+    check_private_file(path, what=what)
+    p = Path(path)
+    creds = os.environ.get("CREDENTIALS_DIRECTORY")
+    if creds and p.resolve().is_relative_to(Path(creds).resolve()):
+        return
+    st = p.stat()
+    if st.st_mode & stat.S_IROTH:
+        raise ConfigError(
+            [f"{p}: {what} is readable by others (mode {stat.filemode(st.st_mode)}); refusing to use it. Fix with: chmod o-rwx {p}"]
+        )
+    if st.st_mode & stat.S_IRGRP and st.st_gid != os.getegid():
+        raise ConfigError(
+            [
+                f"{p}: {what} is readable by group gid {st.st_gid}, not the daemon's (gid {os.getegid()}); "
+                f"refusing to use it. Fix with: chmod g-rwx {p}"
+            ]
+        )
+
+
+def read_secret_file(path: str | Path, *, what: str) -> str:
+    """A credential file's one token, after ``check_secret_file``."""
+    check_secret_file(path, what=what)
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{p}: cannot read {what}: {getattr(exc, 'strerror', None) or exc}"]) from None
+    if not text or any(c.isspace() for c in text):
+        raise ConfigError([f"{p}: {what}: expected one token (no spaces or line breaks), got {'nothing' if not text else 'several words'}"])
+    return text
+
+
+def prom_access(config: Config) -> PromAccess:
+    """The TLS files and bearer token of ``prometheus``, each file checked like the kubeconfig
+    (a CA bundle others can write would let them add a CA); the key and token must be private."""
+    pc = config.prometheus
+    for key, path in (("ca_file", pc.ca_file), ("cert_file", pc.cert_file)):
+        if path is not None:
+            check_private_file(path, what=f"prometheus.{key}")
+    if pc.key_file is not None:
+        check_secret_file(pc.key_file, what="prometheus.key_file")
+    token = read_secret_file(pc.bearer_token_file, what="prometheus.bearer_token_file") if pc.bearer_token_file else None
+    return PromAccess(ca_file=pc.ca_file, cert_file=pc.cert_file, key_file=pc.key_file, bearer_token=token)
+
+
+def prom_adapter(config: Config, *, url: str | None = None, timeout_s: float | None = None) -> PromAdapter:
+    """The Prometheus adapter of ``config`` (``url``/``timeout_s`` override for the CLI tools)."""
+    pc = config.prometheus
+    return PromAdapter(
+        url or pc.url,
+        timeout_s=timeout_s or pc.timeout_s,
+        staleness_s=config.policy.signal_max_age_s,
+        rate_window_s=pc.rate_window_s,
+        scrape_interval_s=pc.scrape_interval_s,
+        access=prom_access(config),
+    )
+
+
+def prom_pools(config: Config) -> dict[str, PromPool]:
+    """Each pool's series selection: model, namespace, matchers, own pods (``prometheus``)."""
+    return {p.name: PromPool.from_config(p, config.prometheus) for p in config.pools}
 
 
 def kubeconfig_paths(config: Config) -> list[Path]:
@@ -89,7 +157,9 @@ def build_adapters(
     k = config.kubernetes
     for path in kubeconfig_paths(config):
         check_private_file(path, what="kubeconfig")
-    api = api_client_from_config(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None)
+    api = api_client_from_config(
+        kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None, allow_insecure_tls=k.allow_insecure_tls
+    )
     real_kube = KubeAdapter(
         api,
         pools=[PoolTarget(p.name, p.namespace, p.deployment, node_selector=dict(p.node_selector) or None) for p in config.pools],
@@ -106,13 +176,7 @@ def build_adapters(
         hold_partition=config.slurm.hold_partition,
         command_prefix=config.slurm.command_prefix,
     )
-    prom = PromAdapter(
-        config.prometheus.url,
-        timeout_s=config.prometheus.timeout_s,
-        staleness_s=config.policy.signal_max_age_s,
-        rate_window_s=config.prometheus.rate_window_s,
-        scrape_interval_s=config.prometheus.scrape_interval_s,
-    )
+    prom = prom_adapter(config)
     elector = None
     if leader:
         d = config.daemon
@@ -130,7 +194,7 @@ def build_adapters(
         kube=kube,
         slurm=slurm_side,
         prom=prom,
-        prom_pools={p.name: PromPool.from_config(p) for p in config.pools},
+        prom_pools=prom_pools(config),
         leader=elector,
         identity=identity,
         _closers=closers,

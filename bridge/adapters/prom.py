@@ -13,8 +13,17 @@ label, so every signal is evaluated at the same instant in one round trip:
 Validation, fail closed: a signal whose series include one that is stale (sample older than
 ``staleness_s``), NaN, infinite or negative (KV usage also > 1) becomes None, with the reason
 in ``SignalsReading.problems``; a signal with no series at all is None too. A partial sum is
-never reported, since it would read as less load than there is. Series of a model the pool
-does not serve are dropped (noted). A failed query raises AdapterError: never "no load".
+never reported, since it would read as less load than there is. A failed query raises
+AdapterError: never "no load".
+
+Only the pool's own series count: the query matches ``model_name``, the pool's namespace (on
+``PromPool.namespace_label``) and the configured matchers; the current reading further drops
+every series whose ``pod`` is not one of the pool's pods in Kubernetes (``own_pods_only``), so
+another workload exporting ``vllm:*{model_name=...}`` (NaN, or any value) can neither blind
+nor steer the pool. Dropped series are listed in ``SignalsReading.ignored``.
+
+An https Prometheus is always verified (``PromAccess``: a CA bundle, a client certificate, a
+bearer token); there is no switch to turn verification off.
 """
 
 from __future__ import annotations
@@ -57,23 +66,52 @@ ERROR_CAP = 300
 
 @dataclass(frozen=True, slots=True)
 class PromPool:
-    """What selects one pool's vLLM series: its ``model_name`` and extra exact matchers."""
+    """What selects one pool's vLLM series: its ``model_name``, extra exact matchers, its
+    ``namespace`` (matched on ``namespace_label``; None = any) and, for the current reading,
+    only the pool's own pods (``own_pods_only``: a series' ``pod`` must be one of the
+    ``live_pods`` given to ``PromAdapter.current``)."""
 
     name: str
     model: str
     matchers: Mapping[str, str] = field(default_factory=dict)
+    namespace: str | None = None
+    namespace_label: str = "namespace"
+    own_pods_only: bool = False
 
     def __post_init__(self) -> None:
+        if self.namespace is not None and (not _LABEL_NAME.fullmatch(self.namespace_label) or self.namespace_label.startswith("__")):
+            raise ValueError(f"prometheus.namespace_label: {self.namespace_label!r} is not a label name")
+        reserved = ("model_name", TAG, *((self.namespace_label,) if self.namespace is not None else ()))
         for key in self.matchers:
             if not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
                 raise ValueError(f"pools[{self.name}].prometheus_matchers: {key!r} is not a label name")
-            if key in ("model_name", TAG):
+            if key in reserved:
                 raise ValueError(f"pools[{self.name}].prometheus_matchers: {key!r} is set by gpu-bridge itself")
 
     @classmethod
-    def from_config(cls, pool: PoolSettings) -> PromPool:
-        """From a ``bridge.config.PoolConfig`` (name, model, prometheus_matchers)."""
-        return cls(name=pool.name, model=pool.model, matchers=dict(pool.prometheus_matchers))
+    def from_config(cls, pool: PoolSettings, prometheus: SelectionSettings | None = None) -> PromPool:
+        """From a ``bridge.config.PoolConfig`` (name, model, namespace, prometheus_matchers) and
+        the ``prometheus`` section (``namespace_label``, ``own_pods_only``); without the
+        section, model and matchers only."""
+        if prometheus is None:
+            return cls(name=pool.name, model=pool.model, matchers=dict(pool.prometheus_matchers))
+        label = prometheus.namespace_label
+        return cls(
+            name=pool.name,
+            model=pool.model,
+            matchers=dict(pool.prometheus_matchers),
+            namespace=pool.namespace if label else None,
+            namespace_label=label or "namespace",
+            own_pods_only=prometheus.own_pods_only,
+        )
+
+    def foreign(self, metric: Mapping[str, str]) -> str | None:
+        """Why a returned series is not this pool's (model, namespace), or None."""
+        if metric.get("model_name") != self.model:
+            return f"model_name is not {self.model!r}"
+        if self.namespace is not None and metric.get(self.namespace_label) != self.namespace:
+            return f"{self.namespace_label} is not {self.namespace!r}"
+        return None
 
 
 class PoolSettings(Protocol):
@@ -84,7 +122,39 @@ class PoolSettings(Protocol):
     @property
     def model(self) -> str: ...
     @property
+    def namespace(self) -> str: ...
+    @property
     def prometheus_matchers(self) -> Mapping[str, str]: ...
+
+
+class SelectionSettings(Protocol):
+    """What series selection needs of the ``prometheus`` section (``bridge.config.PrometheusConfig``)."""
+
+    @property
+    def namespace_label(self) -> str | None: ...
+    @property
+    def own_pods_only(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PromAccess:
+    """How to reach an https Prometheus: ``ca_file`` a PEM bundle that verifies its
+    certificate (None = the system's CAs; verification is never off), ``cert_file`` /
+    ``key_file`` a client certificate, ``bearer_token`` sent as ``Authorization: Bearer``."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    bearer_token: str | None = field(default=None, repr=False)
+
+    def session(self) -> requests.Session:
+        s = requests.Session()
+        s.verify = self.ca_file or True
+        if self.cert_file:
+            s.cert = (self.cert_file, self.key_file) if self.key_file else self.cert_file
+        if self.bearer_token:
+            s.headers["Authorization"] = f"Bearer {self.bearer_token}"
+        return s
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +180,8 @@ def _escape(value: str) -> str:
 def selector(pool: PromPool) -> str:
     """The label matchers of a pool, e.g. ``model_name="llama",namespace="serving"``."""
     parts = [f'model_name="{_escape(pool.model)}"']
+    if pool.namespace is not None:
+        parts.append(f'{pool.namespace_label}="{_escape(pool.namespace)}"')
     parts += [f'{k}="{_escape(v)}"' for k, v in sorted(pool.matchers.items())]
     return ",".join(parts)
 
@@ -299,11 +371,17 @@ def _gone(key: frozenset[tuple[str, str]], live_pods: Collection[str]) -> bool:
     return pod is not None and pod not in live_pods
 
 
-def _absorb(step: _Step, metric: Mapping[str, str], raw: Any, model: str, ignored: set[str]) -> None:
+def _absorb(
+    step: _Step, metric: Mapping[str, str], raw: Any, pool: PromPool, ignored: set[str], own_pods: Collection[str] | None = None
+) -> None:
     tag = metric.get(TAG, "")
     key = _replica_key(metric)
-    if metric.get("model_name") != model:
-        ignored.add(f"{tag} {_describe(key)}: model_name is not {model!r}")
+    why = pool.foreign(metric)
+    if why is None and own_pods is not None and metric.get(POD_LABEL) not in own_pods:
+        pod = metric.get(POD_LABEL)
+        why = "no pod label" if pod is None else f"pod {pod!r} is not one of the pool's pods"
+    if why is not None:
+        ignored.add(f"{tag} {_describe(key)}: {why}")
         return
     if tag.startswith("value:"):
         step.values.setdefault(tag[len("value:") :], {})[key] = _float(raw)
@@ -322,15 +400,17 @@ def parse_instant(
     live_pods: Collection[str] | None = None,
 ) -> SignalsReading:
     """An instant-query result (a vector) -> SignalsReading (pure). ``live_pods``: the
-    pool's pods in Kubernetes (see ``signals_from_step``); None = every stale series counts."""
+    pool's pods in Kubernetes (see ``signals_from_step``); None = every stale series counts.
+    With ``pool.own_pods_only`` and ``live_pods`` given, only series of those pods count."""
     step = _Step()
     ignored: set[str] = set()
     t = at
+    own = live_pods if pool.own_pods_only else None
     for item in result:
         metric = item.get("metric") or {}
         ts, raw = item["value"]
         t = float(ts) if t is None else t
-        _absorb(step, metric, raw, pool.model, ignored)
+        _absorb(step, metric, raw, pool, ignored, own)
     if t is None:
         raise ValueError("an empty result needs the evaluation time")
     dropped: list[str] = []
@@ -354,7 +434,7 @@ def parse_range(result: Sequence[Mapping[str, Any]], *, pool: PromPool, start: f
         for ts, raw in item.get("values") or ():
             i = round((float(ts) - start) / step_s)
             if 0 <= i < n:
-                _absorb(steps[i], metric, raw, pool.model, ignored)
+                _absorb(steps[i], metric, raw, pool, ignored)
     out = [signals_from_step(st, t=start + i * step_s, staleness_s=None, check_timestamps=False)[0] for i, st in enumerate(steps)]
     return tuple(out)
 
@@ -375,6 +455,7 @@ class PromAdapter:
         staleness_s: float = 60.0,
         rate_window_s: float = 60.0,
         scrape_interval_s: float = 15.0,
+        access: PromAccess | None = None,
         client: PrometheusConnect | None = None,
     ) -> None:
         self.url = url
@@ -382,7 +463,9 @@ class PromAdapter:
         self.timeout_s = timeout_s
         self.staleness_s = staleness_s
         self.rate_window_s = rate_window_s
-        self._client = client or PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s, retry=Retry(total=0))
+        access = access or PromAccess()
+        self._secret = access.bearer_token
+        self._client = client or PrometheusConnect(url=url, session=access.session(), timeout=timeout_s, retry=Retry(total=0))
         self._lock = threading.Lock()
         self._queries: Counter[str] = Counter()  # "query" | "query_range" -> count
         self._failures: Counter[str] = Counter()
@@ -408,7 +491,8 @@ class PromAdapter:
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise AdapterError("prometheus", f"pool {pool.name}: unexpected query result: {str(e)[:ERROR_CAP]}") from None
         if reading.problems:
-            log.info("signals_incomplete", pool=pool.name, problems=dict(reading.problems))
+            # the series left out say why, e.g. a Prometheus without the namespace or pod label
+            log.info("signals_incomplete", pool=pool.name, problems=dict(reading.problems), ignored=list(reading.ignored[:5]))
         return reading
 
     def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
@@ -461,14 +545,24 @@ class PromAdapter:
             result = fn()
         except PrometheusApiClientException as e:
             self._fail(kind)
-            raise AdapterError("prometheus", f"pool {pool.name}: {kind} failed: {str(e)[:ERROR_CAP]}") from None
+            raise AdapterError("prometheus", f"pool {pool.name}: {kind} failed: {self._redact(str(e))[:ERROR_CAP]}") from None
         except (requests.RequestException, OSError, ValueError, KeyError, TypeError) as e:
             self._fail(kind)
-            raise AdapterError("prometheus", f"pool {pool.name}: {kind} failed: {type(e).__name__}: {str(e)[:ERROR_CAP]}") from None
+            # urllib3 puts the whole query URL before the cause: keep the cause (a refused
+            # connection, "certificate verify failed") within the cap
+            text = str(e)
+            text = text.split("(Caused by ", 1)[1].rstrip(")") if "(Caused by " in text else text
+            raise AdapterError(
+                "prometheus", f"pool {pool.name}: {kind} failed: {type(e).__name__}: {self._redact(text)[:ERROR_CAP]}"
+            ) from None
         if not isinstance(result, list):
             self._fail(kind)
             raise AdapterError("prometheus", f"pool {pool.name}: {kind}: expected a list of series, got {type(result).__name__}")
         return result
+
+    def _redact(self, text: str) -> str:
+        """An error body may echo the request's headers: never the bearer token."""
+        return text.replace(self._secret, "<redacted>") if self._secret else text
 
     def _fail(self, kind: str) -> None:
         with self._lock:
@@ -560,8 +654,9 @@ def parse_request_range(
             tag = metric.get(TAG, "")
             full = _replica_key(metric)
             key = _pod_key(frozenset((k, v) for k, v in full if k != "finished_reason"))
-            if metric.get("model_name") != pool.model:
-                ignored.add(f"{tag} {_describe(key)}: model_name is not {pool.model!r}")
+            why = pool.foreign(metric)
+            if why is not None:
+                ignored.add(f"{tag} {_describe(key)}: {why}")
                 continue
             if tag not in REQUEST_SIGNALS and tag != "kv0":
                 continue

@@ -316,7 +316,8 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
     """``simulate --prometheus``: the pool's own vLLM history through the same comparison."""
     import time as _time
 
-    from bridge.adapters.prom import PromAdapter, PromPool, selector
+    from bridge.adapters.prom import PromPool, selector
+    from bridge.wiring import prom_adapter
     from bridge.simulate.baselines import POLICIES, make_controller
     from bridge.simulate.engine import Setup, simulate
     from bridge.simulate.history import HistoryError, build_history_load, trace_csv
@@ -345,8 +346,11 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
         start, end = history_range(args, _time.time())
     except ConfigError as exc:
         return fail(EXIT_BAD_INPUT, exc.problems)
-    ppool = PromPool.from_config(pool)
-    adapter = PromAdapter(url, timeout_s=max(cfg.prometheus.timeout_s, 60.0), scrape_interval_s=cfg.prometheus.scrape_interval_s)
+    ppool = PromPool.from_config(pool, cfg.prometheus)
+    try:
+        adapter = prom_adapter(cfg, url=url, timeout_s=max(cfg.prometheus.timeout_s, 60.0))
+    except ConfigError as exc:
+        return fail(EXIT_BAD_INPUT, exc.problems)
     try:
         hist = adapter.request_history(ppool, start=start, end=end, step_s=60.0)
     except AdapterError as exc:

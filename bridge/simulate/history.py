@@ -258,7 +258,7 @@ def build_history_load(
     # per-replica capacity
     notes: list[str] = []
     if h.ignored:
-        notes.append(f"{len(h.ignored)} series of another model_name ignored (e.g. {h.ignored[0]})")
+        notes.append(f"{len(h.ignored)} series of another model_name or namespace ignored (e.g. {h.ignored[0]})")
     latency = None
     if replica_rps is not None:
         rps, src = float(replica_rps), "--replica-rps"

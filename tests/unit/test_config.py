@@ -432,9 +432,9 @@ def test_check_config_schema(capsys: pytest.CaptureFixture[str]) -> None:
     pool = schema["$defs"]["PoolConfig"]["properties"]
     assert pool["min_serving"] == {
         "default": 1, "description": "nodes that always serve, whatever the load", "minimum": 0,
-        "title": "Min Serving", "type": "integer",
+        "maximum": 10_000_000, "title": "Min Serving", "type": "integer",
     }
-    assert pool["max_lent"]["anyOf"] == [{"minimum": 0, "type": "integer"}, {"type": "null"}]
+    assert pool["max_lent"]["anyOf"] == [{"maximum": 10_000_000, "minimum": 0, "type": "integer"}, {"type": "null"}]
     assert schema["$defs"]["TargetConfig"]["properties"]["kv_cache_usage"]["anyOf"][0] == {
         "exclusiveMinimum": 0, "maximum": 1, "type": "number",
     }

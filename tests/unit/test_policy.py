@@ -237,9 +237,22 @@ def test_blind_for_too_long_reclaims_toward_blind_serving() -> None:
     assert p.pools[0].detail == "no valid load sample for > 300 s (no usable load signal); serve 7 of 10 nodes blind"
 
 
-def test_blind_with_no_history_at_all_serves_everything() -> None:
-    p = plan(view(serving(2) + lent(3), None, history=(), signals=None), with_policy(max_reclaims_per_tick=8))
+def test_blind_with_no_history_at_all_and_blind_serving_null_serves_everything() -> None:
+    cfg = with_policy(with_pool(blind_serving=None), max_reclaims_per_tick=8)
+    p = plan(view(serving(2) + lent(3), None, history=(), signals=None), cfg)
     assert len(p.actions) == 3 and all(a.reason == Reason.SIGNALS_LOST for a in p.actions)
+
+
+def test_blind_by_default_holds_what_serves_and_reclaims_no_lent_node() -> None:
+    # issue 21: a signal outage (or a foreign NaN series) must not preempt every research job;
+    # the default blind_serving is 0: the floor (min_serving) is restored, nothing else moves
+    assert CFG.pools[0].blind_serving == 0
+    p = plan(view(serving(2) + lent(3), None, history=(), signals=None), with_policy(max_reclaims_per_tick=8))
+    assert p.actions == ()
+    assert decision(p) == ("signals_missing", 2, 2)
+    assert p.pools[0].detail == "no valid load sample for > 300 s (no usable load signal); serve 1 of 5 nodes blind"
+    below_floor = plan(view(serving(0) + lent(3), None, history=(), signals=None), with_pool(min_serving=2))
+    assert [str(a.reason) for a in below_floor.actions] == ["signals_lost"] * 2
 
 
 def test_blind_but_recent_valid_sample_only_holds() -> None:

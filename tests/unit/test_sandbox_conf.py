@@ -143,6 +143,15 @@ def test_prometheus_config() -> None:
         render_config([parse_target("a=h:1"), parse_target("a=h:2")])
 
 
+def test_prometheus_target_labels() -> None:
+    # the sandbox labels the simulator's series with its pods' namespace, as Kubernetes
+    # service discovery would: the daemon selects a pool's series by it (issue 21)
+    cfg = yaml.safe_load(render_config([ScrapeTarget("vllm", ("127.0.0.1:8000",), labels={"namespace": "serving"})]))
+    assert cfg["scrape_configs"][0]["static_configs"] == [{"targets": ["127.0.0.1:8000"], "labels": {"namespace": "serving"}}]
+    with pytest.raises(ValueError, match="bad label name '__x'"):
+        render_config([ScrapeTarget("vllm", ("127.0.0.1:8000",), labels={"__x": "y"})])
+
+
 def test_proc_record_round_trip_and_bad_record() -> None:
     rec = ProcRecord("slurmd:gpu-node-01", 123, 456, "/tmp/x.log", ("slurmd", "-N", "gpu-node-01"))
     assert ProcRecord.from_json(json.loads(json.dumps(rec.to_json()))) == rec

@@ -47,10 +47,12 @@ EVENT_COMPONENT = "gpu-bridge"
 
 
 def api_client_from_config(
-    *, kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None
+    *, kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None, allow_insecure_tls: bool = False
 ) -> k8s.ApiClient:
     """An ApiClient from ``load_incluster_config`` (in a pod, or ``in_cluster=True``) or
-    ``load_kube_config`` (``kubeconfig`` path, else $KUBECONFIG / ~/.kube/config)."""
+    ``load_kube_config`` (``kubeconfig`` path, else $KUBECONFIG / ~/.kube/config). A
+    kubeconfig that skips TLS verification is refused unless ``allow_insecure_tls``
+    (config ``kubernetes.allow_insecure_tls``): the daemon's token would go to whoever answers."""
     import os
 
     cfg = k8s.Configuration()
@@ -63,6 +65,15 @@ def api_client_from_config(
             k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     except (k8s_config.ConfigException, OSError, ValueError) as e:
         raise AdapterError("kubernetes", f"cannot load {'in-cluster' if in_cluster else 'kubeconfig'} configuration: {e}") from None
+    if not cfg.verify_ssl:
+        if not allow_insecure_tls:
+            raise AdapterError(
+                "kubernetes",
+                f"{'in-cluster configuration' if in_cluster else 'kubeconfig ' + (kubeconfig or '(default)')}: "
+                "insecure-skip-tls-verify is set, so the API server's certificate would not be checked; refusing "
+                "(give the cluster's certificate-authority, or set kubernetes.allow_insecure_tls: true)",
+            )
+        log.warning("kube_tls_unverified", detail="insecure-skip-tls-verify accepted by kubernetes.allow_insecure_tls")
     for value in (cfg.api_key or {}).values():  # "Bearer <token>": never echoed into errors or logs
         register_secret(str(value).split()[-1] if value else None)
     register_secret(cfg.password or None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,18 +51,29 @@ class CommandRunner(Protocol):
     def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult: ...
 
 
+REMOTE_SHELLS = frozenset({"ssh"})
+"""Prefix programs that join the arguments after them into one line for a remote shell."""
+
+
 class SubprocessRunner:
     """Runs the Slurm tools here, or through ``prefix`` (an argv list such as ``["ssh", "login1"]``
-    or ``["nsenter", "-t", PID, "-m", "-p", "--"]``) where clients match the controller's release."""
+    or ``["nsenter", "-t", PID, "-m", "-p", "--"]``) where clients match the controller's release.
+
+    ``ssh`` joins the command's arguments with spaces and the far side runs that line with the
+    user's shell: behind it each argument is ``shlex.quote``d, so the remote POSIX shell splits
+    the line back into exactly this argv (``%i|%u``, reasons with spaces, ``--wrap`` text) and
+    nothing in an argument is ever read as shell syntax."""
 
     def __init__(self, env: Mapping[str, str] | None = None, prefix: Sequence[str] = ()) -> None:
         self.env = dict(os.environ if env is None else env)
         self.prefix = tuple(prefix)
+        self.remote_shell = bool(self.prefix) and os.path.basename(self.prefix[0]) in REMOTE_SHELLS
 
     def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
+        args = [shlex.quote(a) for a in argv] if self.remote_shell else list(argv)
         try:
             res = subprocess.run(
-                [*self.prefix, *argv], capture_output=True, text=True, timeout=timeout_s, env=self.env, check=False,
+                [*self.prefix, *args], capture_output=True, text=True, timeout=timeout_s, env=self.env, check=False,
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired:

@@ -9,7 +9,7 @@ import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -18,16 +18,20 @@ from bridge.errors import SandboxError
 
 _JOB_OK = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,62}$")
 _TARGET_OK = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
+_LABEL_OK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NEVER = "0001-01-01T00:00:00Z"
 
 
 @dataclass(frozen=True, slots=True)
 class ScrapeTarget:
-    """One scrape job: ``job`` name and ``host:port`` targets (path /metrics)."""
+    """One scrape job: ``job`` name and ``host:port`` targets (path /metrics); ``labels``
+    are added to every series scraped (target labels, as Kubernetes service discovery adds
+    ``namespace`` and ``pod``)."""
 
     job: str
     targets: tuple[str, ...]
     metrics_path: str = "/metrics"
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         if not _JOB_OK.match(self.job):
@@ -37,6 +41,9 @@ class ScrapeTarget:
                 raise ValueError(f"scrape target {self.job}: bad address {t!r} (want host:port)")
         if not self.metrics_path.startswith("/"):
             raise ValueError(f"scrape target {self.job}: metrics_path must start with '/'")
+        for k in self.labels:
+            if not _LABEL_OK.fullmatch(k) or k.startswith("__"):
+                raise ValueError(f"scrape target {self.job}: bad label name {k!r}")
 
 
 def parse_target(text: str) -> ScrapeTarget:
@@ -58,9 +65,10 @@ def render_config(targets: Sequence[ScrapeTarget], interval_s: float = 1.0) -> s
         if t.job in seen:
             raise ValueError(f"scrape target job {t.job!r} given twice")
         seen.add(t.job)
-        jobs.append(
-            {"job_name": t.job, "metrics_path": t.metrics_path, "static_configs": [{"targets": list(t.targets)}]}
-        )
+        static: dict[str, object] = {"targets": list(t.targets)}
+        if t.labels:
+            static["labels"] = dict(t.labels)
+        jobs.append({"job_name": t.job, "metrics_path": t.metrics_path, "static_configs": [static]})
     iv = f"{int(interval_s * 1000)}ms"
     cfg = {
         "global": {"scrape_interval": iv, "evaluation_interval": iv, "scrape_timeout": iv},

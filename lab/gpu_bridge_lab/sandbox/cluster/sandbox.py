@@ -350,8 +350,21 @@ class Sandbox:
     def scrape_targets(self) -> list[ScrapeTarget]:
         out = [ScrapeTarget("prometheus", (f"127.0.0.1:{self.ports['prometheus']}",))]
         if "vllm" in self.ports:
-            out.append(ScrapeTarget("vllm", (f"127.0.0.1:{self.ports['vllm']}",)))
+            # the namespace of the pods the simulator follows, as Kubernetes service discovery
+            # labels a pod's series: the daemon selects its pool's series by it
+            out.append(ScrapeTarget("vllm", (f"127.0.0.1:{self.ports['vllm']}",), labels={"namespace": self.vllm_namespace}))
         return out + list(self.extra_targets)
+
+    @property
+    def vllm_namespace(self) -> str:
+        """The simulator's ``--namespace`` (its default: ``default``)."""
+        args = list(self.vllm_args)
+        for i, a in enumerate(args):
+            if a == "--namespace" and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith("--namespace="):
+                return a.split("=", 1)[1]
+        return "default"
 
     # ---- environment -------------------------------------------------------------------
     @property

@@ -110,11 +110,14 @@ def write_history(
     version: str = "v1",
     faults: Faults = Faults(),
     scrape_offset_s: float = 7.0,
+    namespace: str = "default",
 ) -> Backfill:
     """Run the simulator over ``[start_unix, start_unix + duration_s)`` and write what a
     Prometheus scraping every ``scrape_s`` would hold, as OpenMetrics (families grouped, as
     promtool needs). Scrapes fall ``scrape_offset_s`` after the minute, as a real Prometheus
-    offsets each target, so minute windows do not line up with samples."""
+    offsets each target, so minute windows do not line up with samples. Every series carries
+    ``namespace`` (the pods' namespace, as Kubernetes service discovery labels it; the
+    product's default ``pools[].namespace``), which the daemon selects a pool's series by."""
     if replicas < 1:
         raise ValueError(f"replicas: need at least 1, got {replicas}")
     if not (scrape_s > 0 and duration_s > scrape_s):
@@ -162,7 +165,7 @@ def write_history(
                     continue
                 v = smp.value
                 val = "NaN" if math.isnan(v) else repr(float(v))
-                buf.append(f"{smp.name}{_fmt_labels(dict(smp.labels))} {val} {ts}\n")
+                buf.append(f"{smp.name}{_fmt_labels({**smp.labels, 'namespace': namespace})} {val} {ts}\n")
                 n_samples += 1
     with open(path, "w", encoding="utf-8") as fh:
         for name, buf in lines.items():

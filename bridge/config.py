@@ -406,6 +406,19 @@ class LogLevel(enum.StrEnum):
     ERROR = "error"
 
 
+# A leader's Lease holds for this fraction of daemon.lease_duration_s after a renewal (the renew
+# deadline, bridge.leader), and a renewal request needs at least LEASE_RENEWAL_MIN_S of it: a
+# Slurm command that changes something runs only while leadership lasts its whole timeout.
+RENEW_DEADLINE_FRACTION = 2 / 3
+LEASE_RENEWAL_MIN_S = 0.5
+
+
+def leadership_after_renewal_s(lease_duration_s: float) -> float:
+    """How long one renewal lets the leader write: its renew deadline (of the Lease as the
+    elector rounds it to whole seconds) less the shortest renewal request."""
+    return max(1, round(lease_duration_s)) * RENEW_DEADLINE_FRACTION - LEASE_RENEWAL_MIN_S
+
+
 @dataclass(frozen=True, slots=True, config=_SECTION)
 class DaemonConfig:
     dry_run: Bool = Field(default=False, description="decide and log, never write to Slurm or Kubernetes")
@@ -447,6 +460,18 @@ class Config:
                     "policy.lend_timeout_s",
                     f"must be > pools[{i}].drain_s + {EVICT_AFTER_S:g} s ({_show(least)}), got {_show(self.policy.lend_timeout_s)}",
                 ))
+        writable_s = leadership_after_renewal_s(self.daemon.lease_duration_s)
+        if self.slurm.command_timeout_s > writable_s:
+            # each Slurm command that changes something must end while this instance still
+            # leads (the fence checks before it); one that may outlast it is refused every time
+            out.append((
+                "slurm.command_timeout_s",
+                f"{_show(self.slurm.command_timeout_s)} s is longer than the leader may write after one Lease renewal "
+                f"({_show(round(writable_s, 2))} s: 2/3 of daemon.lease_duration_s {_show(self.daemon.lease_duration_s)} s, "
+                f"less {LEASE_RENEWAL_MIN_S:g} s for the renewal): every Slurm write would be refused; lower "
+                f"slurm.command_timeout_s or raise daemon.lease_duration_s to at least "
+                f"{_show(math.ceil((self.slurm.command_timeout_s + LEASE_RENEWAL_MIN_S) / RENEW_DEADLINE_FRACTION))}",
+            ))
         for i, r in enumerate(self.policy.calendar):
             for j, pn in enumerate(r.pools):
                 if pn not in seen:

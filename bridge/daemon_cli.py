@@ -119,7 +119,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if dry_run:
         log.warning("dry_run_mode", detail="DRY RUN: decisions are logged, nothing is written to Slurm or Kubernetes")
     try:
-        adapters = build_adapters(config, dry_run=dry_run, leader=not args.once)
+        # One writer: a dry run never takes (nor competes for) the Lease, whatever it runs
+        # beside; a real run, --once included, writes only as the Lease holder.
+        adapters = build_adapters(config, dry_run=dry_run, leader=not dry_run)
     except BridgeError as exc:
         return _fail(exc)
     metrics = BridgeMetrics()
@@ -156,9 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         time.sleep(0.05)
     try:
         if args.once:
-            result = daemon.tick()
-            _print_plan(daemon, as_json=False)
-            return 0 if result.observed else 1
+            return _run_once(daemon, adapters.leader)
         interval = sdnotify.watchdog_interval_s()
         last_ping = [0.0]
         last_status = [""]
@@ -197,6 +197,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         if server is not None:
             server.close()
         log.info("stopped")
+
+
+def _run_once(daemon: Daemon, leader: Leader | None) -> int:
+    """``run --once``: one iteration as the Lease holder, then the Lease given back. Refused
+    (exit 1, nothing written) while another instance holds it."""
+    try:
+        result = daemon.tick()
+    finally:
+        if leader is not None and leader.is_leader:
+            leader.release()
+    if leader is not None and not result.observed and result.error is None:
+        holder = getattr(leader, "holder", None) or "another instance"
+        print(f"gpu-bridge: run --once refused: the Lease is held by {holder}; nothing was written "
+              "(--dry-run shows what would happen without the Lease)", file=sys.stderr)
+        return 1
+    _print_plan(daemon, as_json=False)
+    return 0 if result.observed else 1
 
 
 def tick_status(result: TickResult, leader: Leader | None) -> str:

@@ -17,7 +17,7 @@ from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
 from bridge.adapters.prom import PromAdapter, PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, SlurmAdapterProtocol
 from bridge.adapters.slurm.cli import CliSlurm
-from bridge.adapters.wrappers import DryRunKube, DryRunSlurm, FencedKube, FencedSlurm
+from bridge.adapters.wrappers import DryRunKube, DryRunSlurm, FencedKube, FencedSlurm, lease_fence
 from bridge.config import Config
 from bridge.errors import ConfigError
 from bridge.leader import LeaderElector, default_identity
@@ -122,9 +122,11 @@ def build_adapters(
     kube: KubeAdapterProtocol = DryRunKube(real_kube, identity=identity) if dry_run else real_kube
     slurm_side: SlurmAdapterProtocol = DryRunSlurm(slurm) if dry_run else slurm
     if elector is not None and not dry_run:
-        # Every write checks the Lease right before it is made, not once per tick.
+        # Every write checks the Lease right before it is made, not once per tick; each Slurm
+        # command that changes something, only if the leadership outlasts its timeout.
         kube = FencedKube(kube, elector)
         slurm_side = FencedSlurm(slurm_side, elector)
+        slurm.fence = lease_fence(elector)
     closers.append(api.close)
     return Adapters(
         kube=kube,

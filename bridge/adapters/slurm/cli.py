@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,6 +42,14 @@ class CommandResult:
     returncode: int
     stdout: str
     stderr: str
+
+
+def changes_slurm(argv: Sequence[str]) -> bool:
+    """Whether a command may change Slurm: anything but the reads the adapter issues (sinfo,
+    squeue, ``scontrol show``/``ping``), so a write added later is fenced by default."""
+    if argv[0] in ("sinfo", "squeue"):
+        return False
+    return not (argv[0] == "scontrol" and any(a in ("show", "ping") for a in argv[1:3]))
 
 
 class CommandRunner(Protocol):
@@ -110,14 +118,21 @@ class CliSlurm:
         hold_partition: str = wellknown.SLURM_HOLD_PARTITION,
         hold_user: str | None = None,
         command_prefix: Sequence[str] = (),
+        fence: Callable[[Sequence[str], float], None] | None = None,
     ) -> None:
         self.run_cmd: CommandRunner = runner or SubprocessRunner({**os.environ, **(env or {})}, prefix=command_prefix)
+        # called with (argv, timeout) right before each command that changes Slurm; raises to
+        # refuse it (the Lease fence, bridge.wiring): checked there, not once before a write of
+        # several commands, so the change lands while this instance still leads
+        self.fence = fence
         self.timeout_s = timeout_s
         self.hold_partition = hold_partition
         self.hold_user = hold_user  # only hold jobs of this user count as ours (None: any user)
 
     # ---- plumbing ----------------------------------------------------------------------
     def _run(self, argv: Sequence[str], *, ok_codes: tuple[int, ...] = (0,)) -> CommandResult:
+        if self.fence is not None and changes_slurm(argv):
+            self.fence(argv, self.timeout_s)
         res = self.run_cmd(argv, self.timeout_s)
         if res.returncode not in ok_codes:
             err = sanitize(res.stderr or res.stdout, MAX_STDERR) or "(no output)"

@@ -81,6 +81,16 @@ class Adapters:
                 log.warning("close_failed", error=str(exc))
 
 
+def slurm_adapter(config: Config) -> CliSlurm:
+    """The Slurm CLI adapter as the config says to reach Slurm (no fence: see build_adapters)."""
+    return CliSlurm(
+        env={"SLURM_CONF": config.slurm.slurm_conf} if config.slurm.slurm_conf else None,
+        timeout_s=config.slurm.command_timeout_s,
+        hold_partition=config.slurm.hold_partition,
+        command_prefix=config.slurm.command_prefix,
+    )
+
+
 def build_adapters(
     config: Config, *, dry_run: bool = False, leader: bool = True, identity: str | None = None, start_watches: bool = True
 ) -> Adapters:
@@ -100,12 +110,7 @@ def build_adapters(
     if start_watches:
         real_kube.start()
         closers.append(real_kube.stop)
-    slurm = CliSlurm(
-        env={"SLURM_CONF": config.slurm.slurm_conf} if config.slurm.slurm_conf else None,
-        timeout_s=config.slurm.command_timeout_s,
-        hold_partition=config.slurm.hold_partition,
-        command_prefix=config.slurm.command_prefix,
-    )
+    slurm = slurm_adapter(config)
     prom = PromAdapter(
         config.prometheus.url,
         timeout_s=config.prometheus.timeout_s,

@@ -19,7 +19,7 @@ from bridge import logs, wellknown
 from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
-from .parse import parse_jobs, parse_nodes, parse_ping, parse_scontrol_node
+from .parse import parse_jobs, parse_nodes, parse_ping, parse_scontrol_node, parse_show_config, parse_show_partitions
 from .types import SlurmJobInfo, SlurmNode
 
 SINFO_ARGV = ("sinfo", "--json", "--Node")
@@ -196,6 +196,15 @@ class CliSlurm:
                 if node not in out or int(j.job_id.split("_")[0]) < int(out[node].job_id.split("_")[0]):
                     out[node] = j
         return out
+
+    # ---- the running configuration (read-only: `gpu-bridge check-slurm`) ------------------
+    def show_config(self) -> dict[str, str]:
+        """slurmctld's running settings (``scontrol show config``): what slurm.conf resolved to."""
+        return parse_show_config(self._run(["scontrol", "show", "config"]).stdout)
+
+    def partitions(self) -> dict[str, dict[str, str]]:
+        """Every partition's settings as slurmctld has them (``scontrol --oneliner show partition``)."""
+        return parse_show_partitions(self._run(["scontrol", "--oneliner", "show", "partition"]).stdout)
 
     # ---- write side --------------------------------------------------------------------
     def node_now(self, name: str) -> SlurmNode:

@@ -167,7 +167,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             # READY=1 after the first whole tick (watches synced, Lease checked, one observation
             # tried), so `systemctl start` returns on a running loop; STATUS= says how it went.
             now = time.monotonic()
-            text = tick_status(result, adapters.leader)
+            text = tick_status(result, adapters.leader, dry_run=dry_run)
             if not last_status[0]:
                 sdnotify.ready(text)
                 last_status[0], last_ping[0] = text, now
@@ -216,10 +216,12 @@ def _run_once(daemon: Daemon, leader: Leader | None) -> int:
     return 0 if result.observed else 1
 
 
-def tick_status(result: TickResult, leader: Leader | None) -> str:
+def tick_status(result: TickResult, leader: Leader | None, *, dry_run: bool = False) -> str:
     """The one-line STATUS= of ``systemctl status``: leading, standby, or why the tick failed."""
     if result.error:
         return f"tick failed: {result.error}"
+    if dry_run and result.observed:
+        return "dry run: deciding and logging, writing nothing (never takes the Lease)"
     if result.observed:
         return "leading" if leader is not None else "acting (no leader election)"
     return "standby: another instance holds the Lease"

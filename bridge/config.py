@@ -205,8 +205,8 @@ class SlurmConfig:
     command_timeout_s: Num = Field(
         default=5.0,
         gt=0,
-        description="timeout of each scontrol/squeue/sinfo call; keep it well below `daemon.lease_duration_s`: "
-        "a tick stuck on an unreachable slurmctld must not outlive the Lease",
+        description="timeout of each scontrol/squeue/sinfo call; at most 2/3 of `daemon.lease_duration_s` less 0.5 s "
+        "(check-config refuses more): a command that changes Slurm runs only while the Lease outlasts it",
     )
     slurm_conf: Str | None = Field(default=None, description="slurm.conf the Slurm commands use (SLURM_CONF); null = $SLURM_CONF or Slurm's default")
     command_prefix: Items[Str] = Field(

@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bridge.simulate.cli",
     "bridge.forecast_cli",
     "bridge.config_cli",
+    "bridge.slurm_check_cli",
     "bridge.daemon_cli",
 )
 # Commands of other installed distributions (the lab's ``sandbox`` and ``demo``): each entry

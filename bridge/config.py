@@ -220,8 +220,8 @@ class SlurmConfig:
     command_timeout_s: Num = Field(
         default=5.0,
         gt=0,
-        description="timeout of each scontrol/squeue/sinfo call; keep it well below `daemon.lease_duration_s`: "
-        "a tick stuck on an unreachable slurmctld must not outlive the Lease",
+        description="timeout of each scontrol/squeue/sinfo call; at most 2/3 of `daemon.lease_duration_s` less 0.5 s "
+        "(check-config refuses more): a command that changes Slurm runs only while the Lease outlasts it",
     )
     slurm_conf: Str | None = Field(default=None, description="slurm.conf the Slurm commands use (SLURM_CONF); null = $SLURM_CONF or Slurm's default")
     command_prefix: Items[Str] = Field(
@@ -473,6 +473,19 @@ class LogLevel(enum.StrEnum):
     ERROR = "error"
 
 
+# A leader's Lease holds for this fraction of daemon.lease_duration_s after a renewal (the renew
+# deadline, bridge.leader), and a renewal request needs at least LEASE_RENEWAL_MIN_S of it: a
+# Slurm command that changes something runs only while leadership lasts its whole timeout.
+RENEW_DEADLINE_FRACTION = 2 / 3
+LEASE_RENEWAL_MIN_S = 0.5
+
+
+def leadership_after_renewal_s(lease_duration_s: float) -> float:
+    """How long one renewal lets the leader write: its renew deadline (of the Lease as the
+    elector rounds it to whole seconds) less the shortest renewal request."""
+    return max(1, round(lease_duration_s)) * RENEW_DEADLINE_FRACTION - LEASE_RENEWAL_MIN_S
+
+
 @dataclass(frozen=True, slots=True, config=_SECTION)
 class DaemonConfig:
     dry_run: Bool = Field(default=False, description="decide and log, never write to Slurm or Kubernetes")
@@ -524,6 +537,18 @@ class Config:
                     f"pools[{i}].prometheus_matchers",
                     f"{_show(self.prometheus.namespace_label)} is prometheus.namespace_label, matched on pools[{i}].namespace already",
                 ))
+        writable_s = leadership_after_renewal_s(self.daemon.lease_duration_s)
+        if self.slurm.command_timeout_s > writable_s:
+            # each Slurm command that changes something must end while this instance still
+            # leads (the fence checks before it); one that may outlast it is refused every time
+            out.append((
+                "slurm.command_timeout_s",
+                f"{_show(self.slurm.command_timeout_s)} s is longer than the leader may write after one Lease renewal "
+                f"({_show(round(writable_s, 2))} s: 2/3 of daemon.lease_duration_s {_show(self.daemon.lease_duration_s)} s, "
+                f"less {LEASE_RENEWAL_MIN_S:g} s for the renewal): every Slurm write would be refused; lower "
+                f"slurm.command_timeout_s or raise daemon.lease_duration_s to at least "
+                f"{_show(math.ceil((self.slurm.command_timeout_s + LEASE_RENEWAL_MIN_S) / RENEW_DEADLINE_FRACTION))}",
+            ))
         for i, r in enumerate(self.policy.calendar):
             for j, pn in enumerate(r.pools):
                 if pn not in seen:

@@ -119,7 +119,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if dry_run:
         log.warning("dry_run_mode", detail="DRY RUN: decisions are logged, nothing is written to Slurm or Kubernetes")
     try:
-        adapters = build_adapters(config, dry_run=dry_run, leader=not args.once)
+        # One writer: a dry run never takes (nor competes for) the Lease, whatever it runs
+        # beside; a real run, --once included, writes only as the Lease holder.
+        adapters = build_adapters(config, dry_run=dry_run, leader=not dry_run)
     except BridgeError as exc:
         return _fail(exc)
     metrics = BridgeMetrics()
@@ -156,9 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         time.sleep(0.05)
     try:
         if args.once:
-            result = daemon.tick()
-            _print_plan(daemon, as_json=False)
-            return 0 if result.observed else 1
+            return _run_once(daemon, adapters.leader)
         interval = sdnotify.watchdog_interval_s()
         last_ping = [0.0]
         last_status = [""]
@@ -167,7 +167,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             # READY=1 after the first whole tick (watches synced, Lease checked, one observation
             # tried), so `systemctl start` returns on a running loop; STATUS= says how it went.
             now = time.monotonic()
-            text = tick_status(result, adapters.leader)
+            text = tick_status(result, adapters.leader, dry_run=dry_run)
             if not last_status[0]:
                 sdnotify.ready(text)
                 last_status[0], last_ping[0] = text, now
@@ -199,10 +199,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.info("stopped")
 
 
-def tick_status(result: TickResult, leader: Leader | None) -> str:
+def _run_once(daemon: Daemon, leader: Leader | None) -> int:
+    """``run --once``: one iteration as the Lease holder, then the Lease given back. Refused
+    (exit 1, nothing written) while another instance holds it."""
+    try:
+        result = daemon.tick()
+    finally:
+        if leader is not None and leader.is_leader:
+            leader.release()
+    if leader is not None and not result.observed and result.error is None:
+        holder = getattr(leader, "holder", None) or "another instance"
+        print(f"gpu-bridge: run --once refused: the Lease is held by {holder}; nothing was written "
+              "(--dry-run shows what would happen without the Lease)", file=sys.stderr)
+        return 1
+    _print_plan(daemon, as_json=False)
+    return 0 if result.observed else 1
+
+
+def tick_status(result: TickResult, leader: Leader | None, *, dry_run: bool = False) -> str:
     """The one-line STATUS= of ``systemctl status``: leading, standby, or why the tick failed."""
     if result.error:
         return f"tick failed: {result.error}"
+    if dry_run and result.observed:
+        return "dry run: deciding and logging, writing nothing (never takes the Lease)"
     if result.observed:
         return "leading" if leader is not None else "acting (no leader election)"
     return "standby: another instance holds the Lease"

@@ -30,6 +30,7 @@ from kubernetes import client as k8s
 from bridge import logs
 from bridge import wellknown as wk
 from bridge.adapters.kube.calls import ApiCalls, KubeApiError, read_json, send_json
+from bridge.config import RENEW_DEADLINE_FRACTION
 from bridge.errors import AdapterError
 
 log = logs.get(__name__)
@@ -115,7 +116,7 @@ class LeaderElector:
         self.namespace = namespace
         self.name = name
         self.lease_duration_s = max(1, round(lease_duration_s))
-        self.renew_deadline_s = renew_deadline_s if renew_deadline_s is not None else self.lease_duration_s * 2 / 3
+        self.renew_deadline_s = renew_deadline_s if renew_deadline_s is not None else self.lease_duration_s * RENEW_DEADLINE_FRACTION
         if not 0 < self.renew_deadline_s < self.lease_duration_s:
             raise ValueError(f"renew_deadline_s: expected 0 < value < lease_duration_s ({self.lease_duration_s}), got {self.renew_deadline_s}")
         self.retry_period_s = retry_period_s if retry_period_s is not None else min(2.0, self.renew_deadline_s / 3)
@@ -144,6 +145,19 @@ class LeaderElector:
         if not self.is_leader or self._last_renew is None:
             return 0.0
         return max(0.0, self.renew_deadline_s - (self._monotonic() - self._last_renew))
+
+    def hold_for(self, seconds: float) -> bool:
+        """True if leadership lasts at least ``seconds`` more, renewing first (past the retry
+        throttle) when it would not: a Slurm command that may take ``seconds`` is started only
+        if it ends while we still lead, so no standby can have taken over before it lands."""
+        with self._lock:
+            if self.valid_for_s() >= seconds:
+                return True
+            if not (self._held and self._mine is not None and self.is_leader):
+                return False
+            self._last_attempt = None  # this renewal is needed now, not at the next retry period
+            self._step()
+            return self.valid_for_s() >= seconds
 
     @property
     def holder(self) -> str | None:

@@ -17,7 +17,7 @@ from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
 from bridge.adapters.prom import PromAccess, PromAdapter, PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, SlurmAdapterProtocol
 from bridge.adapters.slurm.cli import CliSlurm
-from bridge.adapters.wrappers import DryRunKube, DryRunSlurm, FencedKube, FencedSlurm
+from bridge.adapters.wrappers import DryRunKube, DryRunSlurm, FencedKube, FencedSlurm, lease_fence
 from bridge.config import Config
 from bridge.errors import ConfigError
 from bridge.leader import LeaderElector, default_identity
@@ -149,6 +149,16 @@ class Adapters:
                 log.warning("close_failed", error=str(exc))
 
 
+def slurm_adapter(config: Config) -> CliSlurm:
+    """The Slurm CLI adapter as the config says to reach Slurm (no fence: see build_adapters)."""
+    return CliSlurm(
+        env={"SLURM_CONF": config.slurm.slurm_conf} if config.slurm.slurm_conf else None,
+        timeout_s=config.slurm.command_timeout_s,
+        hold_partition=config.slurm.hold_partition,
+        command_prefix=config.slurm.command_prefix,
+    )
+
+
 def build_adapters(
     config: Config, *, dry_run: bool = False, leader: bool = True, identity: str | None = None, start_watches: bool = True
 ) -> Adapters:
@@ -170,12 +180,7 @@ def build_adapters(
     if start_watches:
         real_kube.start()
         closers.append(real_kube.stop)
-    slurm = CliSlurm(
-        env={"SLURM_CONF": config.slurm.slurm_conf} if config.slurm.slurm_conf else None,
-        timeout_s=config.slurm.command_timeout_s,
-        hold_partition=config.slurm.hold_partition,
-        command_prefix=config.slurm.command_prefix,
-    )
+    slurm = slurm_adapter(config)
     prom = prom_adapter(config)
     elector = None
     if leader:
@@ -186,9 +191,11 @@ def build_adapters(
     kube: KubeAdapterProtocol = DryRunKube(real_kube, identity=identity) if dry_run else real_kube
     slurm_side: SlurmAdapterProtocol = DryRunSlurm(slurm) if dry_run else slurm
     if elector is not None and not dry_run:
-        # Every write checks the Lease right before it is made, not once per tick.
+        # Every write checks the Lease right before it is made, not once per tick; each Slurm
+        # command that changes something, only if the leadership outlasts its timeout.
         kube = FencedKube(kube, elector)
         slurm_side = FencedSlurm(slurm_side, elector)
+        slurm.fence = lease_fence(elector)
     closers.append(api.close)
     return Adapters(
         kube=kube,

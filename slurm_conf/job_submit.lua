@@ -7,11 +7,15 @@ What it enforces, for the nodes gpu-bridge lends to Slurm:
   * Every job of the preemptible partition is requeueable: gpu-bridge reclaims a node by
     preempting its jobs with REQUEUE, so a job that cannot be requeued would be lost.
     Unset -> set to requeue; an explicit --no-requeue is rejected with a message saying why.
-    `scontrol update JobId=N Requeue=0` on such a job is rejected the same way.
+    `scontrol update JobId=N Requeue=0` on such a job is rejected the same way, and so is
+    moving a job into the preemptible partition without making it requeueable in the same
+    update (`scontrol update JobId=N Partition=preempt` is refused; `... Requeue=1` is fine).
   * The hold partition (gpu-bridge) and the hold job name prefix (gpu-bridge-hold:) belong
     to the bridge: submissions there by anyone else are rejected (AllowGroups= in slurm.conf
     enforces it too; this gives the clear message). A researcher cannot fake a hold job,
-    because gpu-bridge reads its holds by name.
+    because gpu-bridge reads its holds by name. "The bridge" is the uid slurmctld
+    authenticated for the request (submit_uid / modify_uid), never a user name the request
+    carries.
   * Research jobs get the environment variable GPU_BRIDGE_GRACE_S (the preemptible
     partition's GraceTime), so a job script knows how long it has to checkpoint, and
     GPU_BRIDGE_REQUEUE_EXIT (slurm.conf's RequeueExit), the code to exit with after saving
@@ -26,8 +30,10 @@ cli_filter.lua (CliFilterPlugins=cli_filter/lua) sets it on the client side inst
 local PREEMPT_PARTITION = "preempt"        -- bridge.wellknown.SLURM_PREEMPT_PARTITION
 local HOLD_PARTITION = "gpu-bridge"        -- bridge.wellknown.SLURM_HOLD_PARTITION
 local HOLD_JOB_PREFIX = "gpu-bridge-hold:" -- bridge.wellknown.SLURM_HOLD_JOB_PREFIX
--- Users that may use the hold partition and hold job names (root always may).
-local BRIDGE_USERS = { ["gpu-bridge"] = true }
+-- Uids that may use the hold partition and hold job names (root always may): the uid the
+-- gpu-bridge daemon runs as (`id -u gpu-bridge`), e.g. { [998] = true }. A uid, not a name:
+-- it is what slurmctld authenticated (munge), and Lua has no name lookup.
+local BRIDGE_UIDS = { }
 -- GraceTime of the preemptible partition, seconds; exported to jobs as GPU_BRIDGE_GRACE_S.
 local GRACE_S = 120
 -- slurm.conf's RequeueExit; exported to jobs as GPU_BRIDGE_REQUEUE_EXIT.
@@ -68,9 +74,11 @@ local function contains(list, wanted)
    return false
 end
 
-local function is_bridge(uid, user_name)
-   return uid == 0 or (user_name ~= nil and BRIDGE_USERS[user_name] == true)
+local function is_bridge(uid)
+   return uid == 0 or BRIDGE_UIDS[uid] == true
 end
+
+
 
 local function reject(msg)
    slurm.log_user("gpu-bridge: " .. msg)
@@ -84,7 +92,7 @@ end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
    local parts = requested_partitions(job_desc, part_list)
-   local bridge = is_bridge(submit_uid, job_desc.user_name)
+   local bridge = is_bridge(submit_uid)
 
    if contains(parts, HOLD_PARTITION) and not bridge then
       return reject("partition '" .. HOLD_PARTITION .. "' is reserved for gpu-bridge's placeholder jobs " ..
@@ -117,7 +125,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    if #parts == 0 then
       parts = split_partitions(job_rec.partition)
    end
-   local bridge = is_bridge(modify_uid, nil)
+   local bridge = is_bridge(modify_uid)
 
    if contains(split_partitions(job_desc.partition), HOLD_PARTITION) and not bridge then
       return reject("partition '" .. HOLD_PARTITION .. "' is reserved for gpu-bridge's placeholder jobs")
@@ -128,6 +136,16 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    if contains(parts, PREEMPT_PARTITION) and job_desc.requeue == 0 then
       return reject("jobs in partition '" .. PREEMPT_PARTITION .. "' must stay requeueable " ..
                     "(nodes are reclaimed by preempting jobs with requeue)")
+   end
+   -- Moving a job into the preemptible partition: job_rec does not expose the job's requeue
+   -- flag (22.05 to 25.x), so the move itself must make the job requeueable. Without it a
+   -- --no-requeue job would run on a lent node and be lost at the reclaim.
+   local moving_in = contains(split_partitions(job_desc.partition), PREEMPT_PARTITION) and
+                     not contains(split_partitions(job_rec.partition), PREEMPT_PARTITION)
+   if moving_in and job_desc.requeue ~= 1 then
+      return reject("a job moved into partition '" .. PREEMPT_PARTITION .. "' must be requeueable: " ..
+                    "set Requeue=1 in the same update (scontrol update JobId=N Partition=" ..
+                    PREEMPT_PARTITION .. " Requeue=1)")
    end
    return slurm.SUCCESS
 end

@@ -207,10 +207,14 @@ class PromReader(Protocol):
 
 @runtime_checkable
 class LeaseHolder(Protocol):
-    """What a write fence needs: do we hold the Lease right now?"""
+    """What a write fence needs: do we hold the Lease right now, and for long enough?"""
 
     @property
     def is_leader(self) -> bool: ...
+
+    def hold_for(self, seconds: float) -> bool:
+        """Leadership lasts at least ``seconds`` more (renewing first if needed)."""
+        ...
 
 
 @runtime_checkable

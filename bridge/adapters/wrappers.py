@@ -11,7 +11,7 @@ Each implements the same Protocols (``bridge.adapters.protocols``) as what it wr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from bridge import logs
 from bridge.errors import AdapterError
@@ -28,8 +28,21 @@ log = logs.get(__name__)
 class NotLeaderError(AdapterError):
     """A write was refused because this instance does not hold the Lease (any more)."""
 
-    def __init__(self, write: str, system: str = "kubernetes") -> None:
-        super().__init__(system, f"{write} refused: not the leader (Lease lost or not renewed in time)")
+    def __init__(self, write: str, system: str = "kubernetes", why: str = "Lease lost or not renewed in time") -> None:
+        super().__init__(system, f"{write} refused: not the leader ({why})")
+
+
+def lease_fence(leader: LeaseHolder) -> Callable[[Sequence[str], float], None]:
+    """The check a Slurm adapter runs right before each command that changes Slurm: the
+    leadership must last the command's whole timeout (renewed first if it would not), so a
+    write of several commands cannot land after a standby took over half-way."""
+
+    def check(argv: Sequence[str], timeout_s: float) -> None:
+        if not leader.hold_for(timeout_s):
+            write = " ".join(argv[:2])
+            raise NotLeaderError(write, system="slurm", why=f"the Lease does not hold for the {timeout_s:g} s it may take")
+
+    return check
 
 
 # --- read sides: every read is the wrapped adapter's, so only the writes differ ---------------

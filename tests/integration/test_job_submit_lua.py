@@ -3,7 +3,9 @@
 The cluster runs with JobRequeue=0, so a job that ends up requeueable proves the script set it.
 Covered: --no-requeue rejected in `preempt` (and allowed elsewhere), requeue forced, the
 `gpu-bridge` partition and hold job names refused to other users with a clear message, the
-bridge (root here) may use them, `scontrol update Requeue=0` refused, GPU_BRIDGE_GRACE_S
+bridge (root, and the uid BRIDGE_UIDS names: `daemon` here) may use them and rename its jobs,
+`scontrol update Requeue=0` refused, a move into `preempt` refused unless it sets Requeue=1
+(a --no-requeue job would be lost at the reclaim), GPU_BRIDGE_GRACE_S
 exported, and the default --signal=B:URG@<grace> (cli_filter): it reaches a batch shell that
 traps it as soon as a hold job preempts the job, and does not kill one that does not (SIGUSR1
 would: the job would end FAILED during GraceTime and never be requeued).
@@ -11,6 +13,7 @@ would: the job would end FAILED during GraceTime and never be requeued).
 
 from __future__ import annotations
 
+import pwd
 import re
 import time
 from collections.abc import Iterator
@@ -24,6 +27,7 @@ from sandbox_fixtures import SlurmOnly, slurm_only
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE_S = 4
+BRIDGE_USER = "daemon"  # a non-root user standing for gpu-bridge's own (BRIDGE_UIDS)
 
 pytestmark = [
     pytest.mark.integration,
@@ -36,6 +40,10 @@ def lua_with_grace(name: str, grace_s: int) -> str:
     text = (ROOT / "slurm_conf" / name).read_text()
     text, n = re.subn(r"^local GRACE_S = \d+", f"local GRACE_S = {grace_s}", text, flags=re.M)
     assert n == 1, f"{name}: GRACE_S setting not found"
+    if name == "job_submit.lua":
+        uid = pwd.getpwnam(BRIDGE_USER).pw_uid
+        text, n = re.subn(r"^local BRIDGE_UIDS = \{ \}", f"local BRIDGE_UIDS = {{ [{uid}] = true }}", text, flags=re.M)
+        assert n == 1, f"{name}: BRIDGE_UIDS setting not found"
     return text
 
 
@@ -108,6 +116,32 @@ def test_hold_job_name_refused_to_other_users(cluster: SlurmOnly) -> None:
     rc, _, err = submit(cluster, "-p", "preempt", "-J", "gpu-bridge-hold:gpu-node-01", user="nobody")
     assert rc != 0
     assert "job names starting with 'gpu-bridge-hold:' are reserved for gpu-bridge" in err
+
+
+@pytest.mark.parametrize("flag", ["--no-requeue", "--requeue"])
+def test_a_move_into_preempt_must_make_the_job_requeueable(cluster: SlurmOnly, flag: str) -> None:
+    """job_rec does not show a job's requeue flag: a move into preempt must set Requeue=1."""
+    rc, job, err = submit(cluster, "-p", "batch", flag, user="nobody")
+    assert rc == 0, err
+    r = cluster.run(["scontrol", "update", f"JobId={job}", "Partition=preempt"], user="nobody")
+    assert r.returncode != 0
+    assert show_job(cluster, job)["Partition"] == "batch"
+    r = cluster.run(["scontrol", "update", f"JobId={job}", "Partition=preempt", "Requeue=1"], user="nobody")
+    assert r.returncode == 0, r.stderr
+    got = show_job(cluster, job)
+    assert (got["Partition"], got["Requeue"]) == ("preempt", "1")
+
+
+def test_the_bridge_is_known_by_its_uid_when_it_modifies_too(cluster: SlurmOnly) -> None:
+    """The bridge's (non-root) uid may name its own jobs as holds; the same rename by another
+    user is refused (identity: the uid slurmctld authenticated, modify_uid)."""
+    rc, job, err = submit(cluster, "-p", "preempt", user=BRIDGE_USER)
+    assert rc == 0, err
+    r = cluster.run(["scontrol", "update", f"JobId={job}", "Name=gpu-bridge-hold:gpu-node-01"], user=BRIDGE_USER)
+    assert r.returncode == 0, r.stderr
+    assert show_job(cluster, job)["JobName"] == "gpu-bridge-hold:gpu-node-01"
+    rc, _, err = submit(cluster, "-p", "preempt", "-J", "gpu-bridge-hold:gpu-node-01", user=BRIDGE_USER)
+    assert rc == 0, err
 
 
 def test_hold_job_name_refused_on_modify(cluster: SlurmOnly) -> None:

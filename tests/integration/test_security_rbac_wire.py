@@ -147,8 +147,10 @@ def exercised(kube_plane: Any) -> Iterator[tuple[list[Call], list[str]]]:
     try:
         seed_serving(admin, model, spare_nodes=1)
         apply_rbac(admin, RBAC_MANIFEST, serving_namespaces=[SERVING_NS])  # the RoleBinding for llm-serving
-        # objects the daemon does not watch, to exercise the cache-miss GETs
-        core.create_node({"metadata": {"name": outside_node, "labels": {}}}, _preload_content=False)
+        # objects the daemon does not watch, to exercise the cache-miss GETs (the node in
+        # another pool: admission-policy.yaml lets the daemon write pool nodes only)
+        core.create_node({"metadata": {"name": outside_node, "labels": {wk.LABEL_POOL: f"{prefix}-other-pool"}}},
+                         _preload_content=False)
         core.create_namespaced_pod(SERVING_NS, {"metadata": {"name": "outside-pod"},
                                                 "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
                                    _preload_content=False)

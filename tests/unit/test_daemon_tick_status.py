@@ -14,3 +14,5 @@ def test_tick_status_says_leading_standby_or_why() -> None:
         "tick failed: slurm: sinfo --json failed (rc 1): x"
     )
     assert tick_status(TickResult(observed=True), None) == "acting (no leader election)"
+    assert tick_status(TickResult(observed=True), None, dry_run=True) == (
+        "dry run: deciding and logging, writing nothing (never takes the Lease)")

@@ -12,7 +12,7 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,7 +20,7 @@ from bridge import logs, wellknown
 from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
-from .parse import parse_jobs, parse_nodes, parse_ping, parse_scontrol_node
+from .parse import parse_jobs, parse_nodes, parse_ping, parse_scontrol_node, parse_show_config, parse_show_partitions
 from .types import SlurmJobInfo, SlurmNode
 
 SINFO_ARGV = ("sinfo", "--json", "--Node")
@@ -43,6 +43,14 @@ class CommandResult:
     returncode: int
     stdout: str
     stderr: str
+
+
+def changes_slurm(argv: Sequence[str]) -> bool:
+    """Whether a command may change Slurm: anything but the reads the adapter issues (sinfo,
+    squeue, ``scontrol show``/``ping``), so a write added later is fenced by default."""
+    if argv[0] in ("sinfo", "squeue"):
+        return False
+    return not (argv[0] == "scontrol" and any(a in ("show", "ping") for a in argv[1:3]))
 
 
 class CommandRunner(Protocol):
@@ -122,14 +130,21 @@ class CliSlurm:
         hold_partition: str = wellknown.SLURM_HOLD_PARTITION,
         hold_user: str | None = None,
         command_prefix: Sequence[str] = (),
+        fence: Callable[[Sequence[str], float], None] | None = None,
     ) -> None:
         self.run_cmd: CommandRunner = runner or SubprocessRunner({**os.environ, **(env or {})}, prefix=command_prefix)
+        # called with (argv, timeout) right before each command that changes Slurm; raises to
+        # refuse it (the Lease fence, bridge.wiring): checked there, not once before a write of
+        # several commands, so the change lands while this instance still leads
+        self.fence = fence
         self.timeout_s = timeout_s
         self.hold_partition = hold_partition
         self.hold_user = hold_user  # only hold jobs of this user count as ours (None: any user)
 
     # ---- plumbing ----------------------------------------------------------------------
     def _run(self, argv: Sequence[str], *, ok_codes: tuple[int, ...] = (0,)) -> CommandResult:
+        if self.fence is not None and changes_slurm(argv):
+            self.fence(argv, self.timeout_s)
         res = self.run_cmd(argv, self.timeout_s)
         if res.returncode not in ok_codes:
             err = sanitize(res.stderr or res.stdout, MAX_STDERR) or "(no output)"
@@ -193,6 +208,15 @@ class CliSlurm:
                 if node not in out or int(j.job_id.split("_")[0]) < int(out[node].job_id.split("_")[0]):
                     out[node] = j
         return out
+
+    # ---- the running configuration (read-only: `gpu-bridge check-slurm`) ------------------
+    def show_config(self) -> dict[str, str]:
+        """slurmctld's running settings (``scontrol show config``): what slurm.conf resolved to."""
+        return parse_show_config(self._run(["scontrol", "show", "config"]).stdout)
+
+    def partitions(self) -> dict[str, dict[str, str]]:
+        """Every partition's settings as slurmctld has them (``scontrol --oneliner show partition``)."""
+        return parse_show_partitions(self._run(["scontrol", "--oneliner", "show", "partition"]).stdout)
 
     # ---- write side --------------------------------------------------------------------
     def node_now(self, name: str) -> SlurmNode:

@@ -368,3 +368,34 @@ def parse_scontrol_node(text: str) -> SlurmNode:
     gres_m = _SC_GRES.search(line)
     gpus = gpu_count(gres_m.group(1)) if gres_m is not None else 0
     return SlurmNode(name=name, state=base, flags=frozenset(flags), reason=reason, gpus=gpus, reason_user=user)
+
+
+# --- the running configuration (`gpu-bridge check-slurm`) -------------------------------------
+_CONFIG_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)\s*=\s?(.*)$")
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config``: ``Key = value`` lines -> {Key: value} ("" for an unset key,
+    printed "(null)"). The first occurrence of
+    a key counts (later sections, e.g. cgroup.conf's, never shadow slurm.conf's keys)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _CONFIG_LINE.match(line.strip())
+        if m is not None:
+            value = m.group(2).strip()
+            out.setdefault(m.group(1), "" if value == "(null)" else value)  # "(null)": not set
+    if "PreemptType" not in out and "SlurmctldPort" not in out:
+        raise AdapterError("slurm", "scontrol show config: no Key = value settings in its output")
+    return out
+
+
+def parse_show_partitions(text: str) -> dict[str, dict[str, str]]:
+    """``scontrol --oneliner show partition``: one ``PartitionName=... Key=value ...`` line per
+    partition -> {name: {Key: value}}."""
+    out: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        name = fields.get("PartitionName")
+        if name:
+            out[name] = fields
+    return out

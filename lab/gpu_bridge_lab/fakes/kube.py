@@ -434,6 +434,7 @@ class FakeLeader:
     leader: bool = True
     identity: str = "fake-bridge"
     released: bool = False
+    valid_s: float = float("inf")  # how long leadership lasts from now (hold_for)
 
     @property
     def is_leader(self) -> bool:
@@ -445,6 +446,9 @@ class FakeLeader:
         if self.leader:
             self.released = False
         return self.is_leader
+
+    def hold_for(self, seconds: float) -> bool:
+        return self.is_leader and self.valid_s >= seconds
 
     def release(self) -> bool:
         was = self.is_leader

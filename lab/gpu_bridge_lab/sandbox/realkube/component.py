@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from gpu_bridge_lab.sandbox.cluster.sandbox import Sandbox
 
 RBAC_MANIFEST = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
+# the fields the daemon may change (ValidatingAdmissionPolicy): applied wherever rbac.yaml is
+ADMISSION_POLICY_MANIFEST = ROOT / "deploy" / "kubernetes" / "admission-policy.yaml"
 RBAC_EXAMPLE_NAMESPACE = "llm-serving"  # rbac.yaml's per-serving-namespace RoleBinding is written for this one
 DAEMON_SA = ("gpu-bridge", "gpu-bridge")  # (namespace, name) in rbac.yaml
 SERVICE_CIDR = "10.0.0.0/24"
@@ -228,6 +230,7 @@ class RealKubeComponent:
             for ns in namespaces:
                 _create(lambda ns=ns: core.create_namespace({"metadata": {"name": ns}}))
             apply_rbac(api, RBAC_MANIFEST, serving_namespaces=namespaces or ["default"])
+            apply_rbac(api, ADMISSION_POLICY_MANIFEST, serving_namespaces=[])
             self._write_daemon_kubeconfig(sb, core, pki)
             if self.args.seed_serving:
                 self._seed_serving(api)
@@ -353,10 +356,11 @@ def rbac_documents(manifest: Path, serving_namespaces: Sequence[str]) -> list[di
 
 
 def apply_rbac(api: Any, manifest: Path, serving_namespaces: Sequence[str]) -> list[str]:
-    """Create rbac.yaml's objects (exactly those, nothing added); returns "Kind/ns/name" of each."""
+    """Create the manifest's objects (rbac.yaml's, admission-policy.yaml's: exactly those,
+    nothing added); returns "Kind/ns/name" of each."""
     from kubernetes import client as k8s
 
-    core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
+    core, rbac, adm = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api), k8s.AdmissionregistrationV1Api(api)
     made = []
     for doc in rbac_documents(manifest, serving_namespaces):
         kind, meta = doc["kind"], doc["metadata"]
@@ -368,6 +372,8 @@ def apply_rbac(api: Any, manifest: Path, serving_namespaces: Sequence[str]) -> l
             "ClusterRoleBinding": lambda d: rbac.create_cluster_role_binding(d),
             "Role": lambda d: rbac.create_namespaced_role(ns, d),
             "RoleBinding": lambda d: rbac.create_namespaced_role_binding(ns, d),
+            "ValidatingAdmissionPolicy": lambda d: adm.create_validating_admission_policy(d),
+            "ValidatingAdmissionPolicyBinding": lambda d: adm.create_validating_admission_policy_binding(d),
         }.get(kind)
         if create is None:
             raise SandboxError(f"{manifest}: kind {kind!r} is not one the sandbox applies")
@@ -376,5 +382,5 @@ def apply_rbac(api: Any, manifest: Path, serving_namespaces: Sequence[str]) -> l
     return made
 
 
-__all__ = ["KubeArgs", "RealKubeComponent", "apply_rbac", "parse_kube_args", "rbac_documents", "stages_yaml",
+__all__ = ["ADMISSION_POLICY_MANIFEST", "KubeArgs", "RealKubeComponent", "apply_rbac", "parse_kube_args", "rbac_documents", "stages_yaml",
            "wellknown"]

@@ -1,0 +1,150 @@
+"""What the running Slurm must say for gpu-bridge's design, judged from plain data.
+
+``check(config, settings, partitions)`` takes slurmctld's running settings (``scontrol show
+config``) and partitions (``scontrol show partition``) as dicts and returns what is missing or
+conflicting, each with the key, what was found, why gpu-bridge needs otherwise and the fix.
+No I/O: ``gpu-bridge check-slurm`` (bridge.slurm_check_cli) reads Slurm and prints the result.
+
+Why a check and not a slurm.conf to paste: PreemptType, PreemptMode, SlurmctldParameters,
+JobSubmitPlugins, CliFilterPlugins and RequeueExit are cluster-wide; a second line appended to
+slurm.conf silently replaces the site's own value (its other plugins, its configless mode).
+The snippet leaves them to be merged by hand; this says whether the merge is right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from bridge import wellknown
+from bridge.adapters.slurm.hostlist import expand
+from bridge.config import Config
+from bridge.errors import AdapterError
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing missing or conflicting: ``key`` (a slurm.conf key, or ``PartitionName=P Key``),
+    what slurmctld runs with, and what to do."""
+
+    key: str
+    found: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.key} = {self.found or '(not set)'}: {self.problem}"
+
+
+def _items(value: str) -> list[str]:
+    """A comma-separated Slurm list, each item lower-cased; "(null)" is empty."""
+    return [v.strip().lower() for v in value.split(",") if v.strip() and v.strip().lower() != "(null)"]
+
+
+def _plugin_names(value: str) -> set[str]:
+    """``lua`` from ``lua``, ``job_submit/lua`` or ``cli_filter/lua``."""
+    return {v.rsplit("/", 1)[-1] for v in _items(value)}
+
+
+def _seconds(value: str) -> float | None:
+    """GraceTime as ``scontrol show partition`` prints it: seconds (``120``), or None."""
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _nodes(value: str) -> frozenset[str] | None:
+    """A partition's node list expanded; None for ``ALL`` (every node of the cluster)."""
+    if value.strip().upper() == "ALL":
+        return None
+    try:
+        return frozenset(expand(value))
+    except AdapterError:
+        return frozenset()
+
+
+def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, Mapping[str, str]]) -> list[Finding]:
+    """Everything in the running Slurm that gpu-bridge's design needs and does not find."""
+    out: list[Finding] = []
+    get = settings.get
+
+    preempt_type = get("PreemptType", "")
+    if preempt_type != "preempt/partition_prio":
+        out.append(Finding("PreemptType", preempt_type, "needs preempt/partition_prio: a hold job in the top-tier "
+                                                        "partition is how gpu-bridge preempts research jobs"))
+    mode = _items(get("PreemptMode", ""))
+    if "gang" in mode or "suspend" in mode:
+        out.append(Finding("PreemptMode", get("PreemptMode", ""), "GANG/SUSPEND conflict with gpu-bridge: a GPU "
+                                                                  "cannot be shared; preempted jobs must be requeued"))
+    if "preempt_send_user_signal" not in _items(get("SlurmctldParameters", "")) and "send_user_signal" not in _items(
+        get("PreemptParameters", "")
+    ):
+        out.append(Finding("SlurmctldParameters", get("SlurmctldParameters", ""),
+                           "lacks preempt_send_user_signal (24.11: PreemptParameters=send_user_signal): without it a "
+                           "preempted job hears its signal only at the end of GraceTime, too late to checkpoint; "
+                           "add it to the existing list, do not replace the list"))
+    requeue_exit = [v.strip() for v in get("RequeueExit", "").split(",")]
+    if str(wellknown.SLURM_REQUEUE_EXIT) not in requeue_exit:
+        out.append(Finding("RequeueExit", get("RequeueExit", ""),
+                           f"lacks {wellknown.SLURM_REQUEUE_EXIT}: a job that saved its work on the signal and exits "
+                           f"{wellknown.SLURM_REQUEUE_EXIT} ends FAILED instead of being requeued"))
+    if "lua" not in _plugin_names(get("JobSubmitPlugins", "")):
+        out.append(Finding("JobSubmitPlugins", get("JobSubmitPlugins", ""),
+                           "lacks lua: job_submit.lua keeps every job of the preemptible partition requeueable and "
+                           "the hold partition the bridge's; add lua to the existing list"))
+    if "lua" not in _plugin_names(get("CliFilterPlugins", "")):
+        out.append(Finding("CliFilterPlugins", get("CliFilterPlugins", ""),
+                           "lacks cli_filter/lua: research jobs get no default pre-preemption signal"))
+
+    pname, hname = config.slurm.preempt_partition, config.slurm.hold_partition
+    preempt, hold = partitions.get(pname), partitions.get(hname)
+    if preempt is None:
+        out.append(Finding(f"PartitionName={pname}", "", "missing: research jobs run there (slurm.preempt_partition)"))
+    else:
+        key = f"PartitionName={pname}"
+        if "REQUEUE" not in preempt.get("PreemptMode", "").upper().split(","):
+            out.append(Finding(f"{key} PreemptMode", preempt.get("PreemptMode", ""),
+                               "needs REQUEUE: a reclaimed node's jobs are requeued, never cancelled"))
+        grace = _seconds(preempt.get("GraceTime", ""))
+        if grace is None or abs(grace - config.slurm.grace_s) > 0.5:
+            out.append(Finding(f"{key} GraceTime", preempt.get("GraceTime", ""),
+                               f"differs from slurm.grace_s ({config.slurm.grace_s:g} s in the config): gpu-bridge "
+                               "would requeue jobs before their checkpoint time is over, or wait for nothing"))
+        over = preempt.get("OverTimeLimit", "")
+        if over.upper() != "UNLIMITED" and (_seconds(over) or 0) < wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN:
+            out.append(Finding(f"{key} OverTimeLimit", over,
+                               f"needs at least {wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN} (minutes): a preempted job "
+                               "that finishes its work during GraceTime otherwise ends TIMEOUT"))
+    if hold is None:
+        out.append(Finding(f"PartitionName={hname}", "", "missing: the bridge's hold jobs run there (slurm.hold_partition)"))
+    else:
+        key = f"PartitionName={hname}"
+        if hold.get("PreemptMode", "").upper() != "OFF":
+            out.append(Finding(f"{key} PreemptMode", hold.get("PreemptMode", ""), "needs OFF: a hold job is never preempted"))
+        if not hold.get("OverSubscribe", "").upper().startswith("EXCLUSIVE"):
+            out.append(Finding(f"{key} OverSubscribe", hold.get("OverSubscribe", ""),
+                               "needs EXCLUSIVE: a hold job keeps the whole node for serving"))
+        if hold.get("MaxTime", "").upper() != "UNLIMITED":
+            out.append(Finding(f"{key} MaxTime", hold.get("MaxTime", ""), "needs UNLIMITED: a hold job runs as long as the node serves"))
+    if preempt is not None and hold is not None:
+        try:
+            tiers = int(hold.get("PriorityTier", "")) > int(preempt.get("PriorityTier", ""))
+        except ValueError:
+            tiers = False
+        if not tiers:
+            out.append(Finding(f"PartitionName={hname} PriorityTier", hold.get("PriorityTier", ""),
+                               f"must be higher than {pname}'s ({preempt.get('PriorityTier', '')}): otherwise a hold job "
+                               "preempts nothing and no node can be reclaimed"))
+    if preempt is not None:
+        lendable = _nodes(preempt.get("Nodes", ""))
+        for name, part in sorted(partitions.items()):
+            if name in (pname, hname):
+                continue
+            other = _nodes(part.get("Nodes", ""))
+            shared = sorted(lendable & other) if lendable is not None and other is not None else None
+            if shared is None or shared:
+                which = ", ".join(shared[:5]) + (" ..." if len(shared) > 5 else "") if shared else "all nodes"
+                out.append(Finding(f"PartitionName={name} Nodes", part.get("Nodes", ""),
+                                   f"shares {which} with {pname}: a job of partition {name} on a lent node could not "
+                                   "be preempted, and the node could not be reclaimed"))
+    return out

@@ -1,0 +1,101 @@
+"""``bridge.slurm_check.check`` over plain data: a Slurm set up as slurm_conf/ says fits; each
+conflicting or missing setting is named by its key; slurm.conf.snippet sets no cluster-wide key
+(it would silently replace the site's own) and the values it asks to merge are the ones the
+check wants. Parsers of ``scontrol show config`` / ``show partition`` on recorded 22.05 output.
+The command against a real slurmctld: tests/integration/test_check_slurm.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bridge.adapters.slurm.parse import parse_show_config, parse_show_partitions
+from bridge.config import default_config
+from bridge.slurm_check import check
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "slurm"
+CLUSTER_WIDE = ("PreemptType", "PreemptMode", "PreemptParameters", "SlurmctldParameters", "JobSubmitPlugins",
+                "CliFilterPlugins", "RequeueExit", "JobRequeue", "KillWait", "GresTypes", "SelectType",
+                "SelectTypeParameters")
+
+GOOD_SETTINGS = {
+    "PreemptType": "preempt/partition_prio", "PreemptMode": "REQUEUE", "SlurmctldParameters": "enable_configless,preempt_send_user_signal",
+    "RequeueExit": "75", "JobSubmitPlugins": "lua", "CliFilterPlugins": "cli_filter/lua",
+}
+PREEMPT = {"PartitionName": "preempt", "Nodes": "gpu-node-[01-04]", "PriorityTier": "1", "PreemptMode": "REQUEUE",
+           "GraceTime": "120", "OverTimeLimit": "2"}
+HOLD = {"PartitionName": "gpu-bridge", "Nodes": "gpu-node-[01-04]", "PriorityTier": "100", "PreemptMode": "OFF",
+        "OverSubscribe": "EXCLUSIVE", "MaxTime": "UNLIMITED"}
+
+
+def _parts(**extra: dict[str, str]) -> dict[str, dict[str, str]]:
+    return {"preempt": dict(PREEMPT), "gpu-bridge": dict(HOLD), **extra}
+
+
+def test_a_slurm_set_up_as_documented_fits() -> None:
+    assert check(default_config(), GOOD_SETTINGS, _parts(cpu={"Nodes": "cpu-[01-10]"})) == []
+
+
+@pytest.mark.parametrize(
+    "settings, partitions, key",
+    [
+        ({"PreemptType": "preempt/qos"}, {}, "PreemptType"),
+        ({"PreemptMode": "SUSPEND,GANG"}, {}, "PreemptMode"),
+        ({"SlurmctldParameters": "enable_configless"}, {}, "SlurmctldParameters"),
+        ({"RequeueExit": ""}, {}, "RequeueExit"),
+        ({"JobSubmitPlugins": "pbs"}, {}, "JobSubmitPlugins"),
+        ({"CliFilterPlugins": ""}, {}, "CliFilterPlugins"),
+        ({}, {"preempt": {**PREEMPT, "PreemptMode": "CANCEL"}}, "PartitionName=preempt PreemptMode"),
+        ({}, {"preempt": {**PREEMPT, "GraceTime": "300"}}, "PartitionName=preempt GraceTime"),
+        ({}, {"preempt": {**PREEMPT, "OverTimeLimit": "NONE"}}, "PartitionName=preempt OverTimeLimit"),
+        ({}, {"gpu-bridge": {**HOLD, "OverSubscribe": "NO"}}, "PartitionName=gpu-bridge OverSubscribe"),
+        ({}, {"gpu-bridge": {**HOLD, "MaxTime": "1-00:00:00"}}, "PartitionName=gpu-bridge MaxTime"),
+        ({}, {"gpu-bridge": {**HOLD, "PriorityTier": "1"}}, "PartitionName=gpu-bridge PriorityTier"),
+        ({}, {"batch": {"Nodes": "gpu-node-03,cpu-01"}}, "PartitionName=batch Nodes"),
+        ({}, {"all": {"Nodes": "ALL"}}, "PartitionName=all Nodes"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_each_conflict_is_named_by_its_key(settings: dict[str, str], partitions: dict[str, dict[str, str]], key: str) -> None:
+    found = check(default_config(), {**GOOD_SETTINGS, **settings}, {**_parts(), **partitions})
+    assert [f.key for f in found] == [key]
+
+
+def test_24_11_spelling_of_the_signal_parameter_fits() -> None:
+    settings = {**GOOD_SETTINGS, "SlurmctldParameters": "", "PreemptParameters": "send_user_signal"}
+    assert check(default_config(), settings, _parts()) == []
+
+
+def test_missing_partitions_are_named() -> None:
+    found = check(default_config(), GOOD_SETTINGS, {})
+    assert [str(f) for f in found] == [
+        "PartitionName=preempt = (not set): missing: research jobs run there (slurm.preempt_partition)",
+        "PartitionName=gpu-bridge = (not set): missing: the bridge's hold jobs run there (slurm.hold_partition)",
+    ]
+
+
+def _snippet() -> str:
+    return (ROOT / "slurm_conf" / "slurm.conf.snippet").read_text()
+
+
+def test_the_snippet_sets_no_cluster_wide_key() -> None:
+    set_keys = {ln.split("=", 1)[0].strip() for ln in _snippet().splitlines() if ln.strip() and not ln.startswith("#") and "=" in ln}
+    assert set_keys & set(CLUSTER_WIDE) == set()
+
+
+def test_the_values_the_snippet_asks_to_merge_fit_the_check() -> None:
+    asked = dict(re.findall(r"^#([A-Za-z]+)=(\S+)$", _snippet(), flags=re.M))
+    assert set(asked) == set(CLUSTER_WIDE) - {"PreemptParameters"}
+    assert check(default_config(), asked, _parts()) == []
+
+
+def test_parse_recorded_22_05_output() -> None:
+    settings = parse_show_config((FIX / "show-config-22.05.txt").read_text())
+    assert settings["PreemptType"] == "preempt/partition_prio" and settings["RequeueExit"] == "75"
+    assert settings["JobSubmitPlugins"] == "lua"
+    parts = parse_show_partitions((FIX / "show-partition-22.05.txt").read_text())
+    assert set(parts) >= {"preempt", "gpu-bridge"}
+    assert parts["gpu-bridge"]["OverSubscribe"] == "EXCLUSIVE" and parts["preempt"]["PreemptMode"] == "REQUEUE"

@@ -89,6 +89,8 @@ KEYS = _numeric_keys()
 PARTNERS: dict[str, tuple[dict[str, float], float]] = {
     "pools.0.drain_s": ({"policy.lend_timeout_s": MAX_NUMBER}, MAX_NUMBER - 100),  # lend_timeout_s > drain_s + 20
     "policy.forecast.ratio_min": ({"policy.forecast.ratio_max": MAX_NUMBER}, MAX_NUMBER),  # ratio_min <= ratio_max
+    # a Slurm write must end while the leader still leads: at most 2/3 of the Lease less 0.5 s
+    "slurm.command_timeout_s": ({"daemon.lease_duration_s": MAX_NUMBER}, MAX_NUMBER * 2 // 3 - 1),
 }
 
 

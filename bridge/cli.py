@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bridge.forecast_cli",
     "bridge.config_cli",
     "bridge.daemon_cli",
+    "bridge.web.cli",
 )
 # Commands of other installed distributions (the lab's ``sandbox`` and ``demo``): each entry
 # point names a ``register_cli(subparsers)``. None on a production host.

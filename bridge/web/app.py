@@ -129,8 +129,11 @@ def build_app(source: WebSource) -> Starlette:
         preempted = source.preemptions() if user is None or job is not None else ()
         outlook = None
         if job is not None and job.state == "pending":
-            got = source.outlook(config.pools[0].name)
-            outlook = got.hours if got is not None else None
+            try:  # the job's facts do not wait for Prometheus: without it, no forecast is shown
+                got = source.outlook(config.pools[0].name)
+                outlook = got.hours if got is not None else None
+            except AdapterError as exc:
+                log.warning("web_outlook_unavailable", job=job_id, error=str(exc))
         doc = pages.job_doc(job_id, job, preempted, now=source.now(), grace_s=config.slurm.grace_s, outlook=outlook)
         return "job.html", doc, {}
 

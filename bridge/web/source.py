@@ -59,7 +59,7 @@ class WebSource:
         self._daemon = Daemon(
             config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools, dry_run=True
         )
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a reading may use another (the outlook counts the pool nodes)
         self._cache: dict[str, tuple[float, Any]] = {}
 
     @classmethod

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from bridge import logs
-from bridge.adapters.kube.client import KubeAdapter
+from bridge.adapters.kube.client import api_client_from_config
+from bridge.adapters.kube.events import NodeEventReader
 from bridge.adapters.kube.objects import NodeEvent
 from bridge.adapters.prom import DaemonHistory, PromPool
 from bridge.adapters.slurm.types import SlurmJobInfo
@@ -50,10 +51,12 @@ class WebSource:
         *,
         events: Callable[[str], tuple[NodeEvent, ...]] | None = None,
         clock: Callable[[], float] = time.time,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.adapters = adapters
         self.events = events
+        self._on_close = on_close
         self.clock = clock
         # writes are refused twice: the dry-run wrappers make none, the RBAC grants none
         self._daemon = Daemon(
@@ -66,14 +69,18 @@ class WebSource:
     def open(cls, config: Config) -> WebSource:
         """The real adapters under the web view's own identity, their write sides replaced by
         the dry-run wrappers (which write nothing); no Lease."""
-        raw = build_adapters(web_identity(config), dry_run=False, leader=False)
-        if not isinstance(raw.kube, KubeAdapter):
-            raise TypeError("build_adapters without a leader returns the KubeAdapter itself")
+        web = web_identity(config)
+        raw = build_adapters(web, dry_run=False, leader=False)
+        k = web.kubernetes
+        api = api_client_from_config(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None)
+        reader = NodeEventReader(api, request_timeout_s=k.timeout_s)
         adapters = dataclasses.replace(raw, kube=DryRunKube(raw.kube, identity=raw.identity), slurm=DryRunSlurm(raw.slurm))
-        return cls(config, adapters, events=raw.kube.node_events)
+        return cls(config, adapters, events=reader.node_events, on_close=api.close)
 
     def close(self) -> None:
         self.adapters.close()
+        if self._on_close is not None:
+            self._on_close()
 
     def _cached(self, key: str, max_age_s: float, read: Callable[[], T]) -> T:
         with self._lock:  # one reader at a time: concurrent page loads share one reading

@@ -29,7 +29,6 @@ from .informer import Informer
 from .objects import (
     DeploymentInfo,
     EvictOutcome,
-    NodeEvent,
     NodeInfo,
     PodInfo,
     ScaleInfo,
@@ -409,22 +408,6 @@ class KubeAdapter:
         log.info("pod_evicted", pod=pod, namespace=namespace)
         return EvictOutcome.EVICTED
 
-    def node_events(self, reason: str) -> tuple[NodeEvent, ...]:
-        """The Events with ``reason`` on nodes in the event namespace, oldest first (one LIST;
-        read-only: ``gpu-bridge web``). Kubernetes keeps Events for the API server's
-        ``--event-ttl`` (1 h by default)."""
-        if not reason.isalnum():
-            raise ValueError(f"reason: expected a CamelCase Event reason, got {reason!r}")
-        doc = read_json(
-            self.calls.run(
-                "list", "events", "", self._core.list_namespaced_event, self._event_ns,
-                field_selector=f"involvedObject.kind=Node,reason={reason}",
-                _preload_content=False, _request_timeout=self._timeout,
-            )
-        )
-        found = (parse_node_event(item) for item in doc.get("items") or ())
-        return tuple(sorted((e for e in found if e is not None), key=lambda e: (e.t, e.node)))
-
     def emit_event(self, node: str, reason: str, message: str, event_type: str = "Normal") -> None:
         """A core/v1 Event on the node (namespace ``event_namespace``), as kubelet and
         controllers write them, so ``kubectl describe node`` lists it."""
@@ -455,21 +438,6 @@ class KubeAdapter:
                 _preload_content=False, _request_timeout=self._timeout,
             )
         )
-
-
-def parse_node_event(obj: Mapping[str, Any]) -> NodeEvent | None:
-    """One core/v1 Event about a node (None: about something else, or without a time)."""
-    inv = obj.get("involvedObject") or {}
-    if inv.get("kind") != "Node" or not isinstance(inv.get("name"), str):
-        return None
-    stamp = obj.get("lastTimestamp") or obj.get("eventTime") or obj.get("firstTimestamp")
-    if not isinstance(stamp, str):
-        return None
-    try:
-        t = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-    return NodeEvent(node=inv["name"], reason=str(obj.get("reason") or ""), message=str(obj.get("message") or ""), t=t)
 
 
 def _parse_pool_pod(obj: Mapping[str, Any], *, pool: str) -> PodInfo:

@@ -466,8 +466,8 @@ class PromAdapter:
         query = " or ".join(
             _tag(expr, tag)
             for expr, tag in (
-                (f'sum(increase(gpu_bridge_lends_total{{pool="{p}"}}[{w}]))', "lends"),
-                (f'sum(increase(gpu_bridge_reclaims_total{{pool="{p}"}}[{w}]))', "reclaims"),
+                (_counter_step(f'gpu_bridge_lends_total{{pool="{p}"}}', w), "lends"),
+                (_counter_step(f'gpu_bridge_reclaims_total{{pool="{p}"}}', w), "reclaims"),
                 (f'max(max_over_time(gpu_bridge_nodes{{pool="{p}",phase="lent"}}[{w}]))', "lent"),
                 (f'max(max_over_time(gpu_bridge_pool_slo_budget_spent_ratio{{pool="{p}"}}[{w}]))', "slo_spent"),
             )
@@ -512,6 +512,13 @@ class PromAdapter:
 # --- the daemon's own history (``gpu-bridge web``) ---------------------------------------------
 
 DAEMON_SERIES = ("lends", "reclaims", "lent", "slo_spent")
+
+
+def _counter_step(series: str, window: str) -> str:
+    """What a counter of the daemon's counted in the last ``window``: now minus then, a series
+    absent then counting from 0 (the daemon's counters are born at their first increment,
+    which ``increase()`` cannot see); a restart's reset gives 0, never a negative count."""
+    return f"clamp_min(sum({series}) - (sum({series} offset {window}) or vector(0)), 0)"
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,10 +82,12 @@ class WebSource:
         if self._on_close is not None:
             self._on_close()
 
-    def _cached(self, key: str, max_age_s: float, read: Callable[[], T]) -> T:
+    def _cached(self, key: str, max_age_s: float, read: Callable[[], T], *, none_max_age_s: float | None = None) -> T:
         with self._lock:  # one reader at a time: concurrent page loads share one reading
             hit = self._cache.get(key)
             now = time.monotonic()
+            if hit is not None and hit[1] is None and none_max_age_s is not None:
+                max_age_s = none_max_age_s
             if hit is not None and now - hit[0] < max_age_s:
                 return hit[1]  # type: ignore[no-any-return]
             value = read()
@@ -128,7 +130,8 @@ class WebSource:
                 log.info("outlook_unavailable", pool=pool, reason=str(exc))
                 return None
 
-        return self._cached(f"outlook:{pool}", OUTLOOK_CACHE_S, read)
+        # no history yet: asked again after web.cache_s, not a minute later
+        return self._cached(f"outlook:{pool}", OUTLOOK_CACHE_S, read, none_max_age_s=self.config.web.cache_s)
 
     def history(self, pool: str, days: float) -> DaemonHistory:
         """The daemon's lends, reclaims, lent nodes and SLO budget over the last ``days``."""

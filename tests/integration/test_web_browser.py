@@ -194,8 +194,7 @@ def test_researcher_view_follows_lends_and_reclaims(site: tuple[Any, World, str,
     body = browser.find_element(By.TAG_NAME, "body")
     body.send_keys(Keys.TAB)
     assert browser.switch_to.active_element.text == "Skip to content"
-    body.send_keys(Keys.TAB)  # skip link -> first navigation link
-    browser.switch_to.active_element.send_keys(Keys.TAB)
+    browser.switch_to.active_element.send_keys(Keys.TAB)  # skip link -> first navigation link
     assert browser.switch_to.active_element.text == "Pool now"
 
     # 5. bad input: a clear 4xx page

@@ -68,7 +68,7 @@ def outlook_chart(labels: Sequence[str], lendable: Sequence[int | None], demand:
         d = demand[i]
         if d is not None:
             pts.append(f"{x + pw / 2:.1f},{TOP + ph * (1 - min(d, top) / top):.1f}")
-        if i % max(1, n // 8) == 0:
+        if i % max(1, n // 8) == 0 and x < W - RIGHT - 40:
             out.append(f'<text x="{x + pw / 2:.1f}" y="{H - BOTTOM + 16}" text-anchor="middle" font-size="12" fill="{TEXT}">{escape(labels[i])}</text>')
     if len(pts) > 1:
         out.append(f'<polyline points="{" ".join(pts)}" fill="none" stroke="{LINE}" stroke-width="2.5" stroke-dasharray="6 3"/>')
@@ -102,7 +102,7 @@ def history_chart(t: Sequence[float], lent: Sequence[float | None], lends: Seque
         if (reclaims[i] or 0) >= 0.5:
             out.append(f'<rect x="{x:.1f}" y="{H - BOTTOM + 2}" width="{max(pw, 2):.1f}" height="8" fill="{LINE}"/>')
         day = datetime.fromtimestamp(t[i], UTC).strftime("%m-%d %H:%M" if t[-1] - t[0] < 2 * 86400 else "%a %m-%d")
-        if i % max(1, n // 6) == 0 and day != last_day:
+        if i % max(1, n // 6) == 0 and day != last_day and x < W - RIGHT - 80:  # no label cut at the edge
             out.append(f'<text x="{x:.1f}" y="{H - BOTTOM + 26}" font-size="12" fill="{TEXT}">{escape(day)}</text>')
             last_day = day
     out.append("</svg>")

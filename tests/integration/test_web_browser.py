@@ -7,7 +7,7 @@ Load falls -> the pool page shows a node lent within seconds of Kubernetes sayin
 research job runs on it -> load rises -> the job's page shows its preemption (time, node,
 GraceTime, requeued, work lost) and the requeue; the outlook and history pages render; bad input
 gets a 4xx page. Screenshots of every page are saved (``$GPU_BRIDGE_TEST_ARTEFACTS`` or the
-test's tmp dir) and each page's server time is printed (target: under 300 ms)."""
+test's tmp dir) and each page's time is printed (target: under 300 ms; a number, not an assertion)."""
 
 from __future__ import annotations
 
@@ -107,14 +107,6 @@ def site(artefacts: Path) -> Iterator[tuple[Any, World, str, Path]]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def server_ms(url: str) -> float:
-    """The app's own time for one page (its Server-Timing header), in ms."""
-    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback
-        r.read()
-        timing = r.headers["Server-Timing"]
-    return float(timing.split("dur=")[1])
-
-
 def pool_phases(browser: Any, url: str) -> dict[str, str]:
     from selenium.webdriver.common.by import By
 
@@ -204,10 +196,18 @@ def test_researcher_view_follows_lends_and_reclaims(site: tuple[Any, World, str,
     browser.get(f"{url}/job/999999")
     assert "not in squeue" in browser.find_element(By.ID, "error-message").text
 
-    # 6. the time each page takes in the app (Server-Timing), warm
-    times = {p: min(server_ms(f"{url}{p}") for _ in range(3))
-             for p in ("/pool", "/jobs", f"/job/{job}", "/outlook", "/history?days=0.1", "/api/pool")}
-    print("server time per page, ms (best of 3): " + ", ".join(f"{p} {t:.0f}" for p, t in times.items()))
+    # 6. the time each page takes, as a client sees it, each read fresh (web.cache_s expired)
+    times = {}
+    for p in ("/pool", "/jobs", f"/job/{job}", "/outlook", "/history?days=0.1", "/api/pool"):
+        samples = []
+        for _ in range(3):
+            time.sleep(0.6)  # past web.cache_s: Slurm, Kubernetes' cache and Prometheus read again
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(f"{url}{p}", timeout=10) as r:  # noqa: S310 - loopback
+                r.read()
+            samples.append((time.perf_counter() - t0) * 1000)
+        times[p] = sorted(samples)[1]
+    print("page time, ms (median of 3, fresh reads; target < 300): " + ", ".join(f"{p} {t:.0f}" for p, t in times.items()))
     print(f"screenshots in {artefacts}: {', '.join(shots)}")
     for s in shots:
         assert (artefacts / f"{s}.png").stat().st_size > 5_000

@@ -95,7 +95,8 @@ class PoolOutlook:
 
 
 def read_outlook(
-    cfg: Config, pool: PoolConfig, *, url: str, now: float, hours: int, pool_nodes: int | None = None
+    cfg: Config, pool: PoolConfig, *, url: str, now: float, hours: int, pool_nodes: int | None = None,
+    pool_nodes_source: str = "--pool-nodes",
 ) -> PoolOutlook:
     """The pool's lendable outlook from Prometheus' history (read-only): the history read the
     way the daemon reads it, then ``lendable_outlook`` with ``outlook_calibration``. Raises
@@ -116,7 +117,7 @@ def read_outlook(
     start = math.floor((now - span) / step) * step
     hist = history_chunked(adapter, ppool, start=start, end=now, step_s=step)
     nodes = pool_nodes
-    nodes_src = "--pool-nodes"
+    nodes_src = pool_nodes_source
     if nodes is None:
         nodes = adapter.pool_nodes(ppool)
         nodes_src = "gpu_bridge_nodes (the daemon's metric)"

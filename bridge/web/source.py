@@ -125,7 +125,7 @@ class WebSource:
             nodes = sum(1 for r in self.pool_rows() if r["pool"] == pool) or None
             try:
                 return read_outlook(cfg, cfg.pool(pool), url=cfg.prometheus.url, now=self.clock(), hours=OUTLOOK_HOURS,
-                                    pool_nodes=nodes)
+                                    pool_nodes=nodes, pool_nodes_source="the pool's nodes in Kubernetes")
             except NoHistoryError as exc:
                 log.info("outlook_unavailable", pool=pool, reason=str(exc))
                 return None

@@ -187,6 +187,10 @@ class Actuator:
         """A Warning Event on the node, for what an operator must look at."""
         self._event(node, reason, message, "Warning")
 
+    def note(self, node: str, reason: str, message: str) -> None:
+        """A Normal Event on the node: a fact people (and ``gpu-bridge web``) read back."""
+        self._event(node, reason, message)
+
     def refuse(self, node: str, request: str, why: str) -> None:
         """Show an operator why their request was not carried out."""
         self._event(node, "GpuBridgeRequestRefused", f"{request} refused: {why}", "Warning")

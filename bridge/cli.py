@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bridge.config_cli",
     "bridge.slurm_check_cli",
     "bridge.daemon_cli",
+    "bridge.web.cli",
 )
 # Commands of other installed distributions (the lab's ``sandbox`` and ``demo``): each entry
 # point names a ``register_cli(subparsers)``. None on a production host.

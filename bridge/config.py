@@ -502,6 +502,27 @@ class DaemonConfig:
 
 
 @dataclass(frozen=True, slots=True, config=_SECTION)
+class WebConfig:
+    """``gpu-bridge web``: the researchers' read-only view (docs/researcher-guide.md)."""
+
+    host: Str = Field(default="127.0.0.1", description="bind address of the web view (loopback: put a reverse proxy in front)")
+    port: Int = Field(default=8808, ge=0, le=65535, description="port of the web view (0 = any free port)")
+    kubeconfig: Str | None = Field(
+        default=None,
+        description="kubeconfig of the web view's own read-only ServiceAccount (deploy/kubernetes/web-rbac.yaml); "
+        "null = $KUBECONFIG or ~/.kube/config of its user, never kubernetes.kubeconfig",
+    )
+    user_header: Str | None = Field(
+        default=None,
+        description="request header carrying the user a reverse proxy authenticated (e.g. X-Forwarded-User); "
+        "set: the job pages show that user's jobs only; null = every job, as squeue shows",
+    )
+    root_path: Str = Field(default="", description="URL prefix a reverse proxy that strips it serves the view under (Open OnDemand: /rnode/HOST/PORT)")
+    history_days: Num = Field(default=7.0, gt=0, le=90, description="days the history page shows")
+    cache_s: Num = Field(default=2.0, ge=0, description="seconds one reading of Slurm, Kubernetes and Prometheus is reused")
+
+
+@dataclass(frozen=True, slots=True, config=_SECTION)
 class Config:
     """The whole daemon configuration."""
 
@@ -511,6 +532,7 @@ class Config:
     prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig, description="Prometheus")
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig, description="Kubernetes API access")
     daemon: DaemonConfig = Field(default_factory=DaemonConfig, description="the daemon process")
+    web: WebConfig = Field(default_factory=WebConfig, description="the researchers' read-only web view (gpu-bridge web)")
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -594,7 +616,7 @@ def replace(obj: _T, /, *, source: str = "overrides", **changes: Any) -> _T:
 _SECTIONS = {
     c.__name__: c
     for c in (Config, PoolConfig, TargetConfig, SlurmConfig, PolicyConfig, ForecastConfig, CalibrationConfig,
-              CalendarRule, PrometheusConfig, KubernetesConfig, DaemonConfig)
+              CalendarRule, PrometheusConfig, KubernetesConfig, DaemonConfig, WebConfig)
 }
 
 

@@ -36,6 +36,9 @@ from bridge.policy.calibrate import Calibrator
 from bridge.policy.forecast import history_windows, horizon_s, measured_horizon
 from bridge.policy.history import HistoryRecorder
 from bridge.policy.plan import plan as policy_plan
+from bridge.policy.victims import job_loss_gpu_hours
+from bridge.preemption import EVENT_REASON as PREEMPTION_EVENT
+from bridge.preemption import preemption_message
 
 log = logs.get(__name__)
 
@@ -288,6 +291,21 @@ class Daemon:
         )
         return self._calibrate(obs, now)
 
+    def _record_preemption(self, node: str, pool: str, job: SlurmJob, now: float) -> None:
+        """A job this reclaim preempts: counted, and told on the node as an Event with the
+        work it loses (what ``gpu-bridge web`` shows on the job's page)."""
+        grace_s = self.config.slurm.grace_s
+        if self.metrics is not None:
+            self.metrics.record_preemption(pool=pool, job=job, now=now, grace_s=grace_s)
+        lost = job_loss_gpu_hours(job, now, grace_s)
+        self.actuator.note(
+            node,
+            PREEMPTION_EVENT,
+            preemption_message(
+                job_id=job.job_id, node=node, grace_s=grace_s, lost_gpu_hours=lost, checkpoint_time=job.checkpoint_time
+            ),
+        )
+
     def loop_alive(self, stall_s: float) -> bool:
         """The loop started a tick or a chained round within ``stall_s``: a slow tick is
         alive, a wedged one is not (the LeaseKeeper then lets the Lease lapse)."""
@@ -354,13 +372,10 @@ class Daemon:
                     self._reclaims[action.node] = ReclaimTimes(
                         action.node, action.pool, decided=now, signal_t=sig.t if sig else None
                     )
-                    if self.metrics is not None:
-                        for job_id in action.jobs:
-                            job = obs.view.jobs.get(job_id)
-                            if job is not None:
-                                self.metrics.record_preemption(
-                                    pool=action.pool, job=job, now=now, grace_s=self.config.slurm.grace_s
-                                )
+                    for job_id in action.jobs:
+                        job = obs.view.jobs.get(job_id)
+                        if job is not None:
+                            self._record_preemption(action.node, action.pool, job, now)
             if plan.actions and not self.dry_run:
                 obs = self.observe(self.clock())
         if obs.requests and not self.dry_run:

@@ -14,11 +14,13 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from bridge.config import Config, PoolConfig, default_config, load_config
 from bridge.errors import AdapterError, ConfigError
+from bridge.policy.outlook import HourOutlook
 
 # Exit codes (docs/researcher-guide.md): 0 done; 1 no usable history for the pool;
 # 2 bad input; 3 Prometheus unreachable or answering an error.
@@ -72,11 +74,106 @@ def sentence(outlook: Sequence[Any], nodes: int, hours: float, now: float) -> st
     )
 
 
-def run(args: argparse.Namespace) -> int:
+class NoHistoryError(Exception):
+    """Prometheus has no usable vLLM series for the pool: nothing to forecast from."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolOutlook:
+    """What ``gpu-bridge forecast`` (and ``gpu-bridge web``'s outlook page) shows for a pool."""
+
+    pool: str
+    now: float
+    nodes: int
+    nodes_source: str
+    history_since: float  # first usable sample
+    read_from: float  # start of the history read
+    step_s: float
+    margin_note: str
+    calibrating: bool
+    hours: tuple[HourOutlook, ...]
+
+
+def read_outlook(
+    cfg: Config, pool: PoolConfig, *, url: str, now: float, hours: int, pool_nodes: int | None = None,
+    pool_nodes_source: str = "--pool-nodes",
+) -> PoolOutlook:
+    """The pool's lendable outlook from Prometheus' history (read-only): the history read the
+    way the daemon reads it, then ``lendable_outlook`` with ``outlook_calibration``. Raises
+    AdapterError (Prometheus) or NoHistoryError."""
     from bridge.adapters.prom import PromPool, history_chunked, selector
-    from bridge.wiring import prom_adapter
-    from bridge.policy.outlook import OUTLOOK_LAGS_S, OUTLOOK_STEP_S, lendable_outlook, outlook_calibration, outlook_span_s
     from bridge.policy.demand import replicas_needed
+    from bridge.policy.outlook import OUTLOOK_STEP_S, lendable_outlook, outlook_calibration, outlook_span_s
+
+    from bridge.wiring import prom_adapter
+
+    ppool = PromPool.from_config(pool, cfg.prometheus)
+    adapter = prom_adapter(cfg, url=url, timeout_s=max(cfg.prometheus.timeout_s, 30.0))
+    # the calibration needs policy.calibration.window_s at its own step, as the daemon reads it
+    cc = cfg.policy.calibration
+    step = cc.step_s if cc.enabled else OUTLOOK_STEP_S
+    span = max(outlook_span_s(cfg, hours), cc.window_s if cc.enabled else 0.0)
+    start = math.floor((now - span) / step) * step
+    hist = history_chunked(adapter, ppool, start=start, end=now, step_s=step)
+    nodes = pool_nodes
+    nodes_src = pool_nodes_source
+    if nodes is None:
+        nodes = adapter.pool_nodes(ppool)
+        nodes_src = "gpu_bridge_nodes (the daemon's metric)"
+    hist = tuple(s for s in hist if s.t <= now)
+    known = [s for s in hist if replicas_needed(s, pool.target) is not None]
+    if not known:
+        raise NoHistoryError(
+            f"pool {pool.name}: no usable vLLM series selected by {{{selector(ppool)}}} in the last "
+            f"{(now - start) / 86400:.1f} days at {url}; nothing to forecast from"
+        )
+    if nodes is None:
+        nodes = max(1, math.ceil(max(s.replicas_reporting for s in hist) / pool.replicas_per_node))
+        nodes_src = "most replicas seen (no gpu_bridge_nodes in Prometheus; lent nodes are not seen: --pool-nodes)"
+    calib = outlook_calibration(hist, now, config=cfg, pool=pool, nodes=nodes)
+    outlook = lendable_outlook(hist, now, config=cfg, pool=pool, nodes=nodes, hours=hours, calibration=calib)
+    if calib is None:
+        margin_note = "calibration off: headroom settings only"
+    elif calib.margin is None:
+        margin_note = (
+            f"calibrating: {calib.samples} of {calib.needed} min of history needed; the policy lends nothing yet"
+        )
+    else:
+        margin_note = calib.describe()
+    return PoolOutlook(
+        pool=pool.name, now=now, nodes=nodes, nodes_source=nodes_src, history_since=known[0].t, read_from=start,
+        step_s=step, margin_note=margin_note, calibrating=calib is not None and calib.margin is None, hours=outlook,
+    )
+
+
+def outlook_doc(got: PoolOutlook, answer: str | None = None) -> dict[str, Any]:
+    """``forecast --json``'s document (also ``gpu-bridge web``'s ``/api/outlook``)."""
+    return {
+        "pool": got.pool,
+        "now": got.now,
+        "pool_nodes": got.nodes,
+        "pool_nodes_source": got.nodes_source,
+        "history_since": got.history_since,
+        "history_read_s": got.now - got.read_from,
+        "calibration": got.margin_note,
+        "calibrating": got.calibrating,
+        "hours": [
+            {
+                "start": h.start,
+                "demand_replicas": None if h.demand is None else round(h.demand, 3),
+                "serving_nodes": h.serving_nodes,
+                "lendable_nodes": h.lendable_nodes,
+                "basis": h.basis or None,
+                "margin": h.margin,
+            }
+            for h in got.hours
+        ],
+        "answer": answer,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge.policy.outlook import OUTLOOK_LAGS_S
     from bridge.simulate.cli import parse_duration, parse_time
 
     def fail(code: int, lines: list[str]) -> int:
@@ -106,72 +203,19 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(EXIT_BAD_INPUT, exc.problems)
 
-    ppool = PromPool.from_config(pool, cfg.prometheus)
     try:
-        adapter = prom_adapter(cfg, url=url, timeout_s=max(cfg.prometheus.timeout_s, 30.0))
-    except ConfigError as exc:
-        return fail(EXIT_BAD_INPUT, exc.problems)
-    # the calibration needs policy.calibration.window_s at its own step, as the daemon reads it
-    cc = cfg.policy.calibration
-    step = cc.step_s if cc.enabled else OUTLOOK_STEP_S
-    span = max(outlook_span_s(cfg, args.hours), cc.window_s if cc.enabled else 0.0)
-    start = math.floor((now - span) / step) * step
-    try:
-        hist = history_chunked(adapter, ppool, start=start, end=now, step_s=step)
-        nodes = args.pool_nodes
-        nodes_src = "--pool-nodes"
-        if nodes is None:
-            nodes = adapter.pool_nodes(ppool)
-            nodes_src = "gpu_bridge_nodes (the daemon's metric)"
+        got = read_outlook(cfg, pool, url=url, now=now, hours=args.hours, pool_nodes=args.pool_nodes)
     except AdapterError as exc:
         return fail(EXIT_PROMETHEUS, [f"Prometheus at {url}: {exc}"])
-    hist = tuple(s for s in hist if s.t <= now)
-    known = [s for s in hist if replicas_needed(s, pool.target) is not None]
-    if not known:
-        return fail(
-            EXIT_NO_DATA,
-            [f"pool {pool.name}: no usable vLLM series selected by {{{selector(ppool)}}} in the last "
-             f"{(now - start) / 86400:.1f} days at {url}; nothing to forecast from"],
-        )
-    if nodes is None:
-        nodes = max(1, math.ceil(max(s.replicas_reporting for s in hist) / pool.replicas_per_node))
-        nodes_src = "most replicas seen (no gpu_bridge_nodes in Prometheus; lent nodes are not seen: --pool-nodes)"
-    calib = outlook_calibration(hist, now, config=cfg, pool=pool, nodes=nodes)
-    outlook = lendable_outlook(hist, now, config=cfg, pool=pool, nodes=nodes, hours=args.hours, calibration=calib)
-    if calib is None:
-        margin_note = "calibration off: headroom settings only"
-    elif calib.margin is None:
-        margin_note = (
-            f"calibrating: {calib.samples} of {calib.needed} min of history needed; the policy lends nothing yet"
-        )
-    else:
-        margin_note = calib.describe()
+    except NoHistoryError as exc:
+        return fail(EXIT_NO_DATA, [str(exc)])
+    except ConfigError as exc:  # the https settings of prometheus (CA, client cert, token)
+        return fail(EXIT_BAD_INPUT, exc.problems)
+    outlook, nodes, nodes_src, margin_note, oldest = got.hours, got.nodes, got.nodes_source, got.margin_note, got.history_since
+    start, step = got.read_from, got.step_s
     answer = sentence(outlook, args.nodes, for_h, now) if args.nodes is not None and for_h is not None else None
-    oldest = known[0].t
     if args.json:
-        doc = {
-            "pool": pool.name,
-            "now": now,
-            "pool_nodes": nodes,
-            "pool_nodes_source": nodes_src,
-            "history_since": oldest,
-            "history_read_s": now - start,
-            "calibration": margin_note,
-            "calibrating": calib is not None and calib.margin is None,
-            "hours": [
-                {
-                    "start": h.start,
-                    "demand_replicas": None if h.demand is None else round(h.demand, 3),
-                    "serving_nodes": h.serving_nodes,
-                    "lendable_nodes": h.lendable_nodes,
-                    "basis": h.basis or None,
-                    "margin": h.margin,
-                }
-                for h in outlook
-            ],
-            "answer": answer,
-        }
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(outlook_doc(got, answer), indent=2))
         return 0
     print(
         f"pool {pool.name}: {nodes} nodes ({nodes_src}); forecast as of {datetime.fromtimestamp(now, UTC):%Y-%m-%d %H:%M} UTC "

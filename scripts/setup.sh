@@ -3,7 +3,7 @@
 # the Debian packages of the local sandbox (munge, Slurm, Prometheus, kubectl; systemd-nspawn
 # and debootstrap for the tests that boot a real systemd and run Debian 13's Slurm 24.11 in
 # cached Debian trees, built on first use: `python -m gpu_bridge_lab.sandbox.nspawn build` builds them
-# ahead) and a virtualenv at .venv with the project and its test extras. Safe to run again.
+# ahead; chromium and chromium-driver for the browser test of `gpu-bridge web`) and a virtualenv at .venv with the project and its test extras. Safe to run again.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
@@ -12,7 +12,8 @@ say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 need_pkgs=()
 for pair in munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client \
             prometheus:prometheus promtool:prometheus systemd-analyze:systemd openssl:openssl \
-            systemd-nspawn:systemd-container debootstrap:debootstrap; do
+            systemd-nspawn:systemd-container debootstrap:debootstrap \
+            chromium:chromium chromedriver:chromium-driver; do
     cmd=${pair%%:*}; pkg=${pair#*:}
     command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || need_pkgs+=("$pkg")
 done

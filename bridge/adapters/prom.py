@@ -538,6 +538,40 @@ class PromAdapter:
         latency) from ``start`` to ``end`` at ``step_s``; see ``build_request_query``."""
         return request_history(self, pool, start=start, end=end, step_s=step_s)
 
+    def daemon_history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> DaemonHistory:
+        """The daemon's own metrics for the pool over [start, end] (``gpu-bridge web``'s history):
+        per step, lends and reclaims completed in that step (``increase`` of the leader's
+        counters), nodes lent, and the SLO budget spent. One range query; read-only."""
+        if step_s <= 0 or end < start:
+            raise ValueError(f"daemon_history: need step_s > 0 and end >= start, got start={start} end={end} step_s={step_s}")
+        start, end = float(round(start)), float(round(end))
+        p = _escape(pool.name)
+        w = _window(step_s)
+        query = " or ".join(
+            _tag(expr, tag)
+            for expr, tag in (
+                (_counter_step(f'gpu_bridge_lends_total{{pool="{p}"}}', w), "lends"),
+                (_counter_step(f'gpu_bridge_reclaims_total{{pool="{p}"}}', w), "reclaims"),
+                (f'max(max_over_time(gpu_bridge_nodes{{pool="{p}",phase="lent"}}[{w}]))', "lent"),
+                (f'max(max_over_time(gpu_bridge_pool_slo_budget_spent_ratio{{pool="{p}"}}[{w}]))', "slo_spent"),
+            )
+        )
+        result = self._run(
+            "query_range",
+            pool,
+            lambda: self._client.custom_query_range(
+                query,
+                start_time=datetime.fromtimestamp(start, UTC),
+                end_time=datetime.fromtimestamp(end, UTC),
+                step=f"{step_s:g}",
+                timeout=self.timeout_s,
+            ),
+        )
+        try:
+            return parse_daemon_history(result, start=start, end=end, step_s=step_s)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
+
     def _run(self, kind: Literal["query", "query_range"], pool: PromPool, fn: Any) -> Any:
         with self._lock:
             self._queries[kind] += 1
@@ -567,6 +601,45 @@ class PromAdapter:
     def _fail(self, kind: str) -> None:
         with self._lock:
             self._failures[kind] += 1
+
+
+# --- the daemon's own history (``gpu-bridge web``) ---------------------------------------------
+
+DAEMON_SERIES = ("lends", "reclaims", "lent", "slo_spent")
+
+
+def _counter_step(series: str, window: str) -> str:
+    """What a counter of the daemon's counted in the last ``window``: now minus then, a series
+    absent then counting from 0 (the daemon's counters are born at their first increment,
+    which ``increase()`` cannot see); a restart's reset gives 0, never a negative count."""
+    return f"clamp_min(sum({series}) - (sum({series} offset {window}) or vector(0)), 0)"
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonHistory:
+    """Per step from ``start``: each of ``DAEMON_SERIES`` (NaN where Prometheus has nothing)."""
+
+    start: float
+    step_s: float
+    series: Mapping[str, tuple[float, ...]]
+
+    def t(self, i: int) -> float:
+        return self.start + i * self.step_s
+
+
+def parse_daemon_history(result: Sequence[Mapping[str, Any]], *, start: float, end: float, step_s: float) -> DaemonHistory:
+    """A ``daemon_history`` answer on a regular grid (pure)."""
+    n = int(math.floor((end - start) / step_s + 1e-9)) + 1
+    out = {k: [math.nan] * n for k in DAEMON_SERIES}
+    for series in result:
+        tag = series["metric"].get(TAG)
+        if tag not in out:
+            continue
+        for t_raw, v_raw in series["values"]:
+            i = int(round((float(t_raw) - start) / step_s))
+            if 0 <= i < n:
+                out[tag][i] = float(v_raw)
+    return DaemonHistory(start=start, step_s=step_s, series={k: tuple(v) for k, v in out.items()})
 
 
 # --- request history (``gpu-bridge simulate --prometheus``) ------------------------------------

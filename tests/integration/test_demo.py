@@ -57,6 +57,9 @@ def test_demo_short_run_lends_reclaims_requeues_and_cleans_up() -> None:
         for line in ("GPU-hours lent to Slurm", "jobs requeued", "reclaim: total", "SLO-violation minutes"):
             assert line in res.stdout
         assert "RECLAIM started" in res.stdout and "requeued (not lost)" in res.stdout
+        # it ends with the research view's URL (gpu-bridge web, started with the daemon)
+        assert res.stdout.rstrip().splitlines()[-1].startswith("look at: http://127.0.0.1:"), res.stdout[-500:]
+        assert '"event": "web_listening"' in (d / "sb" / "web.log").read_text()
         state = json.loads((d / "sb" / "sandbox.json").read_text())
         assert state["status"] == "stopped"
         assert not (d / "sb" / "env").exists()

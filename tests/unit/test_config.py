@@ -103,7 +103,7 @@ def test_example_file_is_valid() -> None:
         ),
         pytest.param(
             {"pools": [{"name": "a"}], "zzz": 1},
-            ["bridge.yaml: zzz: unknown key; expected one of pools, slurm, policy, prometheus, kubernetes, daemon"],
+            ["bridge.yaml: zzz: unknown key; expected one of pools, slurm, policy, prometheus, kubernetes, daemon, web"],
             id="unknown-key-no-hint",
         ),
         pytest.param(

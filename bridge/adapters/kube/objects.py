@@ -94,6 +94,16 @@ class DeploymentInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """A core/v1 Event about a node: what ``kubectl describe node`` lists."""
+
+    node: str
+    reason: str
+    message: str
+    t: float  # unix s: its last (or only) occurrence
+
+
+@dataclass(frozen=True, slots=True)
 class ScaleInfo:
     """The autoscaling/v1 Scale of a Deployment (shares the Deployment's resourceVersion)."""
 

@@ -24,6 +24,7 @@ from gpu_bridge_lab.demo.jobs import JobSubmitter, job_plan
 from gpu_bridge_lab.demo.shape import DAY_S, DayShape, clock, day_shape, replica_rps_at_target
 from gpu_bridge_lab.demo.timeline import Display, Event, daemon_event, job_event, progress_text
 from gpu_bridge_lab.demo.watch import JobTracker, LogTail, Observer, Sample, log_time
+from gpu_bridge_lab.sandbox.cluster.procs import free_ports
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 from bridge.trace import load_trace
@@ -74,9 +75,13 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
         print(f"gpu-bridge demo: {exc}", file=sys.stderr)
         return 2
     show = Display(out)
+    # the daemon's /metrics (scraped by the sandbox's Prometheus: the research view's history) and the view
+    metrics_port, web_port = free_ports(2)
+    web_url = f"http://127.0.0.1:{web_port}"
     sb = serving_sandbox(d, nodes=opts.nodes, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
                          shutdown_timeout_s=2, speed=shape.speed, trace_start_s=shape.trace_start_s,
-                         peak_rps=shape.global_peak_rps, vllm_extra=("--max-cv", str(MAX_CV), "--seed", str(opts.seed)))
+                         peak_rps=shape.global_peak_rps, vllm_extra=("--max-cv", str(MAX_CV), "--seed", str(opts.seed)),
+                         scrape_targets=[f"gpu-bridge=127.0.0.1:{metrics_port}"])
     if sb.running():  # never tear down a sandbox this run did not start
         print(f"gpu-bridge demo: a sandbox already runs in {d} (a kept demo?): stop it with "
               f"`{_cli_name()} sandbox down --dir {d}` or pick another --dir", file=sys.stderr)
@@ -96,12 +101,16 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
                   f"(partitions preempt GraceTime {GRACE_S} s, gpu-bridge for hold jobs); Kubernetes API server "
                   f"({opts.nodes} GPU nodes, Deployment serving/vllm x{opts.nodes}, vLLM start {POD_START_S:.0f} s); "
                   f"vLLM simulator following the Ready pods ({sb.vllm_url}); Prometheus ({sb.prometheus_url}, 1 s scrapes)")
-        cfg_path = write_config(d / "gpu-bridge.yaml", _config(sb, opts.minutes))
+        cfg_path = write_config(d / "gpu-bridge.yaml", _config(sb, opts.minutes, metrics_port=metrics_port, web_port=web_port))
         log_path = d / "daemon.log"
         log_path.unlink(missing_ok=True)
         sb.spawn("gpu-bridge", [sys.executable, "-m", "bridge", "run", "--config", str(cfg_path), "--log-format",
                                 "json"], log_path)
         show.info(f"[2/4] daemon started: gpu-bridge run --config {cfg_path} --log-format json  (log: {log_path})")
+        sb.spawn("gpu-bridge-web", [sys.executable, "-m", "bridge", "web", "--config", str(cfg_path), "--log-format",
+                                    "json"], d / "web.log")
+        show.info(f"      research view: {web_url}/  (gpu-bridge web --config {cfg_path}: read-only, its own "
+                  f"ServiceAccount; log: {d / 'web.log'})")
         show.info("[3/4] replaying the day and submitting research jobs (sbatch -p preempt --requeue --gres=gpu:4):")
         samples, events, tracker, submitter = _replay(sb, d, shape, opts, show)
         show.done()
@@ -134,7 +143,7 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
     finally:
         try:
             if keep:
-                _print_keep(show, d)
+                _print_keep(show, d, web_url)
             else:
                 t1 = time.monotonic()
                 sb.down()
@@ -144,18 +153,23 @@ def run_demo(opts: DemoOptions, out: TextIO | None = None) -> int:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     show.info(f"demo took {time.monotonic() - t0:.0f} s")
+    if rc == 0:
+        show.info(f"look at: {web_url}/pool  (the research view: the pool now, the outlook, each job's preemptions, "
+                  f"the history)" + ("" if keep else "; it was torn down with the sandbox: run with --keep to keep it up"))
     return rc
 
 
-def _config(sb: Any, minutes: float) -> dict[str, Any]:
+def _config(sb: Any, minutes: float, *, metrics_port: int = 0, web_port: int = 0) -> dict[str, Any]:
     """The sandbox config with the anti-thrash windows scaled with the day: about 70 trace
-    minutes of low demand before a lend, 50 trace minutes lent at least."""
-    doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), grace_s=GRACE_S,
+    minutes of low demand before a lend, 50 trace minutes lent at least; the research view on
+    ``web_port`` under its own read-only ServiceAccount."""
+    doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), grace_s=GRACE_S, metrics_port=metrics_port,
                          cold_start_s=POD_START_S, min_serving=MIN_SERVING,
                          concurrency_per_replica=CONCURRENCY_PER_REPLICA,
                          scale_down_window_s=max(5.0, 3.0 * minutes), min_lend_s=max(4.0, 2.0 * minutes),
                          # a lend must fit under the peak of the last ~2 trace hours
                          lend_lookback_s=max(8.0, 5.0 * minutes))
+    doc["web"] = {"host": "127.0.0.1", "port": web_port, "kubeconfig": str(sb.web_kubeconfig), "cache_s": 1.0}
     return doc
 
 
@@ -262,10 +276,11 @@ def _cli_name() -> str:
     return str(venv) if venv.exists() else f"{sys.executable} -m bridge"
 
 
-def _print_keep(show: Display, d: Path) -> None:
+def _print_keep(show: Display, d: Path, web_url: str) -> None:
     cli = _cli_name()
     show.info(
         "sandbox kept (the daemon keeps running; the trace goes on). Look around:\n"
+        f"  {web_url}/pool  (the research view, in a browser)\n"
         f"  set -a; . {d}/env; set +a\n"
         "  sinfo; squeue\n"
         "  kubectl get nodes -L gpu-bridge.io/phase\n"

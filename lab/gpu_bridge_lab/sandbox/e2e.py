@@ -362,3 +362,48 @@ class DaemonProc:
         """Ticks this instance completed (the tick-duration histogram's count)."""
         v = self.metric("gpu_bridge_tick_duration_seconds_count")
         return None if v is None else int(v)
+
+
+@dataclass
+class WebProc:
+    """``gpu-bridge web --config CFG --log-format json`` as a subprocess (the research view,
+    under the identity its config names: ``web.kubeconfig``)."""
+
+    config: Path
+    log_path: Path
+    env: Mapping[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+
+    def start(self) -> WebProc:
+        self.started_at = time.time()
+        with open(self.log_path, "a") as log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bridge", "web", "--config", str(self.config), "--log-format", "json"],
+                stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+            )
+        return self
+
+    def url(self, timeout_s: float = 30.0) -> str:
+        """The base URL, from this run's ``web_listening`` log line, once it answers."""
+
+        def find() -> str | None:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"gpu-bridge web exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+            docs = [d for d in read_events(self.log_path, "web_listening") if event_time(d) >= self.started_at - 1]
+            return f"http://{docs[-1]['host']}:{docs[-1]['port']}" if docs else None
+
+        return str(wait_until(find, timeout_s, "gpu-bridge web to listen"))
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM (uvicorn finishes the requests under way and exits 0), SIGKILL after ``timeout_s``."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                return self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return self.proc.wait(10)
+        return self.proc.returncode

@@ -316,6 +316,13 @@ class Sandbox:
         return real if "etcd" in self.ports and real.exists() else self.kubeconfig
 
     @property
+    def web_kubeconfig(self) -> Path | None:
+        """The kubeconfig of ``gpu-bridge web``'s read-only ServiceAccount (exactly
+        deploy/kubernetes/web-rbac.yaml); None until the control plane has written it."""
+        real = self.dir / "kube" / "kubeconfig-web"
+        return real if "etcd" in self.ports and real.exists() else None
+
+    @property
     def kube_tls(self) -> tuple[Path, Path] | None:
         """The real apiserver's serving (certificate, key), for a proxy that answers in its name."""
         pki = self.dir / "kube" / "pki"

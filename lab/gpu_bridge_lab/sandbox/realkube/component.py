@@ -35,8 +35,10 @@ if TYPE_CHECKING:
 RBAC_MANIFEST = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 # the fields the daemon may change (ValidatingAdmissionPolicy): applied wherever rbac.yaml is
 ADMISSION_POLICY_MANIFEST = ROOT / "deploy" / "kubernetes" / "admission-policy.yaml"
+WEB_RBAC_MANIFEST = ROOT / "deploy" / "kubernetes" / "web-rbac.yaml"  # gpu-bridge web's read-only identity
 RBAC_EXAMPLE_NAMESPACE = "llm-serving"  # rbac.yaml's per-serving-namespace RoleBinding is written for this one
 DAEMON_SA = ("gpu-bridge", "gpu-bridge")  # (namespace, name) in rbac.yaml
+WEB_SA = ("gpu-bridge", "gpu-bridge-web")  # (namespace, name) in web-rbac.yaml
 SERVICE_CIDR = "10.0.0.0/24"
 TOKEN_TTL_S = 7 * 24 * 3600
 
@@ -135,6 +137,9 @@ class RealKubeComponent:
     def daemon_kubeconfig(self, sb: Sandbox) -> Path:
         return self.kdir(sb) / "kubeconfig-daemon"
 
+    def web_kubeconfig(self, sb: Sandbox) -> Path:
+        return self.kdir(sb) / "kubeconfig-web"
+
     # ---- start -----------------------------------------------------------------------
     def start(self, sb: Sandbox) -> None:
         t0 = time.monotonic()
@@ -231,6 +236,7 @@ class RealKubeComponent:
                 _create(lambda ns=ns: core.create_namespace({"metadata": {"name": ns}}))
             apply_rbac(api, RBAC_MANIFEST, serving_namespaces=namespaces or ["default"])
             apply_rbac(api, ADMISSION_POLICY_MANIFEST, serving_namespaces=[])
+            apply_rbac(api, WEB_RBAC_MANIFEST, serving_namespaces=namespaces or ["default"])
             self._write_daemon_kubeconfig(sb, core, pki)
             if self.args.seed_serving:
                 self._seed_serving(api)
@@ -238,11 +244,12 @@ class RealKubeComponent:
             api.close()
 
     def _write_daemon_kubeconfig(self, sb: Sandbox, core: Any, pki: pki_mod.Pki) -> None:
-        ns, name = DAEMON_SA
-        tr = core.create_namespaced_service_account_token(
-            name, ns, {"spec": {"expirationSeconds": TOKEN_TTL_S}}, _request_timeout=10)
-        doc = _kubeconfig(self.url(sb), pki.ca_crt, f"system:serviceaccount:{ns}:{name}", tr.status.token)
-        _write_private(self.daemon_kubeconfig(sb), yaml.safe_dump(doc, sort_keys=False))
+        """The daemon's kubeconfig (rbac.yaml's ServiceAccount) and the web view's (web-rbac.yaml's)."""
+        for (ns, name), path in ((DAEMON_SA, self.daemon_kubeconfig(sb)), (WEB_SA, self.web_kubeconfig(sb))):
+            tr = core.create_namespaced_service_account_token(
+                name, ns, {"spec": {"expirationSeconds": TOKEN_TTL_S}}, _request_timeout=10)
+            doc = _kubeconfig(self.url(sb), pki.ca_crt, f"system:serviceaccount:{ns}:{name}", tr.status.token)
+            _write_private(path, yaml.safe_dump(doc, sort_keys=False))
 
     def _seed_serving(self, api: Any) -> None:
         a = self.args
@@ -308,7 +315,8 @@ class RealKubeComponent:
             procs.terminate(recs, wait_s)
 
     def env(self, sb: Sandbox) -> dict[str, str]:
-        out = {"KUBECONFIG": str(sb.kubeconfig), "GPU_BRIDGE_DAEMON_KUBECONFIG": str(self.daemon_kubeconfig(sb))}
+        out = {"KUBECONFIG": str(sb.kubeconfig), "GPU_BRIDGE_DAEMON_KUBECONFIG": str(self.daemon_kubeconfig(sb)),
+               "GPU_BRIDGE_WEB_KUBECONFIG": str(self.web_kubeconfig(sb))}
         if self.bins is not None:
             out["GPU_BRIDGE_KUBECTL"] = str(self.bins.kubectl)
         return out

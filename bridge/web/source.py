@@ -1,0 +1,156 @@
+"""What the web view reads, and only reads: the same adapters as ``gpu-bridge status`` (a
+dry-run daemon's ``observe``), the Slurm jobs of the preemptible partition, the daemon's
+``GpuBridgeJobPreempted`` Events, ``forecast``'s outlook and the daemon's metrics history.
+Each reading is reused for ``web.cache_s`` (the outlook for a minute), so a burst of page
+loads costs one squeue."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from bridge import logs
+from bridge.adapters.kube.client import api_client_from_config
+from bridge.adapters.kube.events import NodeEventReader
+from bridge.adapters.kube.objects import NodeEvent
+from bridge.adapters.prom import DaemonHistory, PromPool
+from bridge.adapters.slurm.types import SlurmJobInfo
+from bridge.adapters.wrappers import DryRunKube, DryRunSlurm
+from bridge.config import Config, replace
+from bridge.daemon import Daemon
+from bridge.daemon_cli import status_rows
+from bridge.errors import AdapterError
+from bridge.forecast_cli import NoHistoryError, PoolOutlook, read_outlook
+from bridge.preemption import EVENT_REASON, Preemption, parse_preemption
+from bridge.wiring import Adapters, build_adapters
+
+log = logs.get(__name__)
+T = TypeVar("T")
+OUTLOOK_CACHE_S = 60.0
+OUTLOOK_HOURS = 24
+
+
+def web_identity(config: Config) -> Config:
+    """The config the web view's adapters use: its own kubeconfig (``web.kubeconfig``), never
+    the daemon's (``kubernetes.kubeconfig``)."""
+    k = replace(config.kubernetes, kubeconfig=config.web.kubeconfig)
+    return replace(config, kubernetes=k)
+
+
+class WebSource:
+    """The read side of every page. ``adapters``: from ``build_adapters(web_identity(config),
+    dry_run=True, leader=False)`` (tests pass their own)."""
+
+    def __init__(
+        self,
+        config: Config,
+        adapters: Adapters,
+        *,
+        events: Callable[[str], tuple[NodeEvent, ...]] | None = None,
+        clock: Callable[[], float] = time.time,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.adapters = adapters
+        self.events = events
+        self._on_close = on_close
+        self.clock = clock
+        # writes are refused twice: the dry-run wrappers make none, the RBAC grants none
+        self._daemon = Daemon(
+            config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools, dry_run=True
+        )
+        self._lock = threading.RLock()  # a reading may use another (the outlook counts the pool nodes)
+        self._cache: dict[str, tuple[float, Any]] = {}
+
+    @classmethod
+    def open(cls, config: Config) -> WebSource:
+        """The real adapters under the web view's own identity, their write sides replaced by
+        the dry-run wrappers (which write nothing); no Lease."""
+        web = web_identity(config)
+        raw = build_adapters(web, dry_run=False, leader=False)
+        k = web.kubernetes
+        api = api_client_from_config(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None)
+        reader = NodeEventReader(api, request_timeout_s=k.timeout_s)
+        adapters = dataclasses.replace(raw, kube=DryRunKube(raw.kube, identity=raw.identity), slurm=DryRunSlurm(raw.slurm))
+        return cls(config, adapters, events=reader.node_events, on_close=api.close)
+
+    def close(self) -> None:
+        self.adapters.close()
+        if self._on_close is not None:
+            self._on_close()
+
+    def _cached(self, key: str, max_age_s: float, read: Callable[[], T], *, none_max_age_s: float | None = None) -> T:
+        with self._lock:  # one reader at a time: concurrent page loads share one reading
+            hit = self._cache.get(key)
+            now = time.monotonic()
+            if hit is not None and hit[1] is None and none_max_age_s is not None:
+                max_age_s = none_max_age_s
+            if hit is not None and now - hit[0] < max_age_s:
+                return hit[1]  # type: ignore[no-any-return]
+            value = read()
+            self._cache[key] = (time.monotonic(), value)
+            return value
+
+    def now(self) -> float:
+        return self.clock()
+
+    def pool_rows(self) -> list[dict[str, Any]]:
+        """``gpu-bridge status --json``'s rows."""
+        return self._cached("pool", self.config.web.cache_s, lambda: status_rows(self._daemon.observe(self.clock())))
+
+    def jobs(self) -> tuple[SlurmJobInfo, ...]:
+        """Active jobs of the preemptible partition (squeue)."""
+        part = self.config.slurm.preempt_partition
+        return self._cached("jobs", self.config.web.cache_s, lambda: self.adapters.slurm.jobs(partition=part))
+
+    def preemptions(self) -> tuple[Preemption, ...]:
+        """Every preemption the daemon recorded as an Event (kept for the API server's --event-ttl)."""
+
+        def read() -> tuple[Preemption, ...]:
+            if self.events is None:
+                return ()
+            found = (parse_preemption(e.message, e.t) for e in self.events(EVENT_REASON))
+            return tuple(p for p in found if p is not None)
+
+        return self._cached("preemptions", self.config.web.cache_s, read)
+
+    def outlook(self, pool: str) -> PoolOutlook | None:
+        """``gpu-bridge forecast``'s outlook for the pool (None: no usable history yet)."""
+
+        def read() -> PoolOutlook | None:
+            cfg = self.config
+            nodes = sum(1 for r in self.pool_rows() if r["pool"] == pool) or None
+            try:
+                return read_outlook(cfg, cfg.pool(pool), url=cfg.prometheus.url, now=self.clock(), hours=OUTLOOK_HOURS,
+                                    pool_nodes=nodes, pool_nodes_source="the pool's nodes in Kubernetes")
+            except NoHistoryError as exc:
+                log.info("outlook_unavailable", pool=pool, reason=str(exc))
+                return None
+
+        # no history yet: asked again after web.cache_s, not a minute later
+        return self._cached(f"outlook:{pool}", OUTLOOK_CACHE_S, read, none_max_age_s=self.config.web.cache_s)
+
+    def history(self, pool: str, days: float) -> DaemonHistory:
+        """The daemon's lends, reclaims, lent nodes and SLO budget over the last ``days``."""
+        now = self.clock()
+        step = max(60.0, round(days * 86400 / 240 / 60) * 60)  # about 240 steps, whole minutes
+
+        def read() -> DaemonHistory:
+            start = (now - days * 86400) // step * step
+            return self.adapters.prom.daemon_history(PromPool.from_config(self.config.pool(pool)), start=start,
+                                                     end=now // step * step, step_s=step)
+
+        return self._cached(f"history:{pool}:{days:g}", max(self.config.web.cache_s, 10.0), read)
+
+    def warm(self) -> None:
+        """Read everything once (the first observation rebuilds the load history from
+        Prometheus): the first page then answers as fast as the next."""
+        try:
+            self.pool_rows()
+            for p in self.config.pools:
+                self.outlook(p.name)
+        except AdapterError as exc:
+            log.warning("web_warm_up_failed", error=str(exc))

@@ -1,0 +1,33 @@
+"""Each research job a reclaim preempts is recorded as a ``GpuBridgeJobPreempted`` Event on
+the node, with its GraceTime and the work it loses since its last checkpoint, as the policy's
+``job_loss_gpu_hours`` counts it; ``gpu-bridge web`` reads it back (``parse_preemption``)."""
+
+from __future__ import annotations
+
+from bridge.model import Phase
+from bridge.policy.victims import job_loss_gpu_hours
+from bridge.preemption import EVENT_REASON, parse_preemption
+from tests.unit.test_daemon_loop import HIGH, World
+
+
+def test_a_reclaim_records_each_preempted_job_with_its_lost_work() -> None:
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
+    ckpt = w.t
+    job = w.slurm.add_job(name="with-checkpoint", comment=f"gpu-bridge:checkpoint={ckpt:.0f}")
+    w.durations[job] = 1000
+    w.tick(30)
+    running = w.slurm.snapshot()[job]
+    assert running.state == "running"
+    w.load = HIGH
+    w.run_until(lambda: any(e.reason == EVENT_REASON for e in w.kube.events), 20, "the preemption Event")
+    (event,) = [e for e in w.kube.events if e.reason == EVENT_REASON]
+    p = parse_preemption(event.message, 0.0)
+    assert p is not None, event.message
+    assert (p.job_id, p.node, p.grace_s) == (job, running.nodes[0], 5.0)
+    assert p.checkpoint_time == float(round(ckpt))
+    # the policy's own count at the reclaim (the Event's time): 4 GPUs x the time since the checkpoint
+    assert p.lost_gpu_hours == round(job_loss_gpu_hours(running, event.t, 5.0), 3)
+    assert p.lost_gpu_hours == round(4 * (event.t - round(ckpt)) / 3600, 3) > 0
+    w.run_until(lambda: w.slurm.snapshot()[job].restart_count == 1, 30, "the job requeued")
+    assert len([e for e in w.kube.events if e.reason == EVENT_REASON]) == 1  # one record per preemption

@@ -1,0 +1,222 @@
+"""gpu-bridge web over the lab's fakes (FakeKube, FakeSlurm, FakeProm): each page and its JSON
+endpoint answer from what the adapters read, with the same numbers as ``status``; bad input
+(malformed or unknown job id, malformed query, a missing or foreign user) gets a clear 4xx page
+naming the field; the preemption Event the daemon writes is read back as the job's history."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from starlette.testclient import TestClient
+
+from bridge.adapters.kube.objects import NodeEvent
+from bridge.adapters.prom import DaemonHistory, PromPool, parse_daemon_history
+from bridge.adapters.protocols import PoolTarget
+from bridge.config import parse_config
+from bridge.daemon_cli import status_rows
+from bridge.model import Phase
+from bridge.preemption import EVENT_REASON, parse_preemption, preemption_message
+from bridge.web import svg
+from bridge.web.app import build_app
+from bridge.web.source import WebSource
+from bridge.wiring import Adapters
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm
+
+T0 = 1_800_000_000.0
+NODES = ("gpu-node-01", "gpu-node-02", "gpu-node-03")
+POOL = {"name": "default", "namespace": "serving", "deployment": "vllm", "model_name": "m", "min_serving": 1,
+        "cold_start_s": 3, "drain_s": 5}
+
+
+@dataclass
+class HistoryProm(FakeProm):
+    """FakeProm plus the daemon's metrics history (``PromAdapter.daemon_history``)."""
+
+    def daemon_history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> DaemonHistory:
+        n = int((end - start) // step_s) + 1
+        lent = [float(i % 3) for i in range(n)]
+        lends = [1.0 if i % 10 == 0 else 0.0 for i in range(n)]
+        return DaemonHistory(start=start, step_s=step_s,
+                             series={"lends": tuple(lends), "reclaims": tuple(reversed(lends)), "lent": tuple(lent),
+                                     "slo_spent": tuple([0.25] * n)})
+
+
+@dataclass
+class Site:
+    kube: FakeKube
+    slurm: FakeSlurm
+    source: WebSource
+    events: list[NodeEvent]
+    running: str
+    pending: str
+
+
+def site(web: dict[str, object] | None = None) -> Site:
+    cfg = parse_config({"pools": [POOL], "slurm": {"grace_s": 5},
+                        "prometheus": {"url": "http://127.0.0.1:1", "timeout_s": 1},  # nothing listens: outlook 503
+                        "policy": {"calibration": {"enabled": False}}, "web": {"cache_s": 0, **(web or {})}})
+    kube = FakeKube(now=T0)
+    slurm = FakeSlurm(grace_s=5, now=T0)
+    for n in NODES:
+        kube.add_node(n, "default")
+        slurm.add_node(n)
+    kube.add_pool(PoolTarget("default", "serving", "vllm"), replicas=2, start_delay_s=0)
+    for n in NODES[:2]:
+        slurm.drain(n, "gpu-bridge: serving")  # serving nodes: no research job lands there
+    kube.set_phase("gpu-node-03", Phase.LENT, "lend gpu-node-03: forecast peak 0.4 replicas < 2 serving - 1", T0 - 600)
+    running = slurm.add_job("gpu-node-03", name="train-llm", user="alice", comment="gpu-bridge:checkpoint=1799999700")
+    pending = slurm.add_job(name="waiting", user="bob")
+    events = [NodeEvent("gpu-node-02", EVENT_REASON, preemption_message(
+        job_id=running, node="gpu-node-02", grace_s=5, lost_gpu_hours=0.2, checkpoint_time=T0 - 3000), T0 - 2000)]
+    adapters = Adapters(kube=kube, slurm=slurm, prom=HistoryProm(), prom_pools={"default": PromPool("default", "m")},  # type: ignore[arg-type]
+                        leader=None, identity="web-test")
+    source = WebSource(cfg, adapters, events=lambda reason: tuple(e for e in events if e.reason == reason), clock=lambda: T0)
+    return Site(kube, slurm, source, events, running, pending)
+
+
+@pytest.fixture
+def s() -> Site:
+    return site()
+
+
+@pytest.fixture
+def client(s: Site) -> Iterator[TestClient]:
+    with TestClient(build_app(s.source)) as c:
+        yield c
+
+
+def test_pool_page_and_json_are_status_rows(s: Site, client: TestClient) -> None:
+    doc = client.get("/api/pool").json()
+    rows = {r["node"]: r for r in status_rows(s.source._daemon.observe(T0))}
+    assert [r["node"] for r in doc["nodes"]] == list(NODES)
+    for r in doc["nodes"]:
+        assert (r["phase"], r["reason"], r["slurm_jobs"]) == (rows[r["node"]]["phase"], rows[r["node"]]["reason"],
+                                                              rows[r["node"]]["slurm_jobs"])
+    assert doc["nodes"][2]["phase"] == "lent" and doc["nodes"][2]["slurm_jobs"] == [s.running]
+    page = client.get("/pool")
+    assert page.status_code == 200
+    assert 'data-node="gpu-node-03" data-phase="lent"' in page.text
+    assert f'href="/job/{s.running}"' in page.text
+    assert "forecast peak 0.4 replicas" in page.text
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert client.get("/", follow_redirects=False).headers["location"] == "/pool"
+
+
+def test_job_page_shows_state_nodes_checkpoint_and_recorded_preemptions(s: Site, client: TestClient) -> None:
+    doc = client.get(f"/api/job/{s.running}").json()
+    assert (doc["state"], doc["nodes"], doc["user"]) == ("running", ["gpu-node-03"], "alice")
+    assert doc["last_checkpoint"] == "2027-01-15 07:55:00 UTC"
+    # the same number the policy's victim choice uses: 4 GPUs x 300 s since the checkpoint
+    assert doc["at_risk_gpu_hours"] == pytest.approx(4 * 300 / 3600, abs=1e-3)
+    assert [(p["node"], p["grace_s"], p["lost_gpu_hours"]) for p in doc["preemptions"]] == [("gpu-node-02", 5.0, 0.2)]
+    page = client.get(f"/job/{s.running}")
+    assert page.status_code == 200 and "requeued" in page.text and "0.200 GPU-h" in page.text
+    pending = client.get(f"/api/job/{s.pending}").json()
+    assert pending["state"] == "pending" and pending["preemptions"] == []
+    # no Prometheus: the page says there is no forecast rather than failing
+    assert pending["forecast_free_from"] is None
+
+
+def test_a_job_known_only_from_its_preemption_events_is_shown_as_ended(s: Site, client: TestClient) -> None:
+    s.events.append(NodeEvent("gpu-node-01", EVENT_REASON, preemption_message(
+        job_id="777", node="gpu-node-01", grace_s=5, lost_gpu_hours=1.5, checkpoint_time=None), T0 - 100))
+    doc = client.get("/api/job/777").json()
+    assert doc["state"] == "ended" and doc["lost_gpu_hours_total"] == 1.5
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/job/12abc", 400, "job id: expected digits such as 1234 (or 1234_5 for an array task), got '12abc'"),
+        ("/job/99999", 404, "job 99999: not in squeue's preemptible partition and no preemption of it recorded"),
+        ("/job?id=%3Cscript%3E", 400, "job id: expected digits"),
+        ("/history?days=soon", 400, "days: expected a number of days such as 7 or 0.5, got 'soon'"),
+        ("/history?days=-1", 400, "days: must be > 0 and <= 90, got '-1'"),
+        ("/outlook?pool=nope", 404, "pool: no pool named 'nope' (pools: default)"),
+        ("/no/such/page", 404, "no page at /no/such/page"),
+    ],
+    ids=["malformed-job", "unknown-job", "malformed-form", "days-not-a-number", "days-out-of-range", "unknown-pool", "no-route"],
+)
+def test_bad_input_gets_a_clear_4xx_page_and_json(client: TestClient, path: str, status: int, says: str) -> None:
+    page = client.get(path)
+    assert page.status_code == status
+    assert html.escape(says).replace("&#x27;", "&#39;") in page.text  # as Jinja2 escapes
+    assert "<script" not in page.text.lower()
+    if path.startswith(("/job/", "/history", "/outlook")):
+        api = client.get("/api" + path)
+        assert api.status_code == status and says in api.json()["error"]
+
+
+def test_job_form_redirects_to_the_job_page(s: Site, client: TestClient) -> None:
+    r = client.get(f"/job?id={s.running}", follow_redirects=False)
+    assert (r.status_code, r.headers["location"]) == (303, f"/job/{s.running}")
+
+
+def test_outlook_without_prometheus_is_a_503_that_says_so(client: TestClient) -> None:
+    r = client.get("/outlook")
+    assert r.status_code == 503 and "cannot read prometheus now" in r.text
+
+
+def test_history_page_from_the_daemon_metrics(client: TestClient) -> None:
+    doc = client.get("/api/history?days=1").json()
+    assert doc["pool"] == "default" and doc["days"] == 1
+    assert doc["lends_total"] == doc["reclaims_total"] > 0
+    assert doc["slo_spent_now"] == 0.25
+    page = client.get("/history?days=1")
+    assert page.status_code == 200 and 'role="img"' in page.text and "<desc" in page.text
+
+
+def test_user_header_filters_jobs_and_refuses_requests_without_it() -> None:
+    s = site({"user_header": "X-Forwarded-User"})
+    with TestClient(build_app(s.source)) as c:
+        r = c.get("/pool")
+        assert r.status_code == 401 and "no X-Forwarded-User header" in r.text
+        bob = {"X-Forwarded-User": "bob"}
+        pool = c.get("/api/pool", headers=bob).json()
+        lent = next(n for n in pool["nodes"] if n["node"] == "gpu-node-03")
+        assert lent["slurm_jobs"] == [] and lent["other_jobs"] == 1  # alice's job counted, not named
+        assert c.get(f"/api/job/{s.running}", headers=bob).status_code == 404  # not bob's: as if unknown
+        assert c.get(f"/api/job/{s.pending}", headers=bob).json()["user"] == "bob"
+        assert [j["job_id"] for j in c.get("/api/jobs", headers=bob).json()["jobs"]] == [s.pending]
+        assert c.get("/api/pool", headers={"X-Forwarded-User": "bob; rm -rf"}).status_code == 400
+
+
+def test_the_web_source_never_writes(s: Site, client: TestClient) -> None:
+    def state() -> object:
+        return (s.kube.nodes(), s.kube.pods("default"), s.kube.deployment("default"), s.slurm.snapshot(),
+                s.slurm.nodes())
+
+    before = state()
+    for path in ("/pool", "/jobs", f"/job/{s.running}", f"/job/{s.pending}", "/history", "/outlook"):
+        client.get(path)
+    assert state() == before
+    assert s.kube.events == []  # not even an Event
+
+
+def test_preemption_message_round_trips() -> None:
+    text = preemption_message(job_id="12_3", node="gpu-node-07", grace_s=120, lost_gpu_hours=0.0314, checkpoint_time=1_800_000_000)
+    p = parse_preemption(text, 5.0)
+    assert p is not None
+    assert (p.job_id, p.node, p.grace_s, p.lost_gpu_hours, p.checkpoint_time, p.t) == ("12_3", "gpu-node-07", 120.0, 0.031, 1_800_000_000, 5.0)
+    assert parse_preemption(preemption_message(job_id="5", node="n", grace_s=0.5, lost_gpu_hours=2, checkpoint_time=None), 1.0) is not None
+    assert parse_preemption("job 5 preempted somewhere", 1.0) is None
+
+
+def test_parse_daemon_history_puts_samples_on_the_grid() -> None:
+    result = [{"metric": {"bridge_q": "lent"}, "values": [[100, "2"], [160, "3"]]},
+              {"metric": {"bridge_q": "lends"}, "values": [[160, "1"]]},
+              {"metric": {"bridge_q": "other"}, "values": [[100, "9"]]}]
+    h = parse_daemon_history(result, start=100, end=220, step_s=60)
+    assert h.series["lent"][:2] == (2.0, 3.0) and math.isnan(h.series["lent"][2])
+    assert math.isnan(h.series["lends"][0]) and h.series["lends"][1] == 1.0
+    assert h.t(2) == 220
+
+
+def test_charts_carry_a_text_alternative() -> None:
+    chart = svg.outlook_chart(["Mon 10:00", "Mon 11:00"], [2, None], [1.5, None], nodes=4)
+    assert 'role="img"' in chart and "Mon 10:00 2" in chart and "<title" in chart

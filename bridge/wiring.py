@@ -105,6 +105,8 @@ def build_adapters(
         timeout_s=config.slurm.command_timeout_s,
         hold_partition=config.slurm.hold_partition,
         command_prefix=config.slurm.command_prefix,
+        hold_user=config.slurm.hold_user,
+        preempt_partition=config.slurm.preempt_partition,
     )
     prom = PromAdapter(
         config.prometheus.url,

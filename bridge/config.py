@@ -198,7 +198,10 @@ class SlurmConfig:
     hold_partition: Str = Field(
         default=wellknown.SLURM_HOLD_PARTITION, description="high-PriorityTier partition of the bridge's placeholder jobs"
     )
-    grace_s: Num = Field(default=120.0, ge=0, description="Slurm GraceTime: SIGTERM to SIGKILL of a preempted job")
+    grace_s: Num = Field(
+        default=120.0, ge=0,
+        description="Slurm GraceTime: SIGTERM to SIGKILL of a preempted job; `run` raises it to the preempt partition's GraceTime when lower",
+    )
     min_runtime_s: Num = Field(
         default=900.0, ge=0, description="a job younger than this is not preempted unless urgent demand needs it"
     )

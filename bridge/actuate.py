@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from bridge import logs
 from bridge.adapters.protocols import KubeWriter, PoolTarget, SlurmWriter
 from bridge.errors import AdapterError
-from bridge.lifecycle import LENDING_POD_DELETION_COST, NodeFacts, Step
+from bridge.lifecycle import LENDING_POD_DELETION_COST, NodeFacts, Step, past_grace
 from bridge.model import Action, ActionKind, Phase
 
 log = logs.get(__name__)
@@ -72,6 +72,9 @@ class Actuator:
     # Called with the write point (a Step value, SCALE_POINT or a START_POINTS value) after each
     # write that changed something: the lab's crash injection hooks in here; nothing by default.
     after_write: Callable[[str], None] = field(default=_no_hook)
+    # the preempt partition's GraceTime (Slurm's, read at start-up): only jobs Slurm preempted
+    # whose grace is over are requeued; None = none ever is
+    grace_s: float | None = None
 
     def start(self, action: Action, *, now: float) -> None:
         """Begin a policy action: record the first transit phase on the node."""
@@ -140,9 +143,10 @@ class Actuator:
             changed = bool(cancelled)
             detail = f"cancelled {', '.join(cancelled)}" if cancelled else ""
         elif step is Step.REQUEUE_JOBS:
-            requeued = [job for job in facts.research_jobs if self.slurm.requeue(job)]
+            due = past_grace(facts, self.grace_s)
+            requeued = [j.job_id for j in due if self.slurm.requeue(j.job_id, restart_count=j.restart_count)]
             changed = bool(requeued)
-            detail = _requeue_detail(requeued, [j for j in facts.research_jobs if j not in requeued])
+            detail = _requeue_detail(requeued, [j.job_id for j in due if j.job_id not in requeued])
             if changed:
                 self._event(node, EVENT_REASONS[Step.REQUEUE_JOBS], detail)
         elif step is Step.RESUME:
@@ -233,7 +237,7 @@ def _requeue_detail(requeued: list[str], not_running: list[str]) -> str:
     if requeued:
         parts.append(f"requeued {', '.join(requeued)}")
     if not_running:
-        parts.append(f"{', '.join(not_running)} no longer running (ended or requeued by Slurm): nothing to requeue")
+        parts.append(f"{', '.join(not_running)} no longer running preempted (ended or requeued by Slurm): nothing to requeue")
     return "GraceTime over: " + "; ".join(parts)
 
 

@@ -213,7 +213,10 @@ class SlurmConfig:
     hold_partition: Str = Field(
         default=wellknown.SLURM_HOLD_PARTITION, description="high-PriorityTier partition of the bridge's placeholder jobs"
     )
-    grace_s: Num = Field(default=120.0, ge=0, description="Slurm GraceTime: SIGTERM to SIGKILL of a preempted job")
+    grace_s: Num = Field(
+        default=120.0, ge=0,
+        description="Slurm GraceTime: SIGTERM to SIGKILL of a preempted job; `run` raises it to the preempt partition's GraceTime when lower",
+    )
     min_runtime_s: Num = Field(
         default=900.0, ge=0, description="a job younger than this is not preempted unless urgent demand needs it"
     )
@@ -248,7 +251,14 @@ class SlurmConfig:
     own_drain_reasons: Items[Str] = Field(
         default=("Duplicate jobid",),
         description="drain reasons Slurm sets itself that gpu-bridge clears (lent) or takes over "
-        "(otherwise) on its nodes once Slurm has nothing allocated there; [] = never",
+        "(otherwise) on its nodes once Slurm has nothing allocated there, each one of "
+        + ", ".join(f'"{r}"' for r in wellknown.SLURM_OWN_DRAIN_REASONS)
+        + " (matched whole, never as a prefix); [] = never",
+    )
+    hold_user: Str | None = Field(
+        default=None,
+        description="the user gpu-bridge's hold jobs run as: only its jobs named gpu-bridge-hold:* count as "
+        "holds (anyone else's is a research job); null = any user (set it where others can submit to the hold partition)",
     )
 
     @model_validator(mode="after")
@@ -257,6 +267,13 @@ class SlurmConfig:
         for i, arg in enumerate(self.command_prefix):
             if not arg or _CONTROL_CHARS.search(arg):
                 out.append((f"command_prefix[{i}]", f"expected a non-empty argument without control characters, got {_show(arg)}"))
+        known = {r.lower() for r in wellknown.SLURM_OWN_DRAIN_REASONS}
+        for i, reason in enumerate(self.own_drain_reasons):
+            if reason.strip().lower() not in known:
+                out.append((f"own_drain_reasons[{i}]", "expected one of Slurm's own drain reasons ("
+                            + ", ".join(wellknown.SLURM_OWN_DRAIN_REASONS) + f"), got {_show(reason)}"))
+        if self.hold_user is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.hold_user):
+            out.append(("hold_user", f"expected a user name, got {_show(self.hold_user)}"))
         if self.command_prefix and (len(self.command_prefix[0].split()) != 1):
             out.append(("command_prefix[0]", f"expected a program (an argv list, not a shell command line), got {_show(self.command_prefix[0])}"))
         return _checked(self, out)

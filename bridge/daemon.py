@@ -26,6 +26,7 @@ from bridge.actuate import Actuator, StepRecord
 from bridge.adapters.prom import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, Leader, PoolTarget, PromReader, SlurmAdapterProtocol
 from bridge.config import Config, PoolConfig
+from bridge.config import replace as cfg_replace
 from bridge.errors import AdapterError
 from bridge.lifecycle import WAITS, NodeFacts, Step, desired_replicas, next_step
 from bridge.manual import check_request
@@ -43,12 +44,26 @@ from bridge.preemption import preemption_message
 log = logs.get(__name__)
 
 MAX_CHAINED_STEPS = 12
-# Past GraceTime plus this, jobs still on a node being reclaimed are requeued by the daemon.
-REQUEUE_SLACK_S = 2.0
 # Steps that something outside us may refuse for long (a PDB, an administrator's drain):
 # retried with exponential backoff up to this, not every iteration.
 RETRIED_STEPS = frozenset({Step.EVICT_POD, Step.BLOCKED})
 MAX_RETRY_BACKOFF_S = 60.0
+
+
+def with_slurm_grace(config: Config, slurm: SlurmAdapterProtocol) -> Config:
+    """The config with ``slurm.grace_s`` checked against the preempt partition's GraceTime as
+    slurmctld has it (read once, at start-up). A config lower than Slurm's is raised to Slurm's
+    (logged): the daemon never requeues a job before the grace Slurm promised it, and the
+    policy plans reclaims with the grace they really take. A higher one is kept (the daemon
+    then only waits longer; Slurm still ends the grace at its own GraceTime)."""
+    partition = config.slurm.preempt_partition
+    slurm_grace_s = slurm.grace_time_s(partition)
+    if config.slurm.grace_s >= slurm_grace_s:
+        log.info("slurm_grace", partition=partition, grace_s=config.slurm.grace_s, slurm_grace_s=slurm_grace_s)
+        return config
+    log.warning("slurm_grace_raised", partition=partition, grace_s=slurm_grace_s, configured_grace_s=config.slurm.grace_s,
+                detail="slurm.grace_s is lower than the partition's GraceTime: Slurm's is used")
+    return cfg_replace(config, slurm=cfg_replace(config.slurm, grace_s=slurm_grace_s))
 
 
 @dataclass
@@ -117,13 +132,17 @@ class Daemon:
         self.transit_poll_s = transit_poll_s
         self.max_cache_age_s = max_cache_age_s  # watch timeout (60 s) + request timeout + slack
         self.targets = {p.name: PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools}
-        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, on_step=self._on_step)
+        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, on_step=self._on_step, grace_s=config.slurm.grace_s)
         if after_write is not None:  # a lab's hook (crash injection); the product sets none
             self.actuator.after_write = after_write
         self._recorders: dict[str, HistoryRecorder] = {}
         self._calibrators: dict[str, Calibrator] = {}
         self._last_sample_t: dict[str, float] = {}
         self._reported_stuck: set[str] = set()
+        # preempt-partition jobs released after a failed launch: a job held so again failed for
+        # its own reason (a broken prolog, ...) and is left to people, never released in a loop
+        self._released_jobs: set[str] = set()
+        self._held_again: set[str] = set()
         self._tick_records: list[StepRecord] = []
         self._backoff: dict[str, tuple[Step, float, float]] = {}  # node -> (step, next try, delay)
         self._last_plan_at: float | None = None
@@ -250,9 +269,11 @@ class Daemon:
                 desired[p.name] = dep.replicas
                 if dep.problem:
                     pool_problems[p.name] = f"deployment {p.namespace}/{p.deployment}: {dep.problem}"
+        slurm_now: float | None = None
         try:
             slurm_nodes: Sequence[SlurmNodeLike] | None = self.slurm.nodes()
             slurm_jobs: Sequence[SlurmJob] | None = self.slurm.jobs()
+            slurm_now = self.slurm.clock()  # after both reads: no time of theirs is later than it
         except AdapterError as exc:
             log.warning("slurm_unavailable", error=str(exc))
             self._count_error("slurm")
@@ -288,6 +309,7 @@ class Daemon:
             slurm_jobs=slurm_jobs,
             readings=readings,
             pool_problems=pool_problems,
+            slurm_now=slurm_now,
         )
         return self._calibrate(obs, now)
 
@@ -394,11 +416,22 @@ class Daemon:
         """Release the preempt partition's jobs Slurm held itself after a failed launch (a
         controller restarted from a state that missed their start launches them again on the
         node where the first run goes on: "Duplicate jobid"). ``observe`` lists only jobs whose
-        failed run is gone (pending, not completing), so the release cannot start a second run."""
+        failed run is gone (pending, not completing), so the release cannot start a second run.
+        Once per job: a job held again after its release failed to launch for a reason of its
+        own, and stays held for people to look at (reported once)."""
         for job_id, host in sorted(obs.slurm_held.items()):
             node = host if host in obs.pool_of else None
+            if job_id in self._released_jobs:
+                if job_id not in self._held_again:
+                    self._held_again.add(job_id)
+                    log.warning("slurm_job_held_again", job=job_id, node=node or "", reason=LAUNCH_FAILED_HELD,
+                                detail="held again after gpu-bridge released it once: left held")
+                continue
             try:
-                if self.actuator.release_job(job_id, LAUNCH_FAILED_HELD, node) and self.metrics is not None:
+                released = self.actuator.release_job(job_id, LAUNCH_FAILED_HELD, node)
+                if released:
+                    self._released_jobs.add(job_id)
+                if released and self.metrics is not None:
                     self.metrics.record_slurm_repair(kind="job_released", pool=obs.pool_of.get(node or "", ""))
             except AdapterError as exc:
                 self._count_error(exc.system)
@@ -462,7 +495,7 @@ class Daemon:
                     facts,
                     now=obs.view.now,
                     scaled_down=dep_desired <= want,
-                    requeue_after_s=self.config.slurm.grace_s + REQUEUE_SLACK_S,
+                    grace_s=self.config.slurm.grace_s,
                     lend_timeout_s=self.config.policy.lend_timeout_s,
                     drain_saved_after_s=self.config.slurm.state_save_s,
                 )

@@ -16,7 +16,7 @@ from bridge import logs, sdnotify, wellknown
 from bridge.config import Config, load_config
 from bridge.adapters.kube.objects import NodeInfo
 from bridge.adapters.protocols import Leader
-from bridge.daemon import Daemon, TickResult
+from bridge.daemon import Daemon, TickResult, with_slurm_grace
 from bridge.errors import BridgeError, ConfigError
 from bridge.leader import LeaderElector, LeaseKeeper
 from bridge.metrics import BridgeMetrics, serve
@@ -123,6 +123,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         # beside; a real run, --once included, writes only as the Lease holder.
         adapters = build_adapters(config, dry_run=dry_run, leader=not dry_run)
     except BridgeError as exc:
+        return _fail(exc)
+    try:
+        config = with_slurm_grace(config, adapters.slurm)  # Slurm's GraceTime, never less
+    except BridgeError as exc:
+        adapters.close()
         return _fail(exc)
     metrics = BridgeMetrics()
     metrics.set_dry_run(dry_run)

@@ -83,6 +83,20 @@ class HoldFacts:
     running: bool  # False: pending (waiting for the research jobs to leave)
 
 
+# Slurm's times are whole seconds (truncated): a grace is over only this much after
+# PreemptTime + GraceTime, so it is never cut short by the rounding.
+GRACE_ROUNDING_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptedJob:
+    """A research job on the node whose preemption Slurm has recorded (its PreemptTime)."""
+
+    job_id: str
+    preempt_time: float  # slurmctld's clock, when its GraceTime began
+    restart_count: int  # the run that was preempted: the requeue re-checks it is still that run
+
+
 @dataclass(frozen=True, slots=True)
 class NodeFacts:
     """Everything the lifecycle needs about one node, read back from both schedulers."""
@@ -102,6 +116,22 @@ class NodeFacts:
     # itself and has nothing allocated or completing there any more; else None
     slurm_own_drain: str | None = None
     slurm_drained_at: float | None = None  # when our drain was set (Slurm's reason time), if known
+    # research jobs of the preempt partition on the node that Slurm has preempted
+    research_preempted: tuple[PreemptedJob, ...] = ()
+    # slurmctld's clock when Slurm was read: Slurm's own times (PreemptTime, the drain's
+    # reason time) are compared with it, never with ours (no clock skew); None = unknown
+    slurm_now: float | None = None
+
+
+def past_grace(facts: NodeFacts, grace_s: float | None) -> tuple[PreemptedJob, ...]:
+    """The jobs on the node whose preemption Slurm recorded and whose GraceTime (``grace_s``,
+    Slurm's, read at start-up) is over by slurmctld's clock: the only ones ever requeued by
+    gpu-bridge. None when either the grace or Slurm's clock is unknown (Slurm ends it itself)."""
+    if grace_s is None or facts.slurm_now is None:
+        return ()
+    now = facts.slurm_now
+    return tuple(j for j in facts.research_preempted
+                 if j.job_id in facts.research_jobs and now >= j.preempt_time + grace_s + GRACE_ROUNDING_S)
 
 
 def next_step(
@@ -110,15 +140,17 @@ def next_step(
     now: float,
     scaled_down: bool,
     evict_after_s: float = EVICT_AFTER_S,
-    requeue_after_s: float | None = None,
+    grace_s: float | None = None,
     lend_timeout_s: float | None = None,
     drain_saved_after_s: float = 0.0,
 ) -> Step | None:
     """The next step for a node, or None when it is at rest in its phase.
 
-    ``requeue_after_s``: once a reclaim is this old and research jobs still hold the node,
-    requeue them (Slurm 22.05 enforces the end of GraceTime only on its 30 s sweep, so a
-    preempted job can outlive its grace by that much). None: leave it to Slurm.
+    ``grace_s``: the preempt partition's GraceTime (Slurm's, read at start-up). A research job
+    Slurm preempted is requeued once that grace is over by slurmctld's clock (22.05 enforces
+    the end of GraceTime only on its 30 s sweep, so a job can outlive its grace by that much);
+    a job Slurm has not preempted is never requeued: it gets its signal and grace first.
+    None: leave it all to Slurm.
 
     ``scaled_down``: the pool's Deployment already has no replica counted for this node
     (``desired_replicas`` excludes it and the scale was written), so a remaining pod on a
@@ -134,9 +166,18 @@ def next_step(
     if phase is Phase.SERVING:
         drained = facts.slurm_drained_by_us or facts.slurm_drained_by_other
         if facts.research_jobs:
-            # Research on a serving node (adopted that way, or slipped in): stop new ones,
-            # then requeue these at once: a drained node never starts our hold job.
-            return Step.REQUEUE_JOBS if drained else Step.ENSURE_DRAINED
+            # Research on a serving node (adopted that way, or slipped in): Slurm preempts it
+            # for our hold job, with its signal and GraceTime, as in a reclaim; never requeued
+            # before that grace is over.
+            if past_grace(facts, grace_s):
+                return Step.REQUEUE_JOBS
+            if facts.slurm_drained_by_other:
+                return Step.BLOCKED  # an administrator's drain keeps our hold job from preempting
+            if facts.hold is None:
+                return Step.ENSURE_HOLD
+            if facts.slurm_drained_by_us and not facts.hold.running:
+                return Step.RESUME  # a drained node never starts the hold: lift our drain so it preempts
+            return Step.WAIT_HOLD
         if facts.slurm_own_drain is not None:
             return Step.TAKE_OVER_DRAIN  # drained by Slurm itself: make the drain ours (never lifted)
         if facts.fenced:  # an abandoned lend (or a crash right after marking it serving)
@@ -198,7 +239,7 @@ def next_step(
                 return Step.DRAIN
             if slurm_empty_and_down:
                 return Step.DRAIN
-            if facts.research_jobs and requeue_after_s is not None and now - facts.phase_since >= requeue_after_s:
+            if facts.research_jobs and past_grace(facts, grace_s):
                 return Step.REQUEUE_JOBS
             return Step.WAIT_HOLD
         if facts.research_jobs:  # drained but jobs still on it: the hold has not got it yet
@@ -212,8 +253,9 @@ def next_step(
         if facts.research_jobs:
             return Step.BLOCKED
         if facts.fenced:
+            slurm_now = facts.slurm_now if facts.slurm_now is not None else now
             if (facts.slurm_drained_by_us and facts.slurm_drained_at is not None
-                    and now - facts.slurm_drained_at < drain_saved_after_s):
+                    and slurm_now - facts.slurm_drained_at < drain_saved_after_s):
                 return Step.WAIT_DRAIN_SAVED
             return Step.UNFENCE
         if any(p.ready and not p.terminating for p in facts.pods):

@@ -16,7 +16,7 @@ from typing import Protocol
 from bridge import wellknown as wk
 from bridge.errors import AdapterError
 from bridge.config import Config, PoolConfig
-from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts
+from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts, PreemptedJob
 from bridge.names import validate_node_name
 from bridge.model import JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob
 
@@ -106,13 +106,19 @@ LAUNCH_FAILED_HELD = "launch_failed_requeued_held"
 
 
 def own_drain_reason(reason: str, config: Config) -> str | None:
-    """The entry of ``slurm.own_drain_reasons`` a node's drain reason starts with, if any."""
-    low = reason.lower()
-    return next((r for r in config.slurm.own_drain_reasons if r and low.startswith(r.lower())), None)
+    """The entry of ``slurm.own_drain_reasons`` a node's drain reason is, if any: the whole
+    reason, or the entry followed by Slurm's details after a space, colon or parenthesis
+    (case-insensitive). Never a bare prefix: "Kill" would take an administrator's "Killed
+    GPU 3" for Slurm's own."""
+    return next((r for r in config.slurm.own_drain_reasons if r and wk.is_slurm_reason(reason, r)), None)
 
 
 def is_hold_job(job: SlurmJob, config: Config) -> bool:
-    return job.partition == config.slurm.hold_partition and job.name.startswith(wk.SLURM_HOLD_JOB_PREFIX)
+    """Our placeholder job: its partition and name, and its user when ``slurm.hold_user`` is
+    set (anyone else's job of that name is a research job: never cancelled as a hold)."""
+    hold_user = config.slurm.hold_user
+    return (job.partition == config.slurm.hold_partition and job.name.startswith(wk.SLURM_HOLD_JOB_PREFIX)
+            and (hold_user is None or job.user == hold_user))
 
 
 def hold_job_node(job: SlurmJob) -> str:
@@ -145,14 +151,17 @@ def join(
     slurm_jobs: Sequence[SlurmJob] | None,
     readings: Mapping[str, Readings],
     pool_problems: Mapping[str, str] | None = None,
+    slurm_now: float | None = None,
 ) -> Observation:
     """Build the policy view and the lifecycle facts. ``slurm_nodes``/``slurm_jobs`` None:
     the Slurm lookup failed, so every node is held (its Slurm side is unknown).
-    ``pool_problems``: pool -> why its Deployment cannot be trusted (its nodes are held)."""
+    ``pool_problems``: pool -> why its Deployment cannot be trusted (its nodes are held).
+    ``slurm_now``: slurmctld's clock when Slurm was read (its times are compared with it)."""
     slurm_by_name = {n.name: n for n in slurm_nodes} if slurm_nodes is not None else None
     jobs = list(slurm_jobs) if slurm_jobs is not None else []
     holds: dict[str, HoldFacts] = {}
     research_on: dict[str, list[str]] = {}
+    preempted_on: dict[str, list[PreemptedJob]] = {}
     allocated: set[str] = set()
     research_jobs: dict[str, SlurmJob] = {}
     pending_nodes = 0
@@ -172,9 +181,12 @@ def join(
             continue
         if job.state in JOB_STATES_HOLDING_NODES:
             research_jobs[job.job_id] = job
+            preempt_time = getattr(job, "preempt_time", None)
             for n in job.nodes:
                 research_on.setdefault(n, []).append(job.job_id)
                 allocated.add(n)
+                if preempt_time is not None and job.partition == config.slurm.preempt_partition:
+                    preempted_on.setdefault(n, []).append(PreemptedJob(job.job_id, preempt_time, job.restart_count))
         elif job.state == "pending" and job.partition == config.slurm.preempt_partition:
             held_for = getattr(job, "held_for", None)
             if held_for is not None and held_for(LAUNCH_FAILED_HELD):
@@ -256,6 +268,8 @@ def join(
                 hold=holds.get(kn.name),
                 research_jobs=on_node,
                 slurm_drained_at=getattr(sn, "reason_time", None) if sn.drained and sn.reason_ours else None,
+                research_preempted=tuple(preempted_on.get(kn.name, ())),
+                slurm_now=slurm_now,
                 slurm_own_drain=_own_drain(sn, config, busy=bool(on_node) or (
                     kn.name in allocated and not (kn.name in holds and holds[kn.name].running))),
             )

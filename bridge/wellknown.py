@@ -48,6 +48,17 @@ SLURM_REQUEUE_EXIT = 75
 # 0 after its preemption end time (EndTime = PreemptTime + GraceTime), before Slurm's periodic
 # time-limit sweep (30 s on 22.05) has requeued it, ends COMPLETED instead of TIMEOUT.
 SLURM_PREEMPT_OVER_TIME_LIMIT_MIN = 2
+# Drain reasons slurmctld/slurmd set themselves (22.05 .. 24.11): the only entries
+# slurm.own_drain_reasons accepts, so no prefix can take an administrator's reason for Slurm's.
+SLURM_OWN_DRAIN_REASONS = ("Duplicate jobid", "Kill task failed", "Prolog error", "Epilog error",
+                           "batch job complete failure")
+
+
+def is_slurm_reason(reason: str, own: str) -> bool:
+    """``reason`` is Slurm's ``own`` reason: the whole text, or ``own`` followed by details after
+    a space, colon or parenthesis (case-insensitive); never a mere prefix of another word."""
+    low, want = reason.strip().lower(), own.strip().lower()
+    return bool(want) and (low == want or (low.startswith(want) and low[len(want)] in " :("))
 
 # --- Leader election -----------------------------------------------------------------------
 LEASE_NAME = "gpu-bridge"

@@ -156,6 +156,8 @@ def slurm_adapter(config: Config) -> CliSlurm:
         timeout_s=config.slurm.command_timeout_s,
         hold_partition=config.slurm.hold_partition,
         command_prefix=config.slurm.command_prefix,
+        hold_user=config.slurm.hold_user,
+        preempt_partition=config.slurm.preempt_partition,
     )
 
 

@@ -143,6 +143,8 @@ class SlurmModel:
             state = ("ALLOCATED" if busy else "IDLE") + ("+DRAIN" if n["drained"] else "")
             reason = f" Reason={n['reason']} [root@2026-12-02T12:00:00]" if n["reason"] else ""
             return CommandResult(0, f"NodeName={argv[4]} Gres=gpu:4 State={state}{reason}\n", "")
+        if argv == ["sdiag"]:  # slurmctld's clock: the daemon measures Slurm's own times against it
+            return CommandResult(0, f"sdiag output at bench ({int(self.now)})\n", "")
         if argv[:2] == ["squeue", "--noheader"]:  # our hold ids: squeue's text output honours filters
             name, part = argv[argv.index("--name") + 1], argv[argv.index("--partition") + 1]
             ids = [f"{jid}|{j['user']}\n" for jid, j in self.jobs.items() if j["name"] == name and j["partition"] == part]

@@ -135,6 +135,14 @@ class SlurmReader(Protocol):
 
     def node(self, name: str) -> SlurmNode: ...
 
+    def clock(self) -> float:
+        """slurmctld's current time (unix s): Slurm's own times are compared with it, not ours."""
+        ...
+
+    def grace_time_s(self, partition: str) -> float:
+        """The partition's GraceTime in seconds, as slurmctld has it."""
+        ...
+
     def jobs(
         self, *, partition: str | None = None, node: str | None = None, states: Iterable[str] | None = None
     ) -> tuple[SlurmJobInfo, ...]:
@@ -166,8 +174,10 @@ class SlurmWriter(Protocol):
         """Cancel our hold job(s) on ``node``; returns the ids cancelled (empty: none was there)."""
         ...
 
-    def requeue(self, job_id: str) -> bool:
-        """Requeue a running research job (never cancel it); False if it is not running."""
+    def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
+        """Requeue a research job Slurm preempted (never cancel it), after re-reading that one job
+        right before: False unless it still runs in the preempt partition with its preemption
+        recorded (and, if given, in the run ``restart_count``), so a job that ended is never run again."""
         ...
 
     def release(self, job_id: str, reason: str) -> bool:

@@ -87,6 +87,12 @@ class SlurmReadThrough:
     def node(self, name: str) -> SlurmNode:
         return self._inner.node(name)
 
+    def clock(self) -> float:
+        return self._inner.clock()
+
+    def grace_time_s(self, partition: str) -> float:
+        return self._inner.grace_time_s(partition)
+
     def jobs(
         self, *, partition: str | None = None, node: str | None = None, states: Iterable[str] | None = None
     ) -> tuple[SlurmJobInfo, ...]:
@@ -170,7 +176,7 @@ class DryRunSlurm(SlurmReadThrough):
         self._would("cancel_hold", node=node)
         return ()
 
-    def requeue(self, job_id: str) -> bool:
+    def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         self._would("requeue", job=job_id)
         return False
 
@@ -265,9 +271,9 @@ class FencedSlurm(SlurmReadThrough):
         self._check("cancel_hold")
         return self._inner.cancel_hold(node)
 
-    def requeue(self, job_id: str) -> bool:
+    def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         self._check("requeue")
-        return self._inner.requeue(job_id)
+        return self._inner.requeue(job_id, restart_count=restart_count)
 
     def release(self, job_id: str, reason: str) -> bool:
         self._check("release")

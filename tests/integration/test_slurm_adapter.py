@@ -202,3 +202,57 @@ def test_full_lend_reclaim_cycle(slurm_clean: Sandbox, tmp_path: Path) -> None:
     assert again.nodes == (node,) and again.restart_count == 1  # type: ignore[union-attr]
     wait_until(lambda: f"start {node} 1" in (tmp_path / "out").read_text(), 15, "the restarted job's first line")
     assert all(slurm.node(o).drained_by_other for o in others)
+
+
+def test_grace_time_and_slurmctlds_clock(slurm_clean: Sandbox) -> None:
+    """Issue 21: the partition's GraceTime and slurmctld's clock, as the daemon reads them."""
+    slurm = slurm_for(slurm_clean)
+    assert slurm.grace_time_s(wellknown.SLURM_PREEMPT_PARTITION) == slurm_clean.grace_s
+    before = time.time()
+    t = slurm.clock()
+    assert int(before) - 1 <= t <= time.time() + 1  # one host: the same clock, whole seconds
+    with pytest.raises(AdapterError, match="Partition no-such-partition not found"):
+        slurm.grace_time_s("no-such-partition")
+
+
+def test_requeue_only_a_preempted_job_past_its_grace_rereading_it(slurm_clean: Sandbox, tmp_path: Path) -> None:
+    """Issue 21 point 1 on the real Slurm: a running job Slurm has not preempted is never requeued
+    (it would get no signal and no grace); a preempted one only in the run that was preempted; a
+    job that completed is never run again."""
+    sb, slurm = slurm_clean, slurm_for(slurm_clean)
+    jid = research_job(sb, tmp_path, "--signal=B:USR1@5")
+    running = wait_until(lambda: (j := job(slurm, jid)) is not None and j.state == "running" and j, 30, "running")
+    assert slurm.requeue(jid) is False  # running, not preempted
+    j = job(slurm, jid)
+    assert j is not None and j.state == "running" and j.restart_count == 0
+    node = running.nodes[0]  # type: ignore[union-attr]
+    slurm.submit_hold(node)
+    preempted = wait_until(lambda: (j := job(slurm, jid)) is not None and j.preempt_time and j, 10, "preempt_time set")
+    assert slurm.requeue(jid, restart_count=1) is False  # not the run that was preempted
+    grace_end = preempted.preempt_time + slurm.grace_time_s(wellknown.SLURM_PREEMPT_PARTITION) + 1  # type: ignore[union-attr,operator]
+    wait_until(lambda: slurm.clock() >= grace_end, sb.grace_s + 5, "the grace over by slurmctld's clock")
+    by_us = slurm.requeue(jid, restart_count=0)
+    after = job(slurm, jid)
+    assert after is not None and after.restart_count == 1, (by_us, after)
+    slurm.cancel_hold(node)
+    wait_until(lambda: node not in slurm.holds(), 15, "hold gone")
+    # a job that completed: squeue still lists it (MinJobAge), scontrol requeue would run it again
+    done = sb.run_slurm(["sbatch", "--parsable", "-p", "preempt", "--requeue", "-o", "/dev/null", "--wrap", "true"]
+                        ).stdout.strip().split(";")[0]
+    wait_until(lambda: "COMPLETED" in sb.run_slurm(["squeue", "-h", "-t", "all", "-j", done, "-o", "%T"], check=False).stdout,
+               30, "the short job completed")
+    assert slurm.requeue(done) is False
+    assert "COMPLETED" in sb.run_slurm(["squeue", "-h", "-t", "all", "-j", done, "-o", "%T"], check=False).stdout
+
+
+def test_an_admins_down_node_that_stops_responding_keeps_their_reason(slurm_clean: Sandbox) -> None:
+    """Issue 21 point 5 on the real Slurm: DOWN by an administrator, then its slurmd dies: Slurm
+    keeps their reason (DOWN*), and gpu-bridge's drain never replaces it."""
+    sb, slurm = slurm_clean, slurm_for(slurm_clean)
+    node = "gpu-node-03"
+    sb.run_slurm(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=PSU swap ticket 4711"])
+    sb.kill_process(f"slurmd:{node}")
+    n = wait_until(lambda: (x := slurm.node(node)) and not x.responding and x, 60, "node not responding")
+    assert n.state == "down" and n.reason == "PSU swap ticket 4711", n  # type: ignore[union-attr]
+    assert slurm.drain(node, "serving (pool default)") is False
+    assert slurm.node(node).reason == "PSU swap ticket 4711"

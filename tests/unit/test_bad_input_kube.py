@@ -19,6 +19,7 @@ from bridge.adapters.kube.objects import DeploymentInfo, parse_deployment, parse
 from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.prom import PromPool
 from bridge.adapters.slurm.cli import CliSlurm, CommandResult
+from tests.slurm_text import sdiag
 from bridge.config import default_config
 from bridge.daemon import Daemon
 from bridge.model import HoldReason, LoadSignals
@@ -164,10 +165,12 @@ class Runner:
             return CommandResult(0, sinfo(NODES), "")
         if list(argv) == ["squeue", "--json"]:
             return CommandResult(0, squeue(NODES), "")
+        if list(argv) == ["sdiag"]:
+            return CommandResult(*sdiag(1_800_000_000.0))
         return CommandResult(0, "901\n" if argv[0] == "sbatch" else "", "")
 
     def writes(self) -> list[list[str]]:
-        return [c for c in self.calls if c[1:2] != ["--json"]]
+        return [c for c in self.calls if c[1:2] != ["--json"] and c != ["sdiag"]]
 
 
 class BrokenDeploymentKube(FakeKube):

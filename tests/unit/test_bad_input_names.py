@@ -23,7 +23,7 @@ from bridge.config import default_config
 from bridge.daemon import Daemon
 from bridge.errors import AdapterError
 from bridge.model import LoadSignals
-from tests.slurm_text import scontrol_node, squeue_filtered
+from tests.slurm_text import scontrol_node, sdiag, squeue_filtered
 
 NOW = 1_767_225_600.0
 BAD_NAMES = [
@@ -48,6 +48,8 @@ class SubprocessRecorder:
             return subprocess.CompletedProcess(argv, *scontrol_node(self.sinfo, argv[4]))
         if argv[:2] == ["squeue", "--noheader"]:
             return subprocess.CompletedProcess(argv, *squeue_filtered(self.squeue, argv))
+        if argv == ["sdiag"]:
+            return subprocess.CompletedProcess(argv, *sdiag(1_800_000_000.0))
         out = {"sinfo": self.sinfo, "squeue": self.squeue}.get(argv[0], "902\n" if argv[0] == "sbatch" else "")
         return subprocess.CompletedProcess(argv, 0, out, "")
 
@@ -138,7 +140,7 @@ def test_unadopted_pool_nodes_with_bad_names_never_reach_a_subprocess(recorder: 
     for _ in range(3):
         d.tick()
     assert_clean(recorder, BAD_K8S)
-    writes = [a for a in recorder.argvs if a[1:2] != ["--json"]]
+    writes = [a for a in recorder.argvs if a[1:2] != ["--json"] and a != ["sdiag"]]
     assert writes and all(any(GOOD in arg for arg in a) for a in writes)  # hold job / drain of the good node only
 
 

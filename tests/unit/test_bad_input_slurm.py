@@ -20,6 +20,7 @@ from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.prom import PromPool
 from bridge.adapters.slurm.cli import CliSlurm, CommandResult
+from tests.slurm_text import sdiag
 from bridge.adapters.slurm.parse import parse_jobs, parse_nodes
 from bridge.config import default_config
 from bridge.daemon import Daemon
@@ -160,10 +161,12 @@ class Runner:
             return CommandResult(0, self.out[argv[0]], "")
         if argv[0] == "sbatch":
             return CommandResult(0, "900\n", "")
+        if list(argv) == ["sdiag"]:
+            return CommandResult(*sdiag(1_800_000_000.0))
         return CommandResult(0, "", "")
 
     def writes(self) -> list[list[str]]:
-        return [c for c in self.calls if c[1:2] != ["--json"]]
+        return [c for c in self.calls if c[1:2] != ["--json"] and c != ["sdiag"]]
 
 
 def world(sinfo_text: str, squeue_text: str, *, load_replicas: float) -> tuple[Daemon, FakeKube, Runner]:

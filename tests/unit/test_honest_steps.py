@@ -12,7 +12,7 @@ from bridge.actuate import Actuator
 from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.slurm import CliSlurm, CommandResult
 from bridge.errors import AdapterError
-from bridge.lifecycle import NodeFacts, Step
+from bridge.lifecycle import NodeFacts, PreemptedJob, Step
 from bridge.model import Phase
 
 REFUSED = CommandResult(1, "", "slurm_update error: Invalid node state specified\n")
@@ -75,7 +75,8 @@ class RequeueSlurm:
         self.running = running
         self.asked: list[str] = []
 
-    def requeue(self, job_id: str) -> bool:
+    def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
+        assert restart_count == 0  # the run Slurm preempted
         self.asked.append(job_id)
         return job_id in self.running
 
@@ -91,7 +92,8 @@ class EventKube:
 def _reclaiming(jobs: tuple[str, ...]) -> NodeFacts:
     return NodeFacts(name="gpu-node-02", phase=Phase.RECLAIMING, phase_since=0.0, fenced=True, pods=(),
                      slurm_drained_by_us=False, slurm_drained_by_other=False, slurm_down=False,
-                     slurm_allocated=True, hold=None, research_jobs=jobs)
+                     slurm_allocated=True, hold=None, research_jobs=jobs,
+                     research_preempted=tuple(PreemptedJob(j, 100.0, 0) for j in jobs), slurm_now=131.0)
 
 
 @pytest.mark.parametrize(("running", "changed", "says", "never"), [
@@ -103,7 +105,7 @@ def test_requeue_step_says_what_it_did(running: set[str], changed: bool, says: s
     records = []
     slurm = RequeueSlurm(running)
     kube = EventKube()
-    act = Actuator(kube=kube, slurm=slurm, clock=lambda: 1.0, on_step=records.append)  # type: ignore[arg-type]
+    act = Actuator(kube=kube, slurm=slurm, clock=lambda: 1.0, on_step=records.append, grace_s=30.0)  # type: ignore[arg-type]
     jobs = ("11",) if running <= {"11"} else ("11", "12")
     got = act.execute(Step.REQUEUE_JOBS, _reclaiming(jobs), PoolTarget("default", "serving", "vllm"), now=1.0)
     assert got is changed

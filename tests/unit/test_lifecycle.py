@@ -15,9 +15,11 @@ from bridge.lifecycle import (
     HoldFacts,
     NodeFacts,
     PodFacts,
+    PreemptedJob,
     Step,
     desired_replicas,
     next_step,
+    past_grace,
 )
 from bridge.model import Phase
 
@@ -54,8 +56,15 @@ CASES = [
     ("serving-hold-first-while-idle", facts(hold=None, slurm_drained_by_us=False), False, Step.ENSURE_HOLD),
     ("serving-drained-without-hold-rests", facts(hold=None), False, None),
     ("serving-no-hold-node-down", facts(hold=None, slurm_down=True, slurm_drained_by_us=False), False, Step.ENSURE_DRAINED),
-    ("serving-research-slipped-in-drain", facts(slurm_drained_by_us=False, research_jobs=("7",)), False, Step.ENSURE_DRAINED),
-    ("serving-research-requeued", facts(research_jobs=("7",)), False, Step.REQUEUE_JOBS),
+    # research on a serving node is preempted by Slurm for our hold (its signal and grace), never requeued at once
+    ("serving-research-slipped-in-hold-preempts-it", facts(hold=None, slurm_drained_by_us=False, research_jobs=("7",)),
+     False, Step.ENSURE_HOLD),
+    ("serving-research-our-drain-lifted-for-the-hold", facts(hold=HoldFacts("9", running=False), research_jobs=("7",)),
+     False, Step.RESUME),
+    ("serving-research-waits-for-its-grace",
+     facts(hold=HoldFacts("9", running=False), slurm_drained_by_us=False, research_jobs=("7",)), False, Step.WAIT_HOLD),
+    ("serving-research-admin-drain-blocks",
+     facts(slurm_drained_by_us=False, slurm_drained_by_other=True, research_jobs=("7",)), False, Step.BLOCKED),
     ("lending-fence-first", facts(phase=Phase.LENDING), False, Step.FENCE),
     ("lending-mark-pod", facts(phase=Phase.LENDING, fenced=True), False, Step.MARK_POD),
     (
@@ -167,18 +176,61 @@ def test_next_step(node: NodeFacts, scaled_down: bool, expected: Step | None) ->
     assert next_step(node, now=NOW, scaled_down=scaled_down) == expected
 
 
-def test_jobs_outliving_their_grace_are_requeued() -> None:
-    node = facts(
-        phase=Phase.RECLAIMING,
-        phase_since=NOW - 30,
-        fenced=True,
-        pods=(),
-        hold=HoldFacts("9", running=False),
-        slurm_drained_by_us=False,
-        research_jobs=("5",),
-    )
-    assert next_step(node, now=NOW, scaled_down=True, requeue_after_s=31) is Step.WAIT_HOLD
-    assert next_step(node, now=NOW, scaled_down=True, requeue_after_s=30) is Step.REQUEUE_JOBS
+SLURM_T = 1_700_000_000.0  # slurmctld's clock: far from the daemon's NOW on purpose (skew)
+
+
+def _reclaiming_with(*preempted: PreemptedJob, slurm_now: float | None, phase_since: float = NOW - 3600) -> NodeFacts:
+    return facts(phase=Phase.RECLAIMING, phase_since=phase_since, fenced=True, pods=(),
+                 hold=HoldFacts("9", running=False), slurm_drained_by_us=False, research_jobs=("5", "6"),
+                 research_preempted=preempted, slurm_now=slurm_now)
+
+
+def test_jobs_are_requeued_only_once_slurms_grace_is_over_by_slurms_clock() -> None:
+    """Issue 21 point 1: the grace starts at Slurm's PreemptTime, not at our phase's start, and
+    is measured by slurmctld's clock. The reclaim is an hour old here (the old rule requeued at
+    phase_since + grace_s + 2, whatever Slurm had done)."""
+    p = PreemptedJob("5", preempt_time=SLURM_T - 30, restart_count=0)
+    assert next_step(_reclaiming_with(p, slurm_now=SLURM_T), now=NOW, scaled_down=True, grace_s=30) is Step.WAIT_HOLD
+    assert next_step(_reclaiming_with(p, slurm_now=SLURM_T + 0.9), now=NOW, scaled_down=True, grace_s=30) is Step.WAIT_HOLD
+    due = _reclaiming_with(p, slurm_now=SLURM_T + 1), 30
+    assert next_step(due[0], now=NOW, scaled_down=True, grace_s=due[1]) is Step.REQUEUE_JOBS
+    assert past_grace(*due) == (p,)  # only the preempted job, never job 6 next to it
+    # a grace longer than ours (Slurm's GraceTime raised): not yet
+    assert next_step(due[0], now=NOW, scaled_down=True, grace_s=31) is Step.WAIT_HOLD
+
+
+@pytest.mark.parametrize(("case", "node", "grace_s"), [
+    ("not-preempted-yet", _reclaiming_with(slurm_now=SLURM_T + 10_000), 30.0),  # a late preemption: no grace started
+    ("slurm-clock-unknown", _reclaiming_with(PreemptedJob("5", SLURM_T - 999, 0), slurm_now=None), 30.0),
+    ("grace-unknown", _reclaiming_with(PreemptedJob("5", SLURM_T - 999, 0), slurm_now=SLURM_T), None),
+    ("job-no-longer-on-the-node", dataclasses.replace(
+        _reclaiming_with(PreemptedJob("8", SLURM_T - 999, 0), slurm_now=SLURM_T), research_jobs=("5",)), 30.0),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_no_requeue_without_slurms_preemption_and_grace(case: str, node: NodeFacts, grace_s: float | None) -> None:
+    assert next_step(node, now=NOW + 10**6, scaled_down=True, grace_s=grace_s) is Step.WAIT_HOLD
+
+
+def test_research_on_a_serving_node_gets_its_grace_too() -> None:
+    """Issue 21 point 1: a serving node found running a research job never requeues it at once:
+    Slurm preempts it for our hold (signal + GraceTime) and only then is it requeued."""
+    node = facts(hold=HoldFacts("9", running=False), slurm_drained_by_us=False, research_jobs=("7",), slurm_now=SLURM_T)
+    assert next_step(node, now=NOW, scaled_down=False, grace_s=30) is Step.WAIT_HOLD
+    preempted = dataclasses.replace(node, research_preempted=(PreemptedJob("7", SLURM_T - 30, 2),))
+    assert next_step(preempted, now=NOW, scaled_down=False, grace_s=30) is Step.WAIT_HOLD
+    over = dataclasses.replace(preempted, slurm_now=SLURM_T + 1)
+    assert next_step(over, now=NOW, scaled_down=False, grace_s=30) is Step.REQUEUE_JOBS
+    # once the hold runs and the job is gone: our drain again
+    done = dataclasses.replace(over, research_jobs=(), research_preempted=(), hold=HOLD_RUNNING)
+    assert next_step(done, now=NOW, scaled_down=False, grace_s=30) is Step.ENSURE_DRAINED
+
+
+def test_the_drain_saved_wait_uses_slurmctlds_clock() -> None:
+    """Issue 21 point 8: the drain's reason time is slurmctld's: compared with slurmctld's clock,
+    a daemon clock running ahead cannot cut the wait short."""
+    node = facts(phase=Phase.RETURNING, fenced=True, pods=(), slurm_drained_at=SLURM_T, slurm_now=SLURM_T + 2)
+    assert next_step(node, now=SLURM_T + 3600, scaled_down=True, drain_saved_after_s=6.0) is Step.WAIT_DRAIN_SAVED
+    later = dataclasses.replace(node, slurm_now=SLURM_T + 6)
+    assert next_step(later, now=SLURM_T - 3600, scaled_down=True, drain_saved_after_s=6.0) is Step.UNFENCE
 
 
 def test_desired_replicas_keeps_lending_replica_until_its_pod_is_marked() -> None:
@@ -325,9 +377,10 @@ def test_after_an_abandoned_lend_the_serving_node_is_unfenced_then_its_pod_unmar
     assert next_step(node, now=NOW, scaled_down=False) is Step.UNMARK_POD
     node = dataclasses.replace(node, pods=(POD,))
     assert next_step(node, now=NOW, scaled_down=False) is None
-    # research on it still comes first (a node must never serve and run jobs)
-    busy = facts(phase=Phase.SERVING, fenced=True, pods=(), research_jobs=("7",))
-    assert next_step(busy, now=NOW, scaled_down=False) is Step.REQUEUE_JOBS
+    # research on it still comes first (a node must never serve and run jobs): preempted by
+    # Slurm for our hold, so it gets its grace
+    busy = facts(phase=Phase.SERVING, fenced=True, pods=(), research_jobs=("7",), hold=HoldFacts("9", running=False))
+    assert next_step(busy, now=NOW, scaled_down=False) is Step.RESUME
 
 
 @settings(max_examples=100, deadline=None)

@@ -20,7 +20,7 @@ from bridge.adapters.slurm import (
     drain_reason,
 )
 from bridge.errors import AdapterError
-from tests.slurm_text import scontrol_node, squeue_filtered
+from tests.slurm_text import scontrol_node, sdiag, squeue_filtered
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
 
@@ -45,6 +45,8 @@ class FakeRunner:
             return CommandResult(0, self.sinfo, "")
         if list(argv) == ["squeue", "--json"]:
             return CommandResult(0, self.squeue, "")
+        if list(argv) == ["sdiag"]:
+            return CommandResult(*sdiag(1796216801.0))
         if list(argv) == ["scontrol", "ping"]:
             return CommandResult(0, (FIX / "ping-22.05.txt").read_text(), "")
         if list(argv[:4]) == ["scontrol", "--oneliner", "show", "node"]:
@@ -57,7 +59,7 @@ class FakeRunner:
 
     def writes(self) -> list[list[str]]:
         reads = (["sinfo", "--json", "--Node"], ["squeue", "--json"], ["scontrol", "ping"], ["scontrol", "--oneliner"],
-                 ["squeue", "--noheader"])
+                 ["squeue", "--noheader"], ["sdiag"])
         return [c for c in self.calls if c[:2] not in reads and c not in reads]
 
 
@@ -164,15 +166,42 @@ def test_cancel_hold_only_ours_by_name_and_partition() -> None:
 
 
 def test_requeue_research_job_only() -> None:
-    a, r = adapter()
-    assert a.requeue("1") is True
-    assert r.writes() == [["scontrol", "requeue", "1"]]
+    a, r = adapter("24.11")  # job 101 runs in preempt, preempted by Slurm
+    assert a.requeue("101") is True
+    assert r.writes() == [["scontrol", "requeue", "101"]]
+    # that one job re-read right before, by fields no user can forge (never its name or comment)
+    assert r.calls[-2] == ["squeue", "--noheader", "--jobs", "101", "--Format", "JobID:|,State:|,Partition:|,PreemptTime:|,RestartCnt:|"]
     r.calls.clear()
-    assert a.requeue("4") is False  # pending
+    assert a.requeue("104") is False  # pending
+    assert a.requeue("102") is False  # COMPLETED: requeueing it would run a finished job again
     assert a.requeue("999") is False  # gone
+    assert a.requeue("106") is False  # running but not preempted by Slurm: it gets its signal and grace first
+    assert a.requeue("101", restart_count=1) is False  # not the run that was preempted
     with pytest.raises(NotOursError, match="hold job"):
-        a.requeue("3")
+        a.requeue("103")
     assert r.writes() == []
+
+
+def test_requeue_only_in_the_preempt_partition() -> None:
+    r = FakeRunner("24.11")
+    a = CliSlurm(runner=r, preempt_partition="other")
+    assert a.requeue("101") is False and r.writes() == []
+
+
+def test_slurmctlds_clock_and_grace_time() -> None:
+    a, r = adapter()
+    assert a.clock() == 1796216801.0
+    r.fail["scontrol"] = CommandResult(0, "PartitionName=preempt AllowGroups=ALL Default=YES GraceTime=120 Hidden=NO "
+                                          "PreemptMode=REQUEUE State=UP\n", "")
+    assert a.grace_time_s("preempt") == 120.0
+    assert r.calls[-1] == ["scontrol", "--oneliner", "show", "partition", "preempt"]
+    with pytest.raises(AdapterError, match="expected one PartitionName=other line"):
+        a.grace_time_s("other")
+    with pytest.raises(AdapterError, match="invalid partition"):
+        a.grace_time_s("p;reboot")
+    r.fail["sdiag"] = CommandResult(0, "Server thread count: 3\n", "")
+    with pytest.raises(AdapterError, match="sdiag"):
+        a.clock()
 
 
 @pytest.mark.parametrize("bad", ["gpu node", "n;reboot", "$(id)", "-p", "x" * 100])

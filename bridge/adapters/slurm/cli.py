@@ -20,7 +20,10 @@ from bridge import logs, wellknown
 from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
-from .parse import parse_jobs, parse_nodes, parse_ping, parse_scontrol_node, parse_show_config, parse_show_partitions
+from .parse import (
+    REQUEUE_CHECK_FORMAT, parse_grace_time, parse_jobs, parse_nodes, parse_ping, parse_requeue_check,
+    parse_scontrol_node, parse_sdiag_time, parse_show_config, parse_show_partitions, validate_partition,
+)
 from .types import SlurmJobInfo, SlurmNode
 
 SINFO_ARGV = ("sinfo", "--json", "--Node")
@@ -112,6 +115,18 @@ def _state_text(n: SlurmNode) -> str:
     return "+".join([n.state.upper(), *sorted(n.flags)])
 
 
+# The reason slurmctld gives a node it marks DOWN itself because its slurmd stopped answering
+SLURM_NOT_RESPONDING_REASON = "Not responding"
+
+
+def admins_down(n: SlurmNode) -> bool:
+    """DOWN (not drained) with someone else's reason: an administrator's DOWN. Also once the
+    node stops responding too (Slurm keeps their reason then, and so does gpu-bridge), unless
+    the reason is Slurm's own "Not responding" (a node Slurm marked DOWN itself gets our drain)."""
+    return (not n.drained and n.state == "down" and bool(n.reason) and not n.reason_ours
+            and (n.responding or not wellknown.is_slurm_reason(n.reason, SLURM_NOT_RESPONDING_REASON)))
+
+
 def hold_job_name(node: str) -> str:
     return wellknown.SLURM_HOLD_JOB_PREFIX + validate_node_name(node)
 
@@ -131,6 +146,7 @@ class CliSlurm:
         hold_user: str | None = None,
         command_prefix: Sequence[str] = (),
         fence: Callable[[Sequence[str], float], None] | None = None,
+        preempt_partition: str = wellknown.SLURM_PREEMPT_PARTITION,
     ) -> None:
         self.run_cmd: CommandRunner = runner or SubprocessRunner({**os.environ, **(env or {})}, prefix=command_prefix)
         # called with (argv, timeout) right before each command that changes Slurm; raises to
@@ -140,6 +156,7 @@ class CliSlurm:
         self.timeout_s = timeout_s
         self.hold_partition = hold_partition
         self.hold_user = hold_user  # only hold jobs of this user count as ours (None: any user)
+        self.preempt_partition = preempt_partition  # the only partition whose jobs are ever requeued
 
     # ---- plumbing ----------------------------------------------------------------------
     def _run(self, argv: Sequence[str], *, ok_codes: tuple[int, ...] = (0,)) -> CommandResult:
@@ -174,6 +191,16 @@ class CliSlurm:
 
     def node(self, name: str) -> SlurmNode:
         return self.nodes([name])[0]
+
+    def clock(self) -> float:
+        """slurmctld's time, from ``sdiag`` ("sdiag output at <date> (<unix time>)", the time the
+        controller answered): Slurm's PreemptTime and reason times are measured against it."""
+        return parse_sdiag_time(self._run(["sdiag"]).stdout)
+
+    def grace_time_s(self, partition: str) -> float:
+        validate_partition(partition)
+        res = self._run(["scontrol", "--oneliner", "show", "partition", partition])
+        return parse_grace_time(res.stdout, partition)
 
     def jobs(
         self, *, partition: str | None = None, node: str | None = None, states: Iterable[str] | None = None
@@ -248,8 +275,9 @@ class CliSlurm:
         if cur.drained and (cur.reason == text or not cur.reason_ours):
             # already so, or an administrator's drain: never overwrite their reason
             return False
-        if not cur.drained and cur.state == "down" and cur.responding and cur.reason and not cur.reason_ours:
-            # an administrator's DOWN: no job can land, and their reason must survive
+        if admins_down(cur):
+            # an administrator's DOWN (responding or not since): no job can land, and their
+            # reason must survive
             return False
         self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}"])
         _log().info("slurm_drained", node=node, reason=text)
@@ -315,15 +343,23 @@ class CliSlurm:
         _log().info("slurm_hold_cancelled", node=node, job=",".join(ids))
         return ids
 
-    def requeue(self, job_id: str) -> bool:
+    def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         jid = validate_job_id(job_id)
-        job = next((j for j in self.jobs() if j.job_id == jid), None)
-        if job is not None and self._is_our_hold(job):
+        # that one job, re-read right before the requeue (one RPC, not the whole queue): a job
+        # that ended meanwhile is never requeued (Slurm would run a finished job again), nor
+        # one Slurm has not preempted, nor another partition's (a hold job among them)
+        res = self._run(["squeue", "--noheader", "--jobs", jid, "--Format", REQUEUE_CHECK_FORMAT], ok_codes=(0, 1))
+        now = parse_requeue_check(res.stdout, jid) if res.returncode == 0 else None
+        if now is None:
+            return False  # gone (squeue: "Invalid job id specified")
+        if now.partition == self.hold_partition:
             raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
-        if job is None or job.state != "running":
+        why = now.refusal(self.preempt_partition, restart_count)
+        if why:
+            _log().info("slurm_requeue_skipped", job=jid, reason=why)
             return False
         self._run(["scontrol", "requeue", jid])
-        _log().info("slurm_job_requeued", job=jid, node=",".join(job.nodes))
+        _log().info("slurm_job_requeued", job=jid, restart_count=now.restart_count)
         return True
 
     # ---- Slurm's own holds and drains (after a controller crash; docs/slurm-adapter.md) ----
@@ -342,10 +378,11 @@ class CliSlurm:
         return True
 
     def _own_drain(self, node: str, slurm_reason: str, *, empty: bool) -> SlurmNode | None:
-        """The node now, if it carries Slurm's own drain ``slurm_reason`` (prefix, case-insensitive),
-        responds, and (``empty``) has nothing allocated or completing; None otherwise."""
+        """The node now, if it carries Slurm's own drain ``slurm_reason`` (whole, case-insensitive:
+        ``wellknown.is_slurm_reason``), responds, and (``empty``) has nothing allocated or
+        completing; None otherwise."""
         cur = self.node_now(node)
-        if not cur.drained or cur.reason_ours or not cur.reason.lower().startswith(slurm_reason.lower()):
+        if not cur.drained or cur.reason_ours or not wellknown.is_slurm_reason(cur.reason, slurm_reason):
             return None
         if cur.down or (empty and cur.allocated):
             return None

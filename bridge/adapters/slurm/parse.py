@@ -13,6 +13,7 @@ we do not understand is never read as "no nodes" or "no jobs".
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import json
@@ -399,3 +400,75 @@ def parse_show_partitions(text: str) -> dict[str, dict[str, str]]:
         if name:
             out[name] = fields
     return out
+
+
+# --- the requeue's re-read of one job, slurmctld's clock, a partition's GraceTime ------------------
+# squeue --Format fields, each ended by "|": none is user-controlled text (a job name or comment
+# could otherwise forge a field)
+REQUEUE_CHECK_FORMAT = "JobID:|,State:|,Partition:|,PreemptTime:|,RestartCnt:|"
+_PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequeueCheck:
+    """One job as ``squeue --jobs ID --Format REQUEUE_CHECK_FORMAT`` has it right now."""
+
+    job_id: str
+    state: str  # lowercase
+    partition: str
+    preempted: bool  # Slurm recorded a PreemptTime
+    restart_count: int
+
+    def refusal(self, preempt_partition: str, restart_count: int | None) -> str:
+        """Why this job must not be requeued now ("" = it may)."""
+        if self.state != "running":
+            return f"not running ({self.state})"
+        if self.partition != preempt_partition:
+            return f"partition {self.partition}, not {preempt_partition}"
+        if not self.preempted:
+            return "Slurm has not preempted it (no PreemptTime): it gets its signal and GraceTime first"
+        if restart_count is not None and self.restart_count != restart_count:
+            return f"another run (restart {self.restart_count}, preempted run {restart_count})"
+        return ""
+
+
+def parse_requeue_check(text: str, job_id: str) -> RequeueCheck | None:
+    """The one line of the re-read; None when squeue lists no such job."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    fields = lines[0].strip().split("|")
+    if len(lines) != 1 or len(fields) < 5 or fields[0].strip() != job_id:
+        raise AdapterError("slurm", f"squeue --jobs {job_id}: unexpected answer {lines[0][:80]!r}")
+    state, partition, preempt, restarts = (f.strip() for f in fields[1:5])
+    if not restarts.isdigit():
+        raise AdapterError("slurm", f"squeue --jobs {job_id}: bad RestartCnt {restarts[:20]!r}")
+    return RequeueCheck(job_id, state.lower(), partition, preempt not in ("", "N/A", "None", "Unknown"), int(restarts))
+
+
+_SDIAG_TIME = re.compile(r"^sdiag output at .*\((\d+)\)\s*$", re.MULTILINE)
+
+
+def parse_sdiag_time(text: str) -> float:
+    """slurmctld's time from sdiag's header line "sdiag output at <date> (<unix time>)"."""
+    m = _SDIAG_TIME.search(text or "")
+    if m is None:
+        raise AdapterError("slurm", "sdiag: no 'sdiag output at ... (<unix time>)' line")
+    return float(m.group(1))
+
+
+def validate_partition(name: str) -> str:
+    if not isinstance(name, str) or not _PARTITION.fullmatch(name):
+        raise AdapterError("slurm", f"invalid partition name {str(name)[:40]!r}")
+    return name
+
+
+def parse_grace_time(text: str, partition: str) -> float:
+    """GraceTime (seconds) of ``scontrol --oneliner show partition NAME``'s one line."""
+    parts = parse_show_partitions(text)
+    if list(parts) != [partition]:
+        raise AdapterError("slurm", f"scontrol show partition {partition}: expected one PartitionName={partition} line")
+    grace = parts[partition].get("GraceTime", "")
+    if not grace.isdigit():
+        raise AdapterError("slurm", f"scontrol show partition {partition}: no GraceTime=<seconds> field")
+    return float(grace)

@@ -85,9 +85,10 @@ class SlurmJobInfo(SlurmJob):
         return self.state == "pending" and want in (_norm(self.state_reason), _norm(self.state_description))
 
     def grace_over(self, now: float) -> bool:
-        """A preempted job's GraceTime has certainly passed: Slurm's times are whole seconds
-        (truncated), so one second is added. The daemon then requeues it itself rather than
-        wait for slurmctld's next periodic time-limit check (up to 30 s later on 22.05)."""
+        """A preempted job's EndTime (PreemptTime + GraceTime, or its time limit if sooner) has
+        certainly passed by ``now``: Slurm's times are whole seconds (truncated), so one second
+        is added. For tools and tests; the daemon's own rule is ``bridge.lifecycle.past_grace``
+        (the partition's GraceTime from PreemptTime, by slurmctld's clock)."""
         return self.preempt_time is not None and self.end_time is not None and now >= self.end_time + 1.0
 
     @property

@@ -19,7 +19,7 @@ from bridge import wellknown
 from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
-from bridge.adapters.slurm.cli import NotOursError, drain_reason, hold_job_name
+from bridge.adapters.slurm.cli import NotOursError, admins_down, drain_reason, hold_job_name
 from bridge.adapters.protocols import SlurmAdapterProtocol
 from bridge.adapters.slurm.types import SlurmJobInfo, SlurmNode
 
@@ -95,15 +95,21 @@ class FakeSlurm:
         n.drained, n.reason, n.reason_user = True, "Duplicate jobid", "slurm"
         self._schedule()
 
+    def admin_down(self, node: str, reason: str, user: str = "admin") -> None:
+        """An administrator's ``scontrol update State=DOWN Reason=...``."""
+        n = self._nodes[node]
+        n.down, n.reason, n.reason_user = True, reason, user
+
     def set_responding(self, node: str, responding: bool) -> None:
-        """A dead slurmd: its running jobs are requeued, as slurmctld does for a DOWN node."""
+        """A dead slurmd: its running jobs are requeued, as slurmctld does for a DOWN node
+        (which keeps a reason already set: a drain's, an administrator's DOWN)."""
         n = self._nodes[node]
         n.responding = responding
         if not responding:
-            n.reason = n.reason if n.drained else "Not responding"
+            n.reason = n.reason if (n.drained or n.reason) else "Not responding"
             for j in self._running_on(node):
                 self._requeue(j)
-        elif not n.drained:
+        elif not n.drained and not n.down:
             n.reason = ""
         self._schedule()
 
@@ -203,6 +209,16 @@ class FakeSlurm:
     def node(self, name: str) -> SlurmNode:
         return self.nodes([name])[0]
 
+    def clock(self) -> float:
+        self._check("clock")
+        return self.now
+
+    def grace_time_s(self, partition: str) -> float:
+        self._check("grace_time_s")
+        if partition not in (wellknown.SLURM_PREEMPT_PARTITION, wellknown.SLURM_HOLD_PARTITION):
+            raise AdapterError("slurm", f"scontrol show partition {partition}: Partition {partition} not found")
+        return self.grace_s if partition == wellknown.SLURM_PREEMPT_PARTITION else 0.0
+
     def jobs(self, *, partition: str | None = None, node: str | None = None,
              states: Iterable[str] | None = None) -> tuple[SlurmJobInfo, ...]:
         self._check("jobs")
@@ -227,7 +243,7 @@ class FakeSlurm:
         text = drain_reason(reason)
         if cur.drained and (cur.reason == text or not cur.reason_ours):
             return False
-        if not cur.drained and cur.state == "down" and cur.responding and cur.reason and not cur.reason_ours:
+        if admins_down(cur):
             return False
         n = self._nodes[node]
         n.drained, n.reason, n.reason_user = True, text, self.bridge_user
@@ -272,14 +288,16 @@ class FakeSlurm:
         self._schedule()
         return ids
 
-    def requeue(self, job_id: str) -> bool:
+    def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         self._check("requeue")
         jid = validate_job_id(job_id)
         j = self._jobs.get(jid)
         if j is not None and self._is_hold(j):
             raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
-        if j is None or j.state != "running":
+        if j is None or j.state != "running" or j.partition != wellknown.SLURM_PREEMPT_PARTITION:
             return False
+        if j.preempt_time is None or (restart_count is not None and j.restart_count != restart_count):
+            return False  # not preempted by Slurm, or another run than the one preempted
         if not j.requeueable:
             raise AdapterError("slurm", "scontrol requeue failed (rc 1): Requested operation is presently disabled")
         self._requeue(j)
@@ -300,7 +318,7 @@ class FakeSlurm:
     def _own_drain(self, node: str, slurm_reason: str, *, empty: bool = True) -> bool:
         cur = self.node(node)
         held = any(self._is_hold(h) and h.state == "running" and node in h.nodes for h in self._jobs.values())
-        return (cur.drained and not cur.reason_ours and cur.reason.lower().startswith(slurm_reason.lower())
+        return (cur.drained and not cur.reason_ours and wellknown.is_slurm_reason(cur.reason, slurm_reason)
                 and not cur.down and not (empty and (cur.allocated or held)))
 
     def clear_own_drain(self, node: str, slurm_reason: str) -> bool:

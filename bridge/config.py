@@ -352,6 +352,19 @@ class CalibrationConfig:
     delay_min_samples: Int = Field(default=5, ge=1, description="measured reclaims needed before they replace the configured delays")
 
 
+@dataclass(frozen=True, slots=True, config=_SECTION)
+class GovernorConfig:
+    """The error-budget governor (``bridge.policy.governor``): the SLO budget as a hard cap."""
+
+    enabled: Bool = Field(
+        default=True, description="lend only while the budget left over the window can absorb one worst-case incident"
+    )
+    window_s: Num = Field(
+        default=2419200.0, gt=0,
+        description="rolling window of the budget (28 days: pools[].slo_budget x this many minutes; keep Prometheus retention at least this long)",
+    )
+
+
 class VictimRule(enum.StrEnum):
     LEAST_LOST_WORK = "least_lost_work"  # idle first, then fewest GPU-hours since checkpoint
     NEWEST_FIRST = "newest_first"  # naive baseline: most recently started job first
@@ -379,6 +392,7 @@ class PolicyConfig:
     victims: VictimRule = Field(default=VictimRule.LEAST_LOST_WORK, description="least_lost_work | newest_first (baseline)")
     forecast: ForecastConfig = Field(default_factory=ForecastConfig, description="forecast settings")
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="calibration of the safety margin")
+    governor: GovernorConfig = Field(default_factory=GovernorConfig, description="the SLO budget kept as a hard cap")
     calendar: Items[CalendarRule] = Field(default=(), description="calendar rules, constraints on top of the forecast")
 
 
@@ -491,7 +505,7 @@ def replace(obj: _T, /, *, source: str = "overrides", **changes: Any) -> _T:
 
 _SECTIONS = {
     c.__name__: c
-    for c in (Config, PoolConfig, TargetConfig, SlurmConfig, PolicyConfig, ForecastConfig, CalibrationConfig,
+    for c in (Config, PoolConfig, TargetConfig, SlurmConfig, PolicyConfig, ForecastConfig, CalibrationConfig, GovernorConfig,
               CalendarRule, PrometheusConfig, KubernetesConfig, DaemonConfig)
 }
 

@@ -39,8 +39,9 @@ import math
 import numpy as np
 
 from bridge.config import Config, PoolConfig
-from bridge.model import Calibration, LoadSignals
+from bridge.model import Calibration, Governor, LoadSignals
 from bridge.policy.demand import nodes_for, replicas_needed
+from bridge.policy.governor import ViolationLedger, gap_steps, govern, incident_minutes
 
 
 # The feedback aims at this share of the budget: violations come in clusters (a level shift
@@ -201,10 +202,15 @@ class Calibrator:
     Only a cache: ``add`` the same samples (the daemon's Prometheus history at start-up, then
     each new sample) and the same calibration comes out."""
 
-    def __init__(self, config: Config, pool: PoolConfig) -> None:
+    def __init__(self, config: Config, pool: PoolConfig, *, governor_window_s: float | None = None) -> None:
         cal = config.policy.calibration
         self.config = config
         self.pool = pool
+        # the governor's window: the config's (28 d), or the whole run in the simulator
+        self.governor_window_s = governor_window_s if governor_window_s is not None else config.policy.governor.window_s
+        self.ledger = ViolationLedger(
+            step_s=cal.step_s, window_s=self.governor_window_s, gap_steps=gap_steps(config, cal.step_s)
+        )
         self.step_s = cal.step_s
         self.window_steps = max(1, math.ceil(cal.window_s / cal.step_s))
         # a ring of one slot per step of the window: slot = step % size, with the step it holds
@@ -221,6 +227,7 @@ class Calibrator:
         if key < self._last:
             return
         d = replicas_needed(s, self.pool.target)
+        self.ledger.add(s.t, d, float(s.replicas_reporting))
         dv = math.nan if d is None else d
         rv = float(s.replicas_reporting) if d is not None else math.nan
         i = key % self._size
@@ -231,6 +238,36 @@ class Calibrator:
             return
         self._key[i], self._demand[i], self._ready[i] = key, dv, rv
         self._last = key
+
+    @property
+    def span_s(self) -> float:
+        """History to rebuild at start-up: the calibration's window and the governor's."""
+        return max(self.config.policy.calibration.window_s, self.governor_window_s)
+
+    def governor(self, now: float, *, capacity: float, nodes: int, horizon_s: float | None = None) -> Governor | None:
+        """The governor's state as of ``now`` (None when ``policy.governor.enabled`` is off):
+        the avoidable violation minutes of its window, the budget, one incident's minutes."""
+        if not self.config.policy.governor.enabled:
+            return None
+        from bridge.policy.forecast import horizon_s as configured_horizon
+
+        h = max(configured_horizon(self.config, self.pool), horizon_s or 0.0)
+        w = incident_minutes(
+            horizon_s=h,
+            scrape_s=self.config.prometheus.scrape_interval_s,
+            drain_s=self.pool.drain_s,
+            tick_s=self.config.policy.tick_s,
+            nodes=nodes,
+            max_reclaims_per_tick=self.config.policy.max_reclaims_per_tick,
+            minute_s=self.step_s,
+        )
+        budget = self.pool.slo_budget * self.governor_window_s / self.step_s
+        return govern(
+            spent_min=self.ledger.spent(now, capacity=capacity),
+            budget_min=budget,
+            incident_min=w,
+            window_s=self.governor_window_s,
+        )
 
     def arrays(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per-step demand and ready over the window ending at ``now``'s step (NaN = gap)."""

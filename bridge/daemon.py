@@ -226,8 +226,8 @@ class Daemon:
             cal = gov = None
             if cal_in is not None:
                 nodes = sum(1 for n in obs.view.nodes if n.pool == p.name)
-                cal = cal_in.calibration(now, capacity=nodes * p.replicas_per_node, horizon_s=h)
                 gov = cal_in.governor(now, capacity=nodes * p.replicas_per_node, nodes=nodes, horizon_s=h)
+                cal = cal_in.calibration(now, capacity=nodes * p.replicas_per_node, horizon_s=h, governor=gov)
                 if self.metrics is not None:
                     self.metrics.record_calibration(pool=p.name, calibration=cal)
                     if gov is not None:

@@ -124,6 +124,7 @@ class Calibration:
     # or () = ``margin`` always
     by_hour: tuple[float, ...] = ()
     peak_seen: float = 0.0  # highest demand in the window (replicas): the floor for hours not seen yet
+    pace: float = 1.0  # the governor's share of its usable budget left: the miss rate is scaled by it
 
     def margin_over(self, lo: float, hi: float) -> float | None:
         """The margin for capacity that must hold over [lo, hi] (unix s): the largest of the
@@ -139,9 +140,10 @@ class Calibration:
         """For reasons: the margin (the one used, if given) and the budget spent so far."""
         m = margin if margin is not None else self.margin
         shown = "none yet" if m is None else f"x{m:.2f}"
+        paced = f"; paced x{self.pace:.2f} by the governor" if self.pace < 1.0 else ""
         return (
             f"calibrated margin {shown} (q{self.level:.4f} over {self.samples} min); "
-            f"budget spent {self.spent} of {self.allowed:.1f} min ({self.budget:.2%})"
+            f"budget spent {self.spent} of {self.allowed:.1f} min ({self.budget:.2%}){paced}"
         )
 
 

@@ -41,7 +41,7 @@ import numpy as np
 from bridge.config import Config, PoolConfig
 from bridge.model import Calibration, Governor, LoadSignals
 from bridge.policy.demand import nodes_for, replicas_needed
-from bridge.policy.governor import ViolationLedger, gap_steps, govern, incident_minutes
+from bridge.policy.governor import ViolationLedger, gap_steps, govern, incident_minutes, pace
 
 
 # The feedback aims at this share of the budget: violations come in clusters (a level shift
@@ -83,6 +83,7 @@ def calibrate(
     at: float = 0.0,
     hours: np.ndarray | None = None,
     replicas_per_node: int = 1,
+    pace: float = 1.0,
 ) -> Calibration:
     """The margin from per-step arrays (oldest first; NaN = unknown): ``demand`` the peak
     demand of each step in replicas, ``ready`` the fewest Ready replicas in it. ``capacity``:
@@ -111,7 +112,9 @@ def calibrate(
     # with the budget: a fresh pool, with less than a minute of budget accrued, gets as much
     # credit as it has earned, and is never looser than the budget before half a minute
     credit = min(1.0, AIM * allowed)
-    alpha = min(0.5, budget * max(AIM * allowed + credit, 1.0) / (spent + 1.0))
+    # ``pace`` (the governor's share of its usable budget still left, 0..1) scales the level:
+    # the margin tightens smoothly as the hard cap nears instead of meeting it at full speed
+    alpha = min(0.5, budget * max(AIM * allowed + credit, 1.0) / (spent + 1.0)) * min(max(pace, 0.0), 1.0)
     margin: float | None = None
     by_hour: tuple[float, ...] = ()
     if n >= max(1, min_samples):
@@ -133,6 +136,7 @@ def calibrate(
         at=at,
         by_hour=by_hour,
         peak_seen=float(np.nanmax(d)) if np.isfinite(d).any() else 0.0,
+        pace=pace,
     )
 
 
@@ -219,7 +223,7 @@ class Calibrator:
         self._demand = np.full(self._size, np.nan)
         self._ready = np.full(self._size, np.nan)
         self._last = -1
-        self._cached: tuple[tuple[int, float, float], Calibration] | None = None
+        self._cached: tuple[tuple[int, float, float, float], Calibration] | None = None
 
     def add(self, s: LoadSignals) -> None:
         """Record a sample (in time order; older than the newest step is ignored)."""
@@ -283,14 +287,18 @@ class Calibrator:
         keys = np.arange(k_now - self.window_steps + 1, k_now + 1, dtype=np.int64)
         return ((keys * self.step_s) % 86400.0 // 3600.0).astype(np.int64)
 
-    def calibration(self, now: float, *, capacity: float, horizon_s: float | None = None) -> Calibration:
-        """The calibration as of ``now`` (recomputed every ``policy.calibration.interval_s``)."""
+    def calibration(
+        self, now: float, *, capacity: float, horizon_s: float | None = None, governor: Governor | None = None
+    ) -> Calibration:
+        """The calibration as of ``now`` (recomputed every ``policy.calibration.interval_s``),
+        paced by the governor's usable budget left (``governor.pace``)."""
         cal = self.config.policy.calibration
         from bridge.policy.forecast import horizon_s as configured_horizon
 
         h = max(configured_horizon(self.config, self.pool), horizon_s or 0.0)
         slot = math.floor(now / cal.interval_s)
-        key = (slot, capacity, h)
+        pc = pace(governor) if governor is not None else 1.0
+        key = (slot, capacity, h, pc)
         if self._cached is not None and self._cached[0] == key:
             return self._cached[1]
         d, r = self.arrays(now)
@@ -308,6 +316,7 @@ class Calibrator:
             at=now,
             hours=self._hours(now) if cal.by_time_of_day else None,
             replicas_per_node=self.pool.replicas_per_node,
+            pace=pc,
         )
         self._cached = (key, got)
         return got

@@ -64,6 +64,21 @@ def govern(*, spent_min: int, budget_min: float, incident_min: int, window_s: fl
     return Governor(spent_min=spent_min, budget_min=budget_min, incident_min=incident_min, window_s=window_s)
 
 
+PACE_FROM = 1.0  # share of the usable budget left below which the calibration slows down
+
+
+def pace(g: Governor) -> float:
+    """How fast the calibration may spend, 0..1: 1 while at least ``PACE_FROM`` (all) of the usable
+    budget (budget minus the reserve of one incident) is left, then linearly down to 0 at the
+    reserve. The calibration scales its miss rate by it, so the margin tightens smoothly as
+    the cap nears (at 0 every rise the window has seen is covered) rather than lending at full
+    pace into the cap and then nothing at all until violations leave the window."""
+    usable = g.budget_min - g.incident_min
+    if usable <= 0:
+        return 0.0
+    return min(1.0, max(0.0, (g.left_min - g.incident_min) / (PACE_FROM * usable)))
+
+
 class ViolationLedger:
     """Avoidable violation minutes of one pool over a rolling window, counted conservatively
     from the same samples the policy sees (peak demand and fewest Ready replicas per step).

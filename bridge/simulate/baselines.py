@@ -150,12 +150,12 @@ class BridgeController(_Base):
         if self.calibrator is not None:
             if ps.signals is not None:
                 self.calibrator.add(ps.signals)
-            cal = self.calibrator.calibration(view.now, capacity=self.capacity, horizon_s=ps.horizon_s)
-            if not self.calibrations or self.calibrations[-1] is not cal:
-                self.calibrations.append(cal)
             gov = self.calibrator.governor(view.now, capacity=self.capacity, nodes=self.setup.nodes, horizon_s=ps.horizon_s)
             if gov is not None:
                 self.governors.append(gov)
+            cal = self.calibrator.calibration(view.now, capacity=self.capacity, horizon_s=ps.horizon_s, governor=gov)
+            if not self.calibrations or self.calibrations[-1] is not cal:
+                self.calibrations.append(cal)
         pools[self.pool.name] = replace(ps, history=hist, calibration=cal, governor=gov)
         p = plan(replace(view, pools=pools), self.config)
         if self.explain_every and self._ticks % self.explain_every == 0:

@@ -206,3 +206,12 @@ def test_a_train_of_level_shifts_breaks_the_bound_only_without_the_governor(gove
     avoidable = int((w.load[r.violation_minutes] <= NODES).sum())
     assert (avoidable <= budget * minutes) is governed, f"{avoidable} avoidable minutes vs budget {budget * minutes:.1f}"
     assert r.metrics.lent_gpu_hours > 0
+
+
+def test_pace_falls_linearly_from_the_whole_usable_budget_to_zero_at_the_reserve() -> None:
+    from bridge.policy.governor import pace
+
+    assert pace(govern(spent_min=0, budget_min=40.0, incident_min=10, window_s=1.0)) == 1.0
+    assert pace(govern(spent_min=15, budget_min=40.0, incident_min=10, window_s=1.0)) == pytest.approx(0.5)
+    assert pace(govern(spent_min=30, budget_min=40.0, incident_min=10, window_s=1.0)) == 0.0
+    assert pace(govern(spent_min=0, budget_min=8.0, incident_min=10, window_s=1.0)) == 0.0

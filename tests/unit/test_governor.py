@@ -215,3 +215,17 @@ def test_pace_falls_linearly_from_the_whole_usable_budget_to_zero_at_the_reserve
     assert pace(govern(spent_min=15, budget_min=40.0, incident_min=10, window_s=1.0)) == pytest.approx(0.5)
     assert pace(govern(spent_min=30, budget_min=40.0, incident_min=10, window_s=1.0)) == 0.0
     assert pace(govern(spent_min=0, budget_min=8.0, incident_min=10, window_s=1.0)) == 0.0
+
+
+def test_status_and_plan_print_each_pools_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    from bridge.daemon_cli import _print_budgets
+    from bridge.model import PoolState
+
+    pools = [
+        PoolState("qwen", None),  # no governor (calibration off): no line
+        PoolState("llama", None, governor=govern(spent_min=30, budget_min=40.3, incident_min=13, window_s=2419200)),
+    ]
+    _print_budgets(pools)
+    assert capsys.readouterr().out == (
+        "pool llama: budget left 10.3 of 40.3 min (28 d); lending held: one incident would cost 13 min\n"
+    )

@@ -199,6 +199,40 @@ def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int, alpha: float) -> tuple[
     return tuple(max(1.0, math.exp(q + m)) if c >= MIN_HOUR_SEEN else math.inf for m, c in zip(mu, counts, strict=True))
 
 
+# Change points (recovery when the load changes character). Page-Hinkley on the normalised
+# residuals of the forecast: each step's log-score (the rise over the base forecast made a
+# reclaim horizon earlier) minus its hour's typical rise, divided by their robust spread (MAD);
+# the statistic accumulates what exceeds ``CP_DELTA`` spreads and alarms above
+# ``CP_LAMBDA``: a single burst of a minute does not reach it, a level shift (every step of a
+# lookback far above its base) or a new burstiness (many steps beyond it) does, within minutes.
+CP_DELTA = 4.0
+CP_LAMBDA = 40.0
+# The old regime is forgotten at this rate: from the step where the new regime's own scores
+# begin (the base forecast no longer reaches back before the change), the history before it
+# that the calibration keeps halves every ``CP_HALF_LIFE_S``; after about a day only the new
+# regime's own history counts. The margins widened at once (the change's own scores are in).
+CP_HALF_LIFE_S = 3 * 3600.0
+
+
+def change_point(logs: np.ndarray, mu_hour: np.ndarray | None) -> int | None:
+    """Index (into ``logs``) of the step of the last Page-Hinkley alarm, or None."""
+    x = logs - (mu_hour if mu_hour is not None else 0.0)
+    med = float(np.median(x))
+    spread = 1.4826 * float(np.median(np.abs(x - med))) + 0.01
+    z = (x - med) / spread - CP_DELTA
+    last: int | None = None
+    start = 0
+    while start < z.size:
+        s = np.cumsum(z[start:])
+        g = s - np.minimum(np.minimum.accumulate(s), 0.0)
+        hit = np.nonzero(g > CP_LAMBDA)[0]
+        if hit.size == 0:
+            break
+        last = start + int(hit[0])
+        start = last + 1
+    return last
+
+
 class Calibrator:
     """One pool's calibration input (peak demand and fewest Ready replicas per step) kept
     incrementally, and its ``Calibration`` recomputed at most every ``interval_s``.
@@ -273,6 +307,44 @@ class Calibrator:
             window_s=self.governor_window_s,
         )
 
+    def _forget(
+        self, d: np.ndarray, r: np.ndarray, hours: np.ndarray | None, *, h: float, lookback_s: float, min_samples: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The window with the regime before the last change point forgotten at the stated
+        rate (``CP_HALF_LIFE_S``), never shorter than the history needed to calibrate."""
+        hs = max(1, math.ceil(h / self.step_s - 1e-9))
+        ls = max(1, math.ceil(lookback_s / self.step_s - 1e-9))
+        c = self.pool.replicas_per_node
+        sm = self.config.policy.forecast.burst_smoothing_replicas
+        b = sliding_max(d, ls)
+        if d.size <= hs:
+            return d, r, hours
+        num, den = d[hs:], b[:-hs]
+        ok = np.isfinite(num) & np.isfinite(den)
+        if not ok.any():
+            return d, r, hours
+        below = c * (np.ceil(num[ok] / c - 1e-9) - 1.0)
+        logs = np.log((np.maximum(below, 0.0) + sm) / (den[ok] + sm))
+        where = np.nonzero(ok)[0] + hs
+        mu = None
+        if hours is not None:
+            hh = hours[where]
+            q = np.array([np.percentile(logs[hh == k], 90) if (hh == k).sum() >= 30 else np.nan for k in range(24)])
+            q = np.where(np.isnan(q), float(np.percentile(logs, 90)), q)
+            mu = q[hh]
+        alarm = change_point(logs, mu)
+        if alarm is None:
+            return d, r, hours
+        n0 = int(where[alarm]) + hs + ls  # the new regime's own scores begin here
+        age_s = (d.size - n0) * self.step_s
+        if age_s <= 0:
+            return d, r, hours  # the change is still under way: its scores widen the margin at once
+        keep = int(n0 * 0.5 ** (age_s / CP_HALF_LIFE_S))
+        start = min(n0 - keep, d.size - (min_samples + hs + ls))
+        if start <= 0:
+            return d, r, hours
+        return d[start:], r[start:], (hours[start:] if hours is not None else None)
+
     def arrays(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per-step demand and ready over the window ending at ``now``'s step (NaN = gap)."""
         k_now = math.floor(now / self.step_s)
@@ -303,18 +375,23 @@ class Calibrator:
             return self._cached[1]
         d, r = self.arrays(now)
         f = self.config.policy.forecast
+        hours = self._hours(now) if cal.by_time_of_day else None
+        lookback_s = max(f.lend_lookback_s, f.burst_window_s)
+        min_samples = math.ceil(cal.min_history_s / self.step_s)
+        if cal.change_points:
+            d, r, hours = self._forget(d, r, hours, h=h, lookback_s=lookback_s, min_samples=min_samples)
         got = calibrate(
             d,
             r,
             step_s=self.step_s,
             horizon_s=h,
-            lookback_s=max(f.lend_lookback_s, f.burst_window_s),
+            lookback_s=lookback_s,
             budget=self.pool.slo_budget,
             smoothing=f.burst_smoothing_replicas,
             capacity=capacity,
-            min_samples=math.ceil(cal.min_history_s / self.step_s),
+            min_samples=min_samples,
             at=now,
-            hours=self._hours(now) if cal.by_time_of_day else None,
+            hours=hours,
             replicas_per_node=self.pool.replicas_per_node,
             pace=pc,
         )

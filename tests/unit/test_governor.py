@@ -229,3 +229,42 @@ def test_status_and_plan_print_each_pools_budget(capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().out == (
         "pool llama: budget left 10.3 of 40.3 min (28 d); lending held: one incident would cost 13 min\n"
     )
+
+
+# --- recovery: change points and forgetting -------------------------------------------------
+
+
+def test_change_point_alarms_on_a_level_shift_not_on_a_single_burst() -> None:
+    from bridge.policy.calibrate import change_point
+
+    rng = np.random.default_rng(3)
+    calm = rng.normal(0.0, 0.05, size=20000)
+    burst = calm.copy()
+    burst[1000] = 1.2  # one minute far above: not a change
+    assert change_point(burst, None) is None
+    shift = calm.copy()
+    shift[1000:1060] += 1.1  # every step of an hour a x3 above its base: a change
+    got = change_point(shift, None)
+    assert got is not None and 1000 <= got < 1060  # the last alarm falls inside the change
+
+
+def test_after_a_level_shift_the_margin_widens_at_once_and_the_old_regime_is_forgotten_within_a_day() -> None:
+    from bridge.model import LoadSignals
+    from bridge.policy.calibrate import Calibrator
+
+    cfg = config(0.001)
+    cal = Calibrator(cfg, cfg.pools[0])
+    t0 = 1_000_000 * 60.0
+    rng = np.random.default_rng(5)
+    margins = {}
+    for m in range(5 * 1440):
+        level = 5.0 if m < 3 * 1440 else 20.0  # x4 on day 3
+        d = level * float(rng.gamma(100.0, 0.01))
+        ready = 8 if 3 * 1440 <= m < 3 * 1440 + 10 else 24  # the shift costs a reclaim: 10 minutes short
+        cal.add(LoadSignals(t0 + 60 * m, d * 24.0, 0.0, None, None, ready))
+        if m in (3 * 1440 - 10, 3 * 1440 + 120, 4 * 1440 + 600):
+            margins[m] = cal.calibration(t0 + 60 * m, capacity=24.0).margin
+    before, during, after = (margins[k] for k in sorted(margins))
+    assert during is not None and before is not None and after is not None
+    assert during > 1.3 * before  # the change's own rises are in at once
+    assert after < 1.1 * before  # a day later the new regime's own history sets it

@@ -351,7 +351,7 @@ class CalibrationConfig:
     delay_quantile: Num = Field(default=0.95, gt=0, lt=1, description="quantile of measured reclaim delays the horizon uses")
     delay_min_samples: Int = Field(default=5, ge=1, description="measured reclaims needed before they replace the configured delays")
     change_points: Bool = Field(
-        default=True, description="detect changes in the load's character (Page-Hinkley on the forecast's residuals) and forget the regime before at a stated rate (half-life 3 h)"
+        default=False, description="experimental (off: it ruins BurstGPT's hourly steps, docs/policy.md section 7): detect changes in the load's character (Page-Hinkley on the forecast's residuals) and forget the regime before at a stated rate (half-life 3 h)"
     )
 
 

@@ -253,6 +253,9 @@ def test_after_a_level_shift_the_margin_widens_at_once_and_the_old_regime_is_for
     from bridge.policy.calibrate import Calibrator
 
     cfg = config(0.001)
+    cfg = dataclasses.replace(
+        cfg, policy=dataclasses.replace(cfg.policy, calibration=dataclasses.replace(cfg.policy.calibration, change_points=True))
+    )
     cal = Calibrator(cfg, cfg.pools[0])
     t0 = 1_000_000 * 60.0
     rng = np.random.default_rng(5)

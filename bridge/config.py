@@ -387,6 +387,9 @@ class CalibrationConfig:
     )
     delay_quantile: Num = Field(default=0.95, gt=0, lt=1, description="quantile of measured reclaim delays the horizon uses")
     delay_min_samples: Int = Field(default=5, ge=1, description="measured reclaims needed before they replace the configured delays")
+    change_points: Bool = Field(
+        default=False, description="experimental (off: it ruins BurstGPT's hourly steps, docs/policy.md section 7): detect changes in the load's character (Page-Hinkley on the forecast's residuals) and forget the regime before at a stated rate (half-life 3 h)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -394,6 +397,19 @@ class CalibrationConfig:
         if steps > MAX_STEPS:
             return _checked(self, [("window_s", f"must be <= {MAX_STEPS:,} steps of step_s ({_show(self.step_s)} s), got {steps:,.0f}")])
         return self
+
+
+@dataclass(frozen=True, slots=True, config=_SECTION)
+class GovernorConfig:
+    """The error-budget governor (``bridge.policy.governor``): the SLO budget as a hard cap."""
+
+    enabled: Bool = Field(
+        default=True, description="lend only while the budget left over the window can absorb one worst-case incident"
+    )
+    window_s: Num = Field(
+        default=2419200.0, gt=0,
+        description="rolling window of the budget (28 days: pools[].slo_budget x this many minutes; keep Prometheus retention at least this long)",
+    )
 
 
 class VictimRule(enum.StrEnum):
@@ -423,6 +439,7 @@ class PolicyConfig:
     victims: VictimRule = Field(default=VictimRule.LEAST_LOST_WORK, description="least_lost_work | newest_first (baseline)")
     forecast: ForecastConfig = Field(default_factory=ForecastConfig, description="forecast settings")
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="calibration of the safety margin")
+    governor: GovernorConfig = Field(default_factory=GovernorConfig, description="the SLO budget kept as a hard cap")
     calendar: Items[CalendarRule] = Field(default=(), description="calendar rules, constraints on top of the forecast")
 
 
@@ -632,7 +649,7 @@ def replace(obj: _T, /, *, source: str = "overrides", **changes: Any) -> _T:
 
 _SECTIONS = {
     c.__name__: c
-    for c in (Config, PoolConfig, TargetConfig, SlurmConfig, PolicyConfig, ForecastConfig, CalibrationConfig,
+    for c in (Config, PoolConfig, TargetConfig, SlurmConfig, PolicyConfig, ForecastConfig, CalibrationConfig, GovernorConfig,
               CalendarRule, PrometheusConfig, KubernetesConfig, DaemonConfig, WebConfig)
 }
 

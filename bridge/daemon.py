@@ -220,7 +220,7 @@ class Daemon:
             cal = Calibrator(self.config, pool)
             # Prometheus answers at most 11 000 points per series and query: ask in chunks
             chunk = 10_000 * cc.step_s
-            start = now - cc.window_s
+            start = now - cal.span_s  # the calibration's window and the governor's
             got = 0
             while start < now:
                 end = min(now, start + chunk)
@@ -231,7 +231,7 @@ class Daemon:
                 except AdapterError as exc:
                     log.warning("calibration_history_unavailable", pool=pool.name, error=str(exc))
                 start = end + cc.step_s
-            log.info("calibration_history", pool=pool.name, samples=got, window_s=cc.window_s)
+            log.info("calibration_history", pool=pool.name, samples=got, window_s=cal.span_s)
             self._calibrators[pool.name] = cal
         return cal
 
@@ -245,15 +245,18 @@ class Daemon:
             delays = self._reclaim_delays.get(p.name, [])
             h = measured_horizon(self.config, p, delays)
             cal_in = self._calibrators.get(p.name)
-            cal = None
+            cal = gov = None
             if cal_in is not None:
                 nodes = sum(1 for n in obs.view.nodes if n.pool == p.name)
-                cal = cal_in.calibration(now, capacity=nodes * p.replicas_per_node, horizon_s=h)
+                gov = cal_in.governor(now, capacity=nodes * p.replicas_per_node, nodes=nodes, horizon_s=h)
+                cal = cal_in.calibration(now, capacity=nodes * p.replicas_per_node, horizon_s=h, governor=gov)
                 if self.metrics is not None:
                     self.metrics.record_calibration(pool=p.name, calibration=cal)
+                    if gov is not None:
+                        self.metrics.record_governor(pool=p.name, governor=gov)
             if self.metrics is not None:
                 self.metrics.record_horizon(pool=p.name, horizon_s=h if h is not None else horizon_s(self.config, p))
-            pools[p.name] = replace(ps, calibration=cal, horizon_s=h)
+            pools[p.name] = replace(ps, calibration=cal, horizon_s=h, governor=gov)
         return replace(obs, view=replace(obs.view, pools=pools))
 
     # --- one iteration ------------------------------------------------------------------------

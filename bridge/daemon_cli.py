@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -20,7 +20,7 @@ from bridge.daemon import Daemon, TickResult, with_slurm_grace
 from bridge.errors import BridgeError, ConfigError
 from bridge.leader import LeaderElector, LeaseKeeper
 from bridge.metrics import BridgeMetrics, serve
-from bridge.model import Phase, Pin
+from bridge.model import Phase, Pin, PoolState
 from bridge.observe import Observation
 from bridge.wiring import Adapters, build_adapters, check_private_file
 
@@ -301,7 +301,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(status_table(rows))
+    _print_budgets(got[1].view.pools.values())
     return 0
+
+
+def _print_budgets(pools: Iterable[PoolState]) -> None:
+    """Each pool's SLO budget as the governor sees it (issue 22)."""
+    for ps in sorted(pools, key=lambda p: p.name):
+        if ps.governor is not None:
+            print(f"pool {ps.name}: {ps.governor.describe()}")
 
 
 def _print_plan(daemon: Daemon, *, as_json: bool) -> None:
@@ -320,6 +328,8 @@ def _print_plan(daemon: Daemon, *, as_json: bool) -> None:
         return
     for d in plan.pools:
         print(f"pool {d.pool}: {d.detail}")
+    if daemon.last_observation is not None:
+        _print_budgets(daemon.last_observation.view.pools.values())
     for a in plan.actions:
         print(f"  {a.kind} {a.node}: {a.detail}")
     if not plan.actions:

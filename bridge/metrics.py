@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
 from bridge import __version__
-from bridge.model import Calibration, ClusterView, NodeState, Phase, Plan, SlurmJob
+from bridge.model import Calibration, ClusterView, Governor, NodeState, Phase, Plan, SlurmJob
 from bridge.policy.victims import saves_within_grace
 
 # Reclaim latency is seconds (a node whose jobs checkpoint fast and a warm vLLM start) to
@@ -101,6 +101,16 @@ class BridgeMetrics:
         self.slo_budget_spent = Gauge(
             "gpu_bridge_pool_slo_budget_spent_ratio",
             "Avoidable minutes with demand above Ready replicas in the calibration window, over what the budget allows.",
+            ["pool"], registry=r,
+        )
+        self.slo_budget_left = Gauge(
+            "gpu_bridge_pool_slo_budget_left_minutes",
+            "The governor's SLO budget left over its rolling window (policy.governor.window_s): budget minus avoidable violation minutes.",
+            ["pool"], registry=r,
+        )
+        self.slo_incident = Gauge(
+            "gpu_bridge_pool_slo_incident_minutes",
+            "Minutes one incident could cost from now (every lent node reclaimed); lending is held while the budget left is below it.",
             ["pool"], registry=r,
         )
         self.reclaim_in_progress = Gauge(
@@ -267,6 +277,12 @@ class BridgeMetrics:
         m = calibration.margin
         self.calibrated_margin.labels(pool=pool).set(float("nan") if m is None else m)
         self.slo_budget_spent.labels(pool=pool).set(calibration.spent / max(calibration.allowed, 1e-9))
+
+    def record_governor(self, *, pool: str, governor: Governor) -> None:
+        """The budget left over the governor's window and one incident's minutes (the alert
+        and the dashboard compare them)."""
+        self.slo_budget_left.labels(pool=pool).set(governor.left_min)
+        self.slo_incident.labels(pool=pool).set(governor.incident_min)
 
     def record_lend(self, pool: str) -> None:
         self.lends.labels(pool=pool).inc()

@@ -67,6 +67,7 @@ class Reason(enum.StrEnum):
     NO_CANDIDATES = "no_candidates"  # nothing that may be moved
     RATE_LIMITED = "rate_limited"  # max lends/reclaims per tick spent
     CALIBRATING = "calibrating"  # too little history to calibrate the safety margin: no lending yet
+    SLO_BUDGET = "slo_budget"  # the budget left cannot absorb one more incident: nothing lent, lent nodes reclaimed
 
 
 class HoldReason(enum.StrEnum):
@@ -123,6 +124,7 @@ class Calibration:
     # or () = ``margin`` always
     by_hour: tuple[float, ...] = ()
     peak_seen: float = 0.0  # highest demand in the window (replicas): the floor for hours not seen yet
+    pace: float = 1.0  # the governor's share of its usable budget left: the miss rate is scaled by it
 
     def margin_over(self, lo: float, hi: float) -> float | None:
         """The margin for capacity that must hold over [lo, hi] (unix s): the largest of the
@@ -138,10 +140,40 @@ class Calibration:
         """For reasons: the margin (the one used, if given) and the budget spent so far."""
         m = margin if margin is not None else self.margin
         shown = "none yet" if m is None else f"x{m:.2f}"
+        paced = f"; paced x{self.pace:.2f} by the governor" if self.pace < 1.0 else ""
         return (
             f"calibrated margin {shown} (q{self.level:.4f} over {self.samples} min); "
-            f"budget spent {self.spent} of {self.allowed:.1f} min ({self.budget:.2%})"
+            f"budget spent {self.spent} of {self.allowed:.1f} min ({self.budget:.2%}){paced}"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Governor:
+    """The pool's SLO budget over a rolling window, as a hard cap (``bridge.policy.governor``).
+
+    Lending is allowed only while ``left_min >= incident_min``: what is left of the budget can
+    absorb the worst incident the lent capacity could cause from now (every lent node reclaimed
+    at once, Ready one reclaim later). Rebuilt from history, never kept."""
+
+    spent_min: int  # avoidable violation minutes in the window (counted conservatively)
+    budget_min: float  # slo_budget x the window's minutes
+    incident_min: int  # minutes one incident can cost from now (a reclaim of every lent node)
+    window_s: float
+
+    @property
+    def left_min(self) -> float:
+        return self.budget_min - self.spent_min
+
+    @property
+    def lend_allowed(self) -> bool:
+        return self.left_min >= self.incident_min
+
+    def describe(self) -> str:
+        """For reasons and ``status``: what is left, and whether lending is held."""
+        head = f"budget left {max(self.left_min, 0.0):.1f} of {self.budget_min:.1f} min ({self.window_s / 86400:g} d)"
+        if self.lend_allowed:
+            return f"{head}; one incident would cost {self.incident_min} min"
+        return f"{head}; lending held: one incident would cost {self.incident_min} min"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +187,7 @@ class PoolState:
     desired_replicas: int = 0  # the Deployment's spec.replicas
     calibration: Calibration | None = None  # None: uncalibrated (the configured headroom only)
     horizon_s: float | None = None  # reclaim horizon from measured delays; None: the configured one
+    governor: Governor | None = None  # the SLO budget as a hard cap; None: no governor
 
 
 # Seconds a lending node's serving pod may outlive the Deployment's scale-down before it is

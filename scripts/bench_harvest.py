@@ -5,6 +5,7 @@
                                               [--set pools.0.headroom=0.1 ...] [--max-cv X]
     .venv/bin/python scripts/bench_harvest.py --suite [--seeds 1 2 3] [--history-days 1]
     .venv/bin/python scripts/bench_harvest.py --day-slices [--trace FILE ...]
+    .venv/bin/python scripts/bench_harvest.py --stress [--seeds 1 2 3]
 
 Setup: 24 nodes x 4 GPUs, the busiest 10-minute window needs 20 replicas, 5-min cold
 start, 2-min Slurm grace, the config's other defaults. Prints the table of the four policies
@@ -80,9 +81,13 @@ def main() -> int:
     ap.add_argument("--cold-start-cv", type=float, default=COLD_START_CV, help="cv of the drawn cold starts (mean 300 s)")
     ap.add_argument("--day-slices", action="store_true",
                     help="suite mode: every whole day of each trace as its own one-day trace, no history")
+    ap.add_argument("--stress", action="store_true",
+                    help="stress cases built from the development traces (splices, level shifts, burstier, data gaps)")
     args = ap.parse_args()
     if args.day_slices:
         return day_slices(args)
+    if args.stress:
+        return stress(args)
     if args.trace or args.suite:
         return suite(args)
 
@@ -308,7 +313,9 @@ def _suite_one(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         xf = b.lent_gpu_hours / max(fw.lent_gpu_hours, 1e-9)
         margins = [c.margin for c in getattr(ctl, "calibrations", ()) if c.margin is not None]
         mtxt = f"{min(margins):.2f}-{max(margins):.2f}" if margins else "-"
+        gov = governor_check(setup, res["bridge"], res["oracle"])
         t = {
+            "bound": gov["ok"],
             "slo": slo_target(b, o),
             "vs-fixed": fixed_target(b, fw),
             "cpu": res["bridge"].cpu_s * 14 / max(days, 1e-9) < 30.0,
@@ -331,6 +338,7 @@ def _suite_one(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             f"{allowed:7.1f} {mtxt:>11} {res['bridge'].cpu_s:6.1f}  {marks}",
             flush=True,
         )
+        print(f"  ({name}: {gov['text']})")
         out[name] = {"frac": frac, "viol": b.slo_violation_minutes, "oracle_viol": o.slo_violation_minutes,
                      "allowed": allowed, "targets": t, "cpu14": res["bridge"].cpu_s * 14 / max(days, 1e-9)}
         over = (b.slo_violation_minutes - o.slo_violation_minutes) / b.trace_minutes
@@ -343,10 +351,154 @@ def _suite_one(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         f"({worst['x fixed'][1]}), violations above the oracle's {-worst['excess viol %'][0]:.3%} of minutes "
         f"({worst['excess viol %'][1]}; target <= 0.100 %)"
     )
-    for k in ("slo", "70%-oracle", "vs-fixed", "day-1", "cpu"):
+    for k in ("bound", "slo", "70%-oracle", "vs-fixed", "day-1", "cpu"):
         if k in holds or k in misses:
             print(f"summary {k}: holds on {', '.join(holds[k]) or 'none'}" + (f"; MISSED on {', '.join(misses[k])}" if misses[k] else ""))
     return out
+
+
+def governor_check(setup: Setup, rb: Result, ro: Result) -> dict[str, Any]:
+    """The governor's promise on one run: avoidable violation minutes (load above Ready capacity,
+    not above every node) in every window of ``policy.governor.window_s`` <= the budget of the
+    window (a run no longer than the window is one window); plus the hours bridge lent nothing
+    while the oracle lent at least a quarter of the nodes (and the longest such stretch), and
+    the thrash count (``thrash``)."""
+    w = setup.workload
+    cap = setup.nodes * setup.replicas_per_node + 1e-9
+    avoid = np.zeros(w.minutes, dtype=np.int64)
+    v = rb.violation_minutes[w.load[rb.violation_minutes] <= cap]
+    avoid[v] = 1
+    g = setup.config.policy.governor
+    win = max(1, int(round(g.window_s / w.minute_s)))
+    budget = setup.pool.slo_budget * win
+    c = np.concatenate(([0], np.cumsum(avoid)))
+    worst = int(c[-1]) if w.minutes <= win else int((c[win:] - c[:-win]).max())
+    unavoidable = int((w.load > cap).sum())
+    idle, longest = idle_hours(rb, ro, setup)
+    saws, turns = thrash(rb, setup.tick_s)
+    ok = worst <= budget + 1e-9
+    text = (
+        f"governor: worst {g.window_s / 86400:g}-day window {worst} avoidable violation min <= budget {budget:.1f}: "
+        f"{'ok' if ok else 'BROKEN'} (bound = {unavoidable} unavoidable + {budget:.1f}); "
+        f"{idle} h lending nothing while the oracle lends (longest {longest} h); thrash {saws} (most turns in an hour {turns})"
+    )
+    return {"ok": ok, "worst": worst, "budget": budget, "unavoidable": unavoidable, "idle": idle, "longest": longest,
+            "saws": saws, "turns": turns, "text": text}
+
+
+def idle_hours(rb: Result, ro: Result, setup: Setup) -> tuple[int, int]:
+    """Whole hours in which bridge lent nothing while the oracle lent at least a quarter of
+    the nodes on average; and the longest run of such hours."""
+    per = int(round(3600 / setup.tick_s))
+    n = len(rb.tick_lent) // per
+    b = np.asarray(rb.tick_lent[: n * per]).reshape(n, per)
+    o = np.asarray(ro.tick_lent[: n * per], dtype=float).reshape(n, per)
+    bad = (b.max(axis=1) == 0) & (o.mean(axis=1) >= setup.nodes / 4)
+    longest = run = 0
+    for x in bad:
+        run = run + 1 if x else 0
+        longest = max(longest, run)
+    return int(bad.sum()), longest
+
+
+SAW_S = 900.0  # a lend and a reclaim (or the reverse) both reversed within this long: a saw
+
+
+def thrash(r: Result, tick_s: float) -> tuple[int, int]:
+    """Saws of the lent count (a turn of direction followed by another within ``SAW_S``: lend,
+    reclaim, lend within minutes) and the most turns in any hour."""
+    d = np.sign(np.diff(np.asarray(r.tick_lent, dtype=int)))
+    idx = np.nonzero(d)[0]
+    moves = d[idx]
+    turns = idx[1:][moves[1:] != moves[:-1]]
+    saws = int((np.diff(turns) * tick_s < SAW_S).sum()) if turns.size > 1 else 0
+    per = int(round(3600 / tick_s))
+    most = int(np.bincount(turns // per).max()) if turns.size else 0
+    return saws, most
+
+
+def _spliced(a: Any, b: Any) -> Any:
+    """Workload ``a`` followed by workload ``b`` (both already scaled)."""
+    return dataclasses.replace(
+        a, load=np.concatenate([a.load, b.load]), window_load=np.concatenate([a.window_load, b.window_load]),
+        source=f"{Path(a.source).name}+{Path(b.source).name}", peak_replicas=max(a.peak_replicas, b.peak_replicas),
+    )
+
+
+def stress_cases(args: argparse.Namespace, seed: int) -> list[tuple[str, Any, tuple[tuple[float, float], ...]]]:
+    """The stress cases of one seed, built from the development traces only: (name, workload,
+    signal gaps). Random times come from the seed; every case keeps its busiest 10 minutes at
+    ``--peak-replicas`` (so what changes is the character of the load, not the pool's size)."""
+    data = Path(__file__).resolve().parents[1] / "bridge" / "data" / "traces"
+    rng = np.random.default_rng([seed, 22])
+    pk = args.peak_replicas
+
+    def wl(name: str, days: float | None = None, trace: Any = None) -> Any:
+        tr = trace if trace is not None else load_trace(str(data / name))
+        return build_workload(tr, peak_replicas=pk, days=days, seed=seed)
+
+    cases: list[tuple[str, Any, tuple[tuple[float, float], ...]]] = []
+    # calm days of one trace, then bursty days of another: azure conversation (cv ~1) then the
+    # shipped trace's last 7 days (cv up to 61, the day-9 level shift)
+    serve = wl("servegen-m-large.csv")
+    tail = dataclasses.replace(serve, load=serve.load[7 * 1440 :], window_load=serve.window_load[7 * 144 :])
+    cases.append(("splice conv->servegen", _spliced(wl("azure2024-conv.csv"), tail), ()))
+    cases.append(("splice code->burstgpt", _spliced(wl("azure2024-code.csv"), wl("burstgpt-hourly.csv", days=7)), ()))
+    # a level shift: before a random time the load is 1/k of the trace's (the same peak after)
+    for k, name in ((2.0, "azure2024-code.csv"), (3.0, "azure2024-conv.csv"), (3.0, "servegen-m-large.csv")):
+        w = wl(name)
+        at = int(rng.uniform(0.25, 0.6) * w.minutes)
+        load = w.load.copy()
+        load[:at] /= k
+        wload = w.window_load.copy()
+        wload[: at // 10] /= k
+        cases.append((f"shift x{k:g} {Path(name).stem} day {at / 1440:.1f}", dataclasses.replace(w, load=load, window_load=wload), ()))
+    # burstiness scaled up: every window's cv x2 (minute peaks far above the 10-minute mean)
+    for name in ("azure2024-code.csv", "servegen-m-large.csv"):
+        tr = load_trace(str(data / name))
+        tr = dataclasses.replace(tr, cvs=tuple(c * 2.0 for c in tr.cvs))
+        cases.append((f"cv x2 {Path(name).stem}", wl(name, trace=tr), ()))
+    # data gaps: Prometheus answers nothing for 10 minutes to 3 hours, 8 times at random
+    w = wl("azure2024-conv.csv")
+    starts = np.sort(rng.uniform(0.05, 0.95, size=8)) * w.duration_s
+    gaps = tuple((float(a), float(a + rng.uniform(600, 10800))) for a in starts)
+    cases.append(("gaps x8 azure2024-conv", w, gaps))
+    return cases
+
+
+def stress(args: argparse.Namespace) -> int:
+    """The stress suite: per case and seed, bridge's violations against the governor's bound
+    and the per-run 0.1 % target, its share of the oracle, the hours it lent nothing while the
+    oracle lent, and thrash."""
+    cfg, _ = _suite_setup(args)
+    seeds = args.seeds or [args.seed]
+    head = _header(
+        args, cfg,
+        f"stress: {args.nodes} nodes x 4 GPUs, busiest 10-min window = {args.peak_replicas:g} replicas, cold start 300 s "
+        f"(lognormal, cv {args.cold_start_cv:g}), grace 120 s; governor window {cfg.policy.governor.window_s / 86400:g} d",
+        f"{'case':<36} {'seed':>4} {'days':>5} {'viol':>5} {'unavoid':>7} {'worst win':>9} {'budget':>6} {'bound':>6} "
+        f"{'0.1%run':>7} {'%oracle':>8} {'idle h':>6} {'longest':>7} {'saws':>5} {'turns/h':>7}",
+    )
+    broken = 0
+    for seed in seeds:
+        for name, w, gaps in stress_cases(args, seed):
+            setup = Setup(cfg, w, args.nodes, 4, seed=seed, cold_start_cv=args.cold_start_cv, signal_gaps=gaps)
+            rb = simulate(setup, make_controller("bridge", setup))
+            ro = simulate(setup, make_controller("oracle", setup))
+            b, o = rb.metrics, ro.metrics
+            g = governor_check(setup, rb, ro)
+            broken += not g["ok"]
+            run_ok = b.slo_violation_minutes <= o.slo_violation_minutes + TARGET_SHARE * b.trace_minutes
+            print(
+                f"{name:<36} {seed:4d} {w.minutes / 1440:5.1f} {b.slo_violation_minutes:5d} {g['unavoidable']:7d} "
+                f"{g['worst']:9d} {g['budget']:6.1f} {'ok' if g['ok'] else 'BROKEN':>6} {'ok' if run_ok else 'over':>7} "
+                f"{b.lent_gpu_hours / max(o.lent_gpu_hours, 1e-9):8.1%} {g['idle']:6d} {g['longest']:7d} {g['saws']:5d} "
+                f"{g['turns']:7d}",
+                flush=True,
+            )
+    print("-" * len(head))
+    print(f"governor bound: {'holds on every case' if not broken else f'BROKEN on {broken} case(s)'}")
+    return 0
 
 
 def day_slices(args: argparse.Namespace) -> int:

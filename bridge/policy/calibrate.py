@@ -39,8 +39,9 @@ import math
 import numpy as np
 
 from bridge.config import Config, PoolConfig
-from bridge.model import Calibration, LoadSignals
+from bridge.model import Calibration, Governor, LoadSignals
 from bridge.policy.demand import nodes_for, replicas_needed
+from bridge.policy.governor import ViolationLedger, gap_steps, govern, incident_minutes, pace
 
 
 # The feedback aims at this share of the budget: violations come in clusters (a level shift
@@ -82,6 +83,7 @@ def calibrate(
     at: float = 0.0,
     hours: np.ndarray | None = None,
     replicas_per_node: int = 1,
+    pace: float = 1.0,
 ) -> Calibration:
     """The margin from per-step arrays (oldest first; NaN = unknown): ``demand`` the peak
     demand of each step in replicas, ``ready`` the fewest Ready replicas in it. ``capacity``:
@@ -110,7 +112,9 @@ def calibrate(
     # with the budget: a fresh pool, with less than a minute of budget accrued, gets as much
     # credit as it has earned, and is never looser than the budget before half a minute
     credit = min(1.0, AIM * allowed)
-    alpha = min(0.5, budget * max(AIM * allowed + credit, 1.0) / (spent + 1.0))
+    # ``pace`` (the governor's share of its usable budget still left, 0..1) scales the level:
+    # the margin tightens smoothly as the hard cap nears instead of meeting it at full speed
+    alpha = min(0.5, budget * max(AIM * allowed + credit, 1.0) / (spent + 1.0)) * min(max(pace, 0.0), 1.0)
     margin: float | None = None
     by_hour: tuple[float, ...] = ()
     if n >= max(1, min_samples):
@@ -132,6 +136,7 @@ def calibrate(
         at=at,
         by_hour=by_hour,
         peak_seen=float(np.nanmax(d)) if np.isfinite(d).any() else 0.0,
+        pace=pace,
     )
 
 
@@ -194,6 +199,40 @@ def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int, alpha: float) -> tuple[
     return tuple(max(1.0, math.exp(q + m)) if c >= MIN_HOUR_SEEN else math.inf for m, c in zip(mu, counts, strict=True))
 
 
+# Change points (recovery when the load changes character). Page-Hinkley on the normalised
+# residuals of the forecast: each step's log-score (the rise over the base forecast made a
+# reclaim horizon earlier) minus its hour's typical rise, divided by their robust spread (MAD);
+# the statistic accumulates what exceeds ``CP_DELTA`` spreads and alarms above
+# ``CP_LAMBDA``: a single burst of a minute does not reach it, a level shift (every step of a
+# lookback far above its base) or a new burstiness (many steps beyond it) does, within minutes.
+CP_DELTA = 4.0
+CP_LAMBDA = 40.0
+# The old regime is forgotten at this rate: from the step where the new regime's own scores
+# begin (the base forecast no longer reaches back before the change), the history before it
+# that the calibration keeps halves every ``CP_HALF_LIFE_S``; after about a day only the new
+# regime's own history counts. The margins widened at once (the change's own scores are in).
+CP_HALF_LIFE_S = 3 * 3600.0
+
+
+def change_point(logs: np.ndarray, mu_hour: np.ndarray | None) -> int | None:
+    """Index (into ``logs``) of the step of the last Page-Hinkley alarm, or None."""
+    x = logs - (mu_hour if mu_hour is not None else 0.0)
+    med = float(np.median(x))
+    spread = 1.4826 * float(np.median(np.abs(x - med))) + 0.01
+    z = (x - med) / spread - CP_DELTA
+    last: int | None = None
+    start = 0
+    while start < z.size:
+        s = np.cumsum(z[start:])
+        g = s - np.minimum(np.minimum.accumulate(s), 0.0)
+        hit = np.nonzero(g > CP_LAMBDA)[0]
+        if hit.size == 0:
+            break
+        last = start + int(hit[0])
+        start = last + 1
+    return last
+
+
 class Calibrator:
     """One pool's calibration input (peak demand and fewest Ready replicas per step) kept
     incrementally, and its ``Calibration`` recomputed at most every ``interval_s``.
@@ -201,10 +240,15 @@ class Calibrator:
     Only a cache: ``add`` the same samples (the daemon's Prometheus history at start-up, then
     each new sample) and the same calibration comes out."""
 
-    def __init__(self, config: Config, pool: PoolConfig) -> None:
+    def __init__(self, config: Config, pool: PoolConfig, *, governor_window_s: float | None = None) -> None:
         cal = config.policy.calibration
         self.config = config
         self.pool = pool
+        # the governor's window: the config's (28 d), or the whole run in the simulator
+        self.governor_window_s = governor_window_s if governor_window_s is not None else config.policy.governor.window_s
+        self.ledger = ViolationLedger(
+            step_s=cal.step_s, window_s=self.governor_window_s, gap_steps=gap_steps(config, cal.step_s)
+        )
         self.step_s = cal.step_s
         self.window_steps = max(1, math.ceil(cal.window_s / cal.step_s))
         # a ring of one slot per step of the window: slot = step % size, with the step it holds
@@ -213,7 +257,7 @@ class Calibrator:
         self._demand = np.full(self._size, np.nan)
         self._ready = np.full(self._size, np.nan)
         self._last = -1
-        self._cached: tuple[tuple[int, float, float], Calibration] | None = None
+        self._cached: tuple[tuple[int, float, float, float], Calibration] | None = None
 
     def add(self, s: LoadSignals) -> None:
         """Record a sample (in time order; older than the newest step is ignored)."""
@@ -221,6 +265,7 @@ class Calibrator:
         if key < self._last:
             return
         d = replicas_needed(s, self.pool.target)
+        self.ledger.add(s.t, d, float(s.replicas_reporting))
         dv = math.nan if d is None else d
         rv = float(s.replicas_reporting) if d is not None else math.nan
         i = key % self._size
@@ -231,6 +276,74 @@ class Calibrator:
             return
         self._key[i], self._demand[i], self._ready[i] = key, dv, rv
         self._last = key
+
+    @property
+    def span_s(self) -> float:
+        """History to rebuild at start-up: the calibration's window and the governor's."""
+        return max(self.config.policy.calibration.window_s, self.governor_window_s)
+
+    def governor(self, now: float, *, capacity: float, nodes: int, horizon_s: float | None = None) -> Governor | None:
+        """The governor's state as of ``now`` (None when ``policy.governor.enabled`` is off):
+        the avoidable violation minutes of its window, the budget, one incident's minutes."""
+        if not self.config.policy.governor.enabled:
+            return None
+        from bridge.policy.forecast import horizon_s as configured_horizon
+
+        h = max(configured_horizon(self.config, self.pool), horizon_s or 0.0)
+        w = incident_minutes(
+            horizon_s=h,
+            scrape_s=self.config.prometheus.scrape_interval_s,
+            drain_s=self.pool.drain_s,
+            tick_s=self.config.policy.tick_s,
+            nodes=nodes,
+            max_reclaims_per_tick=self.config.policy.max_reclaims_per_tick,
+            minute_s=self.step_s,
+        )
+        budget = self.pool.slo_budget * self.governor_window_s / self.step_s
+        return govern(
+            spent_min=self.ledger.spent(now, capacity=capacity),
+            budget_min=budget,
+            incident_min=w,
+            window_s=self.governor_window_s,
+        )
+
+    def _forget(
+        self, d: np.ndarray, r: np.ndarray, hours: np.ndarray | None, *, h: float, lookback_s: float, min_samples: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The window with the regime before the last change point forgotten at the stated
+        rate (``CP_HALF_LIFE_S``), never shorter than the history needed to calibrate."""
+        hs = max(1, math.ceil(h / self.step_s - 1e-9))
+        ls = max(1, math.ceil(lookback_s / self.step_s - 1e-9))
+        c = self.pool.replicas_per_node
+        sm = self.config.policy.forecast.burst_smoothing_replicas
+        b = sliding_max(d, ls)
+        if d.size <= hs:
+            return d, r, hours
+        num, den = d[hs:], b[:-hs]
+        ok = np.isfinite(num) & np.isfinite(den)
+        if not ok.any():
+            return d, r, hours
+        below = c * (np.ceil(num[ok] / c - 1e-9) - 1.0)
+        logs = np.log((np.maximum(below, 0.0) + sm) / (den[ok] + sm))
+        where = np.nonzero(ok)[0] + hs
+        mu = None
+        if hours is not None:
+            hh = hours[where]
+            q = np.array([np.percentile(logs[hh == k], 90) if (hh == k).sum() >= 30 else np.nan for k in range(24)])
+            q = np.where(np.isnan(q), float(np.percentile(logs, 90)), q)
+            mu = q[hh]
+        alarm = change_point(logs, mu)
+        if alarm is None:
+            return d, r, hours
+        n0 = int(where[alarm]) + hs + ls  # the new regime's own scores begin here
+        age_s = (d.size - n0) * self.step_s
+        if age_s <= 0:
+            return d, r, hours  # the change is still under way: its scores widen the margin at once
+        keep = int(n0 * 0.5 ** (age_s / CP_HALF_LIFE_S))
+        start = min(n0 - keep, d.size - (min_samples + hs + ls))
+        if start <= 0:
+            return d, r, hours
+        return d[start:], r[start:], (hours[start:] if hours is not None else None)
 
     def arrays(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per-step demand and ready over the window ending at ``now``'s step (NaN = gap)."""
@@ -246,31 +359,41 @@ class Calibrator:
         keys = np.arange(k_now - self.window_steps + 1, k_now + 1, dtype=np.int64)
         return ((keys * self.step_s) % 86400.0 // 3600.0).astype(np.int64)
 
-    def calibration(self, now: float, *, capacity: float, horizon_s: float | None = None) -> Calibration:
-        """The calibration as of ``now`` (recomputed every ``policy.calibration.interval_s``)."""
+    def calibration(
+        self, now: float, *, capacity: float, horizon_s: float | None = None, governor: Governor | None = None
+    ) -> Calibration:
+        """The calibration as of ``now`` (recomputed every ``policy.calibration.interval_s``),
+        paced by the governor's usable budget left (``governor.pace``)."""
         cal = self.config.policy.calibration
         from bridge.policy.forecast import horizon_s as configured_horizon
 
         h = max(configured_horizon(self.config, self.pool), horizon_s or 0.0)
         slot = math.floor(now / cal.interval_s)
-        key = (slot, capacity, h)
+        pc = pace(governor) if governor is not None else 1.0
+        key = (slot, capacity, h, pc)
         if self._cached is not None and self._cached[0] == key:
             return self._cached[1]
         d, r = self.arrays(now)
         f = self.config.policy.forecast
+        hours = self._hours(now) if cal.by_time_of_day else None
+        lookback_s = max(f.lend_lookback_s, f.burst_window_s)
+        min_samples = math.ceil(cal.min_history_s / self.step_s)
+        if cal.change_points:
+            d, r, hours = self._forget(d, r, hours, h=h, lookback_s=lookback_s, min_samples=min_samples)
         got = calibrate(
             d,
             r,
             step_s=self.step_s,
             horizon_s=h,
-            lookback_s=max(f.lend_lookback_s, f.burst_window_s),
+            lookback_s=lookback_s,
             budget=self.pool.slo_budget,
             smoothing=f.burst_smoothing_replicas,
             capacity=capacity,
-            min_samples=math.ceil(cal.min_history_s / self.step_s),
+            min_samples=min_samples,
             at=now,
-            hours=self._hours(now) if cal.by_time_of_day else None,
+            hours=hours,
             replicas_per_node=self.pool.replicas_per_node,
+            pace=pc,
         )
         self._cached = (key, got)
         return got

@@ -315,6 +315,20 @@ def _assess(
             )
         return work(decision(serving_now, status or Reason.SIGNALS_MISSING, text))
 
+    # --- the error-budget governor: the budget left cannot absorb one more incident -------
+    gov = state.governor if state is not None else None
+    budget_held = gov is not None and not gov.lend_allowed
+    if gov is not None and budget_held and reclaimable:
+        text = f"reclaim every lent node: {gov.describe()}"
+        return work(
+            decision(serving_now + len(reclaimable), Reason.SLO_BUDGET, text),
+            reclaim=len(reclaimable),
+            reason=Reason.SLO_BUDGET,
+            detail=text,
+            urgent=True,
+            respect_min_lend=False,
+        )
+
     # --- reclaim side: immediate ---------------------------------------------------------
     known_load = [x for x in (demand_now, fc.peak, fc.recent_peak) if x is not None]
     if not known_load:  # only when blind_after_s exceeds the burst window
@@ -356,6 +370,8 @@ def _assess(
     # --- lend side: only on full, fresh information ---------------------------------------
     if not fresh:
         return work(decision(serving_now, status, f"not lending: {status_text}"))  # type: ignore[arg-type]
+    if gov is not None and budget_held:
+        return work(decision(serving_now, Reason.SLO_BUDGET, f"not lending: {gov.describe()}"))
     if cal is not None and margin is None:
         return work(
             decision(

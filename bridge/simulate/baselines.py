@@ -26,7 +26,7 @@ from dataclasses import replace
 import numpy as np
 
 from bridge.config import Config, PoolConfig
-from bridge.model import Action, ActionKind, Calibration, ClusterView, NodeState, Phase, Plan
+from bridge.model import Action, ActionKind, Calibration, ClusterView, Governor, NodeState, Phase, Plan
 from bridge.policy import plan
 from bridge.policy.demand import demand, nodes_for
 from bridge.policy.forecast import Forecast, forecast, history_windows
@@ -107,7 +107,10 @@ class BridgeController(_Base):
     def __init__(self, setup: Setup, explain_every: int = 0) -> None:
         super().__init__(setup)
         self.recorder = HistoryRecorder(history_windows(self.config, self.pool))
+        # the governor keeps the daemon's rolling window (28 days: a run up to that long lies
+        # in one window, so its budget is that window's)
         self.calibrator = Calibrator(self.config, self.pool) if self.config.policy.calibration.enabled else None
+        self.governors: list[Governor] = []  # each tick's, for analysis
         self.capacity = setup.nodes * self.rpn
         self.calibrations: list[Calibration] = []  # each new one, for analysis
         # every ``explain_every`` ticks, the forecast's parts (analysis only; 0 = off)
@@ -143,13 +146,17 @@ class BridgeController(_Base):
         pools = dict(view.pools)
         hist = self.recorder.history(view.now)
         cal = None
+        gov = None
         if self.calibrator is not None:
             if ps.signals is not None:
                 self.calibrator.add(ps.signals)
-            cal = self.calibrator.calibration(view.now, capacity=self.capacity, horizon_s=ps.horizon_s)
+            gov = self.calibrator.governor(view.now, capacity=self.capacity, nodes=self.setup.nodes, horizon_s=ps.horizon_s)
+            if gov is not None:
+                self.governors.append(gov)
+            cal = self.calibrator.calibration(view.now, capacity=self.capacity, horizon_s=ps.horizon_s, governor=gov)
             if not self.calibrations or self.calibrations[-1] is not cal:
                 self.calibrations.append(cal)
-        pools[self.pool.name] = replace(ps, history=hist, calibration=cal)
+        pools[self.pool.name] = replace(ps, history=hist, calibration=cal, governor=gov)
         p = plan(replace(view, pools=pools), self.config)
         if self.explain_every and self._ticks % self.explain_every == 0:
             fc = forecast(hist, ps.signals, view.now, config=self.config, pool=self.pool)

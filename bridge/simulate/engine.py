@@ -84,6 +84,9 @@ class Setup:
     # cold starts are drawn from a lognormal with mean cold_start_s and this coefficient of
     # variation (0 = always cold_start_s)
     cold_start_cv: float = 0.0
+    # stretches (simulation seconds, [start, end)) in which Prometheus answers nothing: the
+    # policy sees no signal while the load goes on (outages, the stress suite's data gaps)
+    signal_gaps: tuple[tuple[float, float], ...] = ()
 
     @property
     def pool(self) -> PoolConfig:
@@ -357,7 +360,7 @@ class Engine:
         s = self.s
         base = s.start_unix
         scrape_t = (math.ceil(t / s.scrape_s - 1e-9) - 1) * s.scrape_s
-        if scrape_t < 0:
+        if scrape_t < 0 or any(a <= scrape_t < b for a, b in s.signal_gaps):
             sig = None
         else:
             sig = signals(base + scrape_t, s.workload.at(scrape_t), self.ready_at(scrape_t) * self.rpn, self.pool.target)

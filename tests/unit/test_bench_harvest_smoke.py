@@ -44,7 +44,7 @@ def test_bench_harvest_suite_prints_a_row_per_trace_and_the_summary() -> None:
     assert len(rows) == 2 and all("slo:" in r and "vs-fixed:" in r and "cpu:" in r for r in rows), rows
     assert any(line.startswith("worst case: ") for line in lines)
     summary = [line for line in lines if line.startswith("summary ")]
-    assert {line.split(":")[0] for line in summary} == {"summary slo", "summary vs-fixed", "summary cpu"}, summary
+    assert {line.split(":")[0] for line in summary} == {"summary bound", "summary slo", "summary vs-fixed", "summary cpu"}, summary
 
 
 def test_bench_harvest_suite_over_seeds_prints_the_worst_case_per_trace() -> None:

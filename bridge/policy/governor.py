@@ -1,0 +1,182 @@
+"""The error-budget governor: the SLO budget kept as a hard cap, by construction.
+
+The calibrated margin (``calibrate.py``) *aims* at the budget; it is a forecast and can be
+surprised. The governor is what makes the budget a promise. Over a rolling window (default
+28 days; the whole run in the simulator) it counts the avoidable violation minutes the pool
+really had (offered load above Ready capacity, load above every node excluded) and lets the
+policy lend only while what is left of the budget can absorb the worst incident lending could
+still cause: every lent node reclaimed at once, Ready one reclaim later.
+
+**The bound.** Let ``B`` be the budget (``slo_budget`` x the window's minutes), ``S(t)`` the
+avoidable violation minutes of the window counted up to ``t`` and ``W`` the minutes one
+incident can span from a tick on (``incident_minutes``). The policy keeps nodes lent only at
+ticks where ``B - S(t) >= W``; at any other tick it lends nothing and reclaims every lent node
+at once (urgent, ``Reason.SLO_BUDGET``). An avoidable violation needs a node that is not Ready;
+a node is not Ready only because of a lend kept at some allowed tick ``t_a``; after the last
+allowed tick before it, every lent node is Ready again within ``W`` minutes. So every
+avoidable violation minute ``m`` lies within ``W`` minutes of an allowed tick ``t_a``, and
+``S(m) <= S(t_a) + W <= B``: in every window, violations <= unavoidable minutes + ``B``.
+
+What the argument rests on (and ``docs/policy.md`` states): reclaims finish within the
+planned reclaim horizon (measured delays' quantile plus ``forecast.margin_s``); the count
+``S`` does not miss a violation (hence the conservative count of ``ViolationLedger``: a
+minute's Ready capacity is the lower of its own and the previous minute's, and minutes without
+a sample after capacity was lent count as violated until the blind rule has brought every
+node back); and the history behind ``S`` covers the window (the daemon rebuilds it from
+Prometheus at start-up, so its retention must cover ``governor.window_s``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from bridge.config import Config
+from bridge.model import Governor
+
+_EPS = 1e-6
+
+
+def incident_minutes(
+    *,
+    horizon_s: float,
+    scrape_s: float,
+    drain_s: float,
+    tick_s: float,
+    nodes: int,
+    max_reclaims_per_tick: int,
+    minute_s: float = 60.0,
+) -> int:
+    """Minutes one incident can touch from a tick on, if every lent node is reclaimed from the
+    next tick: a node still lending first finishes its drain (whole ticks), the reclaims of
+    ``nodes`` nodes take ``ceil(nodes / max_reclaims_per_tick)`` ticks, each then serves after
+    the reclaim horizon (release + cold start + margin + tick + scrape), and the count itself
+    lags one scrape. An interval of ``x`` minutes touches at most ``ceil(x) + 1`` minutes."""
+    extra_ticks = max(0, math.ceil(max(nodes, 1) / max(max_reclaims_per_tick, 1)) - 1)
+    span = horizon_s + scrape_s + math.ceil(drain_s / tick_s - 1e-9) * tick_s + extra_ticks * tick_s
+    return math.ceil(span / minute_s - 1e-9) + 1
+
+
+def govern(*, spent_min: int, budget_min: float, incident_min: int, window_s: float) -> Governor:
+    """The governor's state: lending allowed while ``budget_min - spent_min >= incident_min``."""
+    if budget_min < 0 or not math.isfinite(budget_min):
+        raise ValueError(f"budget_min: expected a finite number >= 0, got {budget_min!r}")
+    return Governor(spent_min=spent_min, budget_min=budget_min, incident_min=incident_min, window_s=window_s)
+
+
+PACE_FROM = 1.0  # share of the usable budget left below which the calibration slows down
+
+
+def pace(g: Governor) -> float:
+    """How fast the calibration may spend, 0..1: 1 while at least ``PACE_FROM`` (all) of the usable
+    budget (budget minus the reserve of one incident) is left, then linearly down to 0 at the
+    reserve. The calibration scales its miss rate by it, so the margin tightens smoothly as
+    the cap nears (at 0 every rise the window has seen is covered) rather than lending at full
+    pace into the cap and then nothing at all until violations leave the window."""
+    usable = g.budget_min - g.incident_min
+    if usable <= 0:
+        return 0.0
+    return min(1.0, max(0.0, (g.left_min - g.incident_min) / (PACE_FROM * usable)))
+
+
+class ViolationLedger:
+    """Avoidable violation minutes of one pool over a rolling window, counted conservatively
+    from the same samples the policy sees (peak demand and fewest Ready replicas per step).
+
+    A step counts when its demand exceeds the lower of its own and the previous step's fewest
+    Ready replicas (a node that became Ready between two samples does not hide the minute it
+    was missing), unless the demand exceeds the whole pool (no policy could serve it). A step
+    without a valid sample counts when the last known Ready capacity was below the whole pool
+    (something was lent) and it lies within ``gap_steps`` of that sample (after which the blind
+    rule has reclaimed every node). Only a cache: the same samples give the same count."""
+
+    def __init__(self, *, step_s: float, window_s: float, gap_steps: int) -> None:
+        self.step_s = step_s
+        self.window_steps = max(1, math.ceil(window_s / step_s - 1e-9))
+        self.gap_steps = gap_steps
+        self._key: int | None = None  # the step being filled
+        self._d = math.nan
+        self._r = math.nan
+        self._prev_r = math.nan  # fewest Ready replicas of the previous step (NaN: unknown)
+        self._last_known: tuple[int, float] | None = None  # (step, fewest Ready) of the last valid step
+        # candidate steps: (step, demand, ready) with demand > ready, or (step, NaN, last known ready)
+        self._marks: deque[tuple[int, float, float]] = deque()
+        self._cap: float | None = None
+        self._counted = 0  # marks that count at capacity ``_cap``
+
+    def add(self, t: float, demand: float | None, ready: float) -> None:
+        """Record a sample at ``t``: demand in replicas (None = invalid) and Ready replicas."""
+        key = math.floor(t / self.step_s)
+        d = math.nan if demand is None else demand
+        r = ready if demand is not None else math.nan
+        if self._key is None:
+            self._key, self._d, self._r = key, d, r
+            return
+        if key < self._key:
+            return
+        if key == self._key:
+            self._d = d if math.isnan(self._d) else (self._d if math.isnan(d) else max(self._d, d))
+            self._r = r if math.isnan(self._r) else (self._r if math.isnan(r) else min(self._r, r))
+            return
+        self._close(self._key, self._d, self._r)
+        for k in range(self._key + 1, min(key, self._key + 1 + self.gap_steps + 1)):
+            self._close(k, math.nan, math.nan)
+        self._key, self._d, self._r = key, d, r
+
+    def _mark(self, k: int, d: float, r: float) -> None:
+        self._marks.append((k, d, r))
+        if self._cap is not None and self._counts(d, r, self._cap):
+            self._counted += 1
+
+    def _close(self, k: int, d: float, r: float) -> None:
+        got = self._judge(k, d, r)
+        if got is not None:
+            self._mark(k, *got)
+        if not math.isnan(d) and not math.isnan(r):
+            self._last_known = (k, r)
+            self._prev_r = r
+        else:
+            self._prev_r = math.nan
+
+    def _judge(self, k: int, d: float, r: float) -> tuple[float, float] | None:
+        if not math.isnan(d) and not math.isnan(r):
+            r_eff = r if math.isnan(self._prev_r) else min(r, self._prev_r)
+            return (d, r_eff) if d > r_eff + _EPS else None
+        if self._last_known is not None and k - self._last_known[0] <= self.gap_steps:
+            return (math.nan, self._last_known[1])
+        return None
+
+    @staticmethod
+    def _counts(d: float, r: float, cap: float) -> bool:
+        if math.isnan(d):
+            return r < cap - _EPS
+        return d <= cap + _EPS
+
+    def spent(self, now: float, *, capacity: float) -> int:
+        """Avoidable violation steps in the window ending at ``now``'s step (the step still
+        being filled included); ``capacity`` = replicas the whole pool can serve."""
+        lo = math.floor(now / self.step_s) - self.window_steps + 1
+        if self._cap != capacity:
+            self._cap = capacity
+            self._counted = sum(1 for _, d, r in self._marks if self._counts(d, r, capacity))
+        while self._marks and self._marks[0][0] < lo:
+            _, d, r = self._marks.popleft()
+            if self._counts(d, r, capacity):
+                self._counted -= 1
+        n = self._counted
+        if self._key is not None and self._key >= lo:
+            got = self._judge(self._key, self._d, self._r)
+            if got is not None and (math.isnan(got[0]) is False) and self._counts(*got, capacity):
+                n += 1
+        return n
+
+
+def gap_steps(config: Config, step_s: float) -> int:
+    """Steps without a sample that may still hide violations: until the blind rule
+    (``policy.blind_after_s``) has reclaimed every node and it serves (the configured horizon
+    of the slowest pool, its drain, two ticks)."""
+    from bridge.policy.forecast import horizon_s
+
+    p = config.policy
+    slowest = max((horizon_s(config, pool) + pool.drain_s for pool in config.pools), default=0.0)
+    return math.ceil((p.blind_after_s + slowest + 2 * p.tick_s) / step_s - 1e-9) + 1

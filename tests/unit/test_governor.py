@@ -1,0 +1,273 @@
+"""The error-budget governor (``bridge.policy.governor``): its count, its rule in ``plan()``,
+and the two promises driven through the simulator with hypothesis-generated traces:
+
+- the bound: avoidable violation minutes (load above Ready capacity but not above every
+  node) <= the budget, on adversarial traces (level shifts, bursts, regime changes, data gaps
+  at random times);
+- no thrash: under a stable load the lent count changes direction at most twice an hour.
+
+Short traces and few nodes keep them fast; cold starts are fixed (the bound assumes reclaims
+finish within the planned horizon)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bridge.config import Config, default_config
+from bridge.model import Governor, Reason
+from bridge.policy.governor import ViolationLedger, govern, incident_minutes
+from bridge.simulate.baselines import BridgeController
+from bridge.simulate.engine import Setup, simulate
+from bridge.simulate.workload import MINUTE_S, Workload
+
+NODES = 6
+
+
+def workload(load: np.ndarray) -> Workload:
+    peak = float(load.max())
+    return Workload(load, load[::10].copy(), MINUTE_S, 600.0, 1.0, 4.0, peak * 4.0, peak, "synthetic")
+
+
+def config(budget: float, window_s: float = 2419200.0) -> Config:
+    """Defaults with the benchmark's delays, half an hour of history before the first lend and
+    the governor's window (the test's whole run, so its budget is the run's)."""
+    c = default_config(cold_start_s=300.0, drain_s=60.0, slo_budget=budget)
+    pol = c.policy
+    cal = dataclasses.replace(pol.calibration, min_history_s=1800.0)
+    gov = dataclasses.replace(pol.governor, window_s=window_s)
+    return dataclasses.replace(
+        c, slurm=dataclasses.replace(c.slurm, grace_s=120.0), policy=dataclasses.replace(pol, calibration=cal, governor=gov)
+    )
+
+
+# --- the count and the rule -------------------------------------------------------------------
+
+
+def test_incident_spans_drain_reclaim_rounds_and_the_reclaim_horizon() -> None:
+    # 585 s horizon + 15 s scrape + 60 s drain (2 ticks) + 2 extra rounds of 8 reclaims for 24 nodes
+    assert incident_minutes(horizon_s=585, scrape_s=15, drain_s=60, tick_s=30, nodes=24, max_reclaims_per_tick=8) == 13
+    assert incident_minutes(horizon_s=585, scrape_s=15, drain_s=60, tick_s=30, nodes=8, max_reclaims_per_tick=8) == 12
+
+
+def test_governor_allows_lending_only_while_one_incident_fits() -> None:
+    assert govern(spent_min=5, budget_min=20.0, incident_min=15, window_s=86400).lend_allowed
+    g = govern(spent_min=6, budget_min=20.0, incident_min=15, window_s=86400)
+    assert not g.lend_allowed
+    assert g.describe() == "budget left 14.0 of 20.0 min (1 d); lending held: one incident would cost 15 min"
+
+
+def test_ledger_counts_the_minute_a_node_was_missing_even_if_ready_again_by_the_sample() -> None:
+    led = ViolationLedger(step_s=60, window_s=3600, gap_steps=5)
+    led.add(30, 5.0, 4.0)  # minute 0: demand 5 on 4 Ready: counted
+    led.add(90, 5.0, 6.0)  # minute 1: 6 Ready at the sample, but minute 0 had 4: counted too
+    led.add(150, 5.0, 6.0)  # minute 2: fine
+    led.add(210, 9.0, 6.0)  # minute 3: above the whole pool (8): no one's violation
+    assert led.spent(240, capacity=8.0) == 2
+
+
+def test_ledger_counts_unseen_minutes_after_lending_until_the_blind_rule_brought_all_back() -> None:
+    led = ViolationLedger(step_s=60, window_s=3600, gap_steps=3)
+    led.add(30, 2.0, 4.0)  # 4 of 8 Ready: something lent
+    led.add(30 + 60 * 10, 2.0, 8.0)  # then 9 minutes without a sample
+    assert led.spent(30 + 60 * 10, capacity=8.0) == 3  # only the first gap_steps may hide violations
+    full = ViolationLedger(step_s=60, window_s=3600, gap_steps=3)
+    full.add(30, 2.0, 8.0)  # everything Ready: a gap hides nothing
+    full.add(30 + 60 * 10, 2.0, 8.0)
+    assert full.spent(30 + 60 * 10, capacity=8.0) == 0
+
+
+def test_ledger_forgets_minutes_that_left_the_window() -> None:
+    led = ViolationLedger(step_s=60, window_s=600, gap_steps=1)
+    led.add(0, 5.0, 4.0)
+    for m in range(1, 12):
+        led.add(60 * m, 1.0, 8.0)
+    assert led.spent(60 * 9, capacity=8.0) == 1
+    assert led.spent(60 * 11, capacity=8.0) == 0
+
+
+def test_plan_reclaims_every_lent_node_and_lends_nothing_when_the_budget_is_held() -> None:
+    from bridge.model import ClusterView, LoadSignals, NodeState, Phase, PoolState
+    from bridge.policy import plan
+
+    cfg = config(0.001)
+    now = 1_000_000.0
+    nodes = tuple(
+        NodeState(f"n{i}", "default", Phase.LENT if i < 3 else Phase.SERVING, now - 7200, 4, None, int(i >= 3), i >= 3, "idle")
+        for i in range(6)
+    )
+    hist = tuple(LoadSignals(now - 600 + 30 * k, 24.0, 0.0, 0.8, 2000.0, 3) for k in range(20))
+    held = govern(spent_min=10, budget_min=20.0, incident_min=12, window_s=86400)
+    ps = PoolState("default", hist[-1], hist, 3, 3, governor=held)
+    p = plan(ClusterView(now=now, nodes=nodes, pools={"default": ps}, jobs={}, pending_research_nodes=1), cfg)
+    assert sorted(a.node for a in p.actions) == ["n0", "n1", "n2"]
+    assert {a.kind.value for a in p.actions} == {"reclaim"} and all(a.urgent for a in p.actions)
+    assert p.pools[0].reason == Reason.SLO_BUDGET and "lending held" in p.pools[0].detail
+    # nothing lent: it holds, and does not lend though the load is 1 replica on 3
+    calm = tuple(dataclasses.replace(n, phase=Phase.SERVING, serving_pods=1, serving_ready=True) for n in nodes)
+    hist6 = tuple(dataclasses.replace(h, replicas_reporting=6) for h in hist)
+    ps2 = PoolState("default", hist6[-1], hist6, 6, 6, governor=held)
+    p2 = plan(ClusterView(now=now, nodes=calm, pools={"default": ps2}, jobs={}, pending_research_nodes=1), cfg)
+    assert p2.actions == () and p2.pools[0].reason == Reason.SLO_BUDGET
+
+
+# --- the bound on adversarial traces ----------------------------------------------------------
+
+
+@st.composite
+def adversarial(draw: st.DrawFn) -> tuple[np.ndarray, tuple[tuple[float, float], ...]]:
+    """A load in replicas per minute built from regimes of random length: calm stretches long
+    enough to lend in, sudden level shifts up to and above the whole pool that last minutes
+    (the costliest case: each costs a whole reclaim), bursty regimes, single-minute spikes,
+    and gaps in the signals, at random times."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    minutes = draw(st.integers(6 * 60, 10 * 60))
+    load = np.empty(minutes)
+    t = 0
+    while t < minutes:
+        kind = draw(st.sampled_from(["calm", "calm", "shift", "bursty"]))
+        if kind == "shift":
+            length, level, cv = draw(st.integers(2, 25)), draw(st.floats(NODES - 3.0, NODES + 1.5)), 0.0
+        else:
+            length = draw(st.integers(30, 240))
+            level = draw(st.floats(0.3, NODES / 2))
+            cv = 0.1 if kind == "calm" else draw(st.sampled_from([0.4, 1.0]))
+        seg = level * rng.gamma(1 / cv**2, cv**2, size=length) if cv else np.full(length, level)
+        load[t : t + length] = seg[: minutes - t]
+        t += length
+    for _ in range(draw(st.integers(0, 6))):
+        m = draw(st.integers(0, minutes - 1))
+        load[m] = draw(st.floats(1.0, NODES + 2.0))
+    gaps = tuple(
+        (float(a * 60), float((a + draw(st.integers(2, 40))) * 60))
+        for a in draw(st.lists(st.integers(60, minutes - 1), max_size=2))
+    )
+    return np.maximum(load, 0.0), gaps
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=adversarial(), budget=st.sampled_from([0.04, 0.08]))
+def test_violations_stay_within_unavoidable_plus_budget_on_adversarial_traces(
+    case: tuple[np.ndarray, tuple[tuple[float, float], ...]], budget: float
+) -> None:
+    load, gaps = case
+    w = workload(load)
+    setup = Setup(config(budget, w.duration_s), w, NODES, 4, seed=1, signal_gaps=gaps)
+    ctl = BridgeController(setup)
+    r = simulate(setup, ctl)
+    avoidable = int((w.load[r.violation_minutes] <= NODES + 1e-9).sum())
+    allowed = budget * w.minutes
+    assert avoidable <= allowed, f"{avoidable} avoidable violation minutes > budget {allowed:.1f}"
+    assert ctl.governors and ctl.governors[-1].budget_min == pytest.approx(allowed)
+
+
+# --- no thrash ----------------------------------------------------------------------------------
+
+
+def direction_changes_per_hour(lent: np.ndarray, ticks_per_hour: int) -> np.ndarray:
+    """Per hour: how often the lent count turned (a rise after a fall or a fall after a rise)."""
+    d = np.sign(np.diff(lent.astype(int)))
+    moves = d[d != 0]
+    idx = np.nonzero(d)[0]
+    turns = idx[1:][moves[1:] != moves[:-1]]
+    return np.bincount(turns // ticks_per_hour, minlength=len(lent) // ticks_per_hour + 1)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(level=st.floats(0.5, NODES - 2.0), cv=st.sampled_from([0.0, 0.05, 0.15]), seed=st.integers(0, 2**31))
+def test_no_thrash_under_a_stable_load(level: float, cv: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    minutes = 8 * 60
+    load = level * (rng.gamma(1 / cv**2, cv**2, size=minutes) if cv else np.ones(minutes))
+    w = workload(load)
+    setup = Setup(config(0.02, w.duration_s), w, NODES, 4, seed=1)
+    r = simulate(setup, BridgeController(setup))
+    turns = direction_changes_per_hour(r.tick_lent, int(3600 / setup.tick_s))
+    assert int(turns.max()) <= 2, f"lent count turned {turns.tolist()} times per hour"
+
+
+@pytest.mark.parametrize("governed", [False, True], ids=["without-governor", "with-governor"])
+def test_a_train_of_level_shifts_breaks_the_bound_only_without_the_governor(governed: bool) -> None:
+    """Calm (0.5 replicas) with a 20-minute shift to 4.5 every 90 minutes: the calibrated
+    margin keeps lending into each shift (each costs a reclaim); the governor stops in time."""
+    minutes, budget = 600, 0.04
+    load = np.full(minutes, 0.5)
+    for a in range(120, minutes, 90):
+        load[a : a + 20] = 4.5
+    w = workload(load)
+    c = config(budget, w.duration_s)
+    c = dataclasses.replace(c, policy=dataclasses.replace(c.policy, governor=dataclasses.replace(c.policy.governor, enabled=governed)))
+    setup = Setup(c, w, NODES, 4, seed=1)
+    r = simulate(setup, BridgeController(setup))
+    avoidable = int((w.load[r.violation_minutes] <= NODES).sum())
+    assert (avoidable <= budget * minutes) is governed, f"{avoidable} avoidable minutes vs budget {budget * minutes:.1f}"
+    assert r.metrics.lent_gpu_hours > 0
+
+
+def test_pace_falls_linearly_from_the_whole_usable_budget_to_zero_at_the_reserve() -> None:
+    from bridge.policy.governor import pace
+
+    assert pace(govern(spent_min=0, budget_min=40.0, incident_min=10, window_s=1.0)) == 1.0
+    assert pace(govern(spent_min=15, budget_min=40.0, incident_min=10, window_s=1.0)) == pytest.approx(0.5)
+    assert pace(govern(spent_min=30, budget_min=40.0, incident_min=10, window_s=1.0)) == 0.0
+    assert pace(govern(spent_min=0, budget_min=8.0, incident_min=10, window_s=1.0)) == 0.0
+
+
+def test_status_and_plan_print_each_pools_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    from bridge.daemon_cli import _print_budgets
+    from bridge.model import PoolState
+
+    pools = [
+        PoolState("qwen", None),  # no governor (calibration off): no line
+        PoolState("llama", None, governor=govern(spent_min=30, budget_min=40.3, incident_min=13, window_s=2419200)),
+    ]
+    _print_budgets(pools)
+    assert capsys.readouterr().out == (
+        "pool llama: budget left 10.3 of 40.3 min (28 d); lending held: one incident would cost 13 min\n"
+    )
+
+
+# --- recovery: change points and forgetting -------------------------------------------------
+
+
+def test_change_point_alarms_on_a_level_shift_not_on_a_single_burst() -> None:
+    from bridge.policy.calibrate import change_point
+
+    rng = np.random.default_rng(3)
+    calm = rng.normal(0.0, 0.05, size=20000)
+    burst = calm.copy()
+    burst[1000] = 1.2  # one minute far above: not a change
+    assert change_point(burst, None) is None
+    shift = calm.copy()
+    shift[1000:1060] += 1.1  # every step of an hour a x3 above its base: a change
+    got = change_point(shift, None)
+    assert got is not None and 1000 <= got < 1060  # the last alarm falls inside the change
+
+
+def test_after_a_level_shift_the_margin_widens_at_once_and_the_old_regime_is_forgotten_within_a_day() -> None:
+    from bridge.model import LoadSignals
+    from bridge.policy.calibrate import Calibrator
+
+    cfg = config(0.001)
+    cfg = dataclasses.replace(
+        cfg, policy=dataclasses.replace(cfg.policy, calibration=dataclasses.replace(cfg.policy.calibration, change_points=True))
+    )
+    cal = Calibrator(cfg, cfg.pools[0])
+    t0 = 1_000_000 * 60.0
+    rng = np.random.default_rng(5)
+    margins = {}
+    for m in range(5 * 1440):
+        level = 5.0 if m < 3 * 1440 else 20.0  # x4 on day 3
+        d = level * float(rng.gamma(100.0, 0.01))
+        ready = 8 if 3 * 1440 <= m < 3 * 1440 + 10 else 24  # the shift costs a reclaim: 10 minutes short
+        cal.add(LoadSignals(t0 + 60 * m, d * 24.0, 0.0, None, None, ready))
+        if m in (3 * 1440 - 10, 3 * 1440 + 120, 4 * 1440 + 600):
+            margins[m] = cal.calibration(t0 + 60 * m, capacity=24.0).margin
+    before, during, after = (margins[k] for k in sorted(margins))
+    assert during is not None and before is not None and after is not None
+    assert during > 1.3 * before  # the change's own rises are in at once
+    assert after < 1.1 * before  # a day later the new regime's own history sets it

@@ -247,7 +247,7 @@ class Calibrator:
         # the governor's window: the config's (28 d), or the whole run in the simulator
         self.governor_window_s = governor_window_s if governor_window_s is not None else config.policy.governor.window_s
         self.ledger = ViolationLedger(
-            step_s=cal.step_s, window_s=self.governor_window_s, gap_steps=gap_steps(config, cal.step_s)
+            step_s=cal.step_s, window_s=self.governor_window_s, gap_steps=gap_steps(config, pool, cal.step_s, self.governor_window_s)
         )
         self.step_s = cal.step_s
         self.window_steps = max(1, math.ceil(cal.window_s / cal.step_s))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from bridge.config import Config
+from bridge.config import Config, PoolConfig
 from bridge.model import Governor
 
 _EPS = 1e-6
@@ -168,15 +168,36 @@ class ViolationLedger:
             got = self._judge(self._key, self._d, self._r)
             if got is not None and (math.isnan(got[0]) is False) and self._counts(*got, capacity):
                 n += 1
-        return n
+        return n + self._pending_gap(math.floor(now / self.step_s), lo, capacity)
+
+    def _pending_gap(self, now_k: int, lo: int, capacity: float) -> int:
+        """Steps after the last sample up to ``now`` that will count once closed: while no
+        sample arrives (Prometheus down), the count keeps running, so the governor sees the
+        budget go during the outage itself, not after it."""
+        if self._key is None or now_k <= self._key:
+            return 0
+        if not math.isnan(self._d) and not math.isnan(self._r):
+            known: tuple[int, float] | None = (self._key, self._r)
+        else:
+            known = self._last_known
+        if known is None or not self._counts(math.nan, known[1], capacity):
+            return 0
+        # the steps over by now (the one ``now`` is in may still get its sample)
+        first, last = max(self._key + 1, lo), min(now_k - 1, known[0] + self.gap_steps)
+        return max(0, last - first + 1)
 
 
-def gap_steps(config: Config, step_s: float) -> int:
-    """Steps without a sample that may still hide violations: until the blind rule
-    (``policy.blind_after_s``) has reclaimed every node and it serves (the configured horizon
-    of the slowest pool, its drain, two ticks)."""
+def gap_steps(config: Config, pool: PoolConfig, step_s: float, window_s: float) -> int:
+    """Steps without a sample that may still hide violations while something is lent. With
+    ``blind_serving: null`` the blind rule (``policy.blind_after_s``) reclaims every node, so
+    only until it has and they serve (the configured horizon of the slowest pool, its drain,
+    two ticks). With a finite ``blind_serving`` (default 0: blind, the pool holds) nothing
+    brings the lent nodes back but the governor itself: every blind step counts, the whole
+    window long, until the budget left can no longer absorb one incident and it reclaims."""
     from bridge.policy.forecast import horizon_s
 
+    if pool.blind_serving is not None:
+        return math.ceil(window_s / step_s - 1e-9)
     p = config.policy
-    slowest = max((horizon_s(config, pool) + pool.drain_s for pool in config.pools), default=0.0)
+    slowest = max((horizon_s(config, q) + q.drain_s for q in config.pools), default=0.0)
     return math.ceil((p.blind_after_s + slowest + 2 * p.tick_s) / step_s - 1e-9) + 1

@@ -300,6 +300,22 @@ def _assess(
             cfg, d, lendable, lend, lend_detail, reclaimable, reclaim, reason, detail, urgent, urgent, respect_min_lend
         )
 
+    # --- the error-budget governor: the budget left cannot absorb one more incident -------
+    # (first, blind or not: with a finite blind_serving only the governor takes lent nodes
+    # back while the signals are missing; governor.gap_steps)
+    gov = state.governor if state is not None else None
+    budget_held = gov is not None and not gov.lend_allowed
+    if gov is not None and budget_held and reclaimable:
+        text = f"reclaim every lent node: {gov.describe()}"
+        return work(
+            decision(serving_now + len(reclaimable), Reason.SLO_BUDGET, text),
+            reclaim=len(reclaimable),
+            reason=Reason.SLO_BUDGET,
+            detail=text,
+            urgent=True,
+            respect_min_lend=False,
+        )
+
     # --- blind: no valid sample for too long -> back toward a safe serving count ---------
     if blind:
         target = cfg.blind_serving if cfg.blind_serving is not None else reachable
@@ -314,20 +330,6 @@ def _assess(
                 respect_min_lend=False,
             )
         return work(decision(serving_now, status or Reason.SIGNALS_MISSING, text))
-
-    # --- the error-budget governor: the budget left cannot absorb one more incident -------
-    gov = state.governor if state is not None else None
-    budget_held = gov is not None and not gov.lend_allowed
-    if gov is not None and budget_held and reclaimable:
-        text = f"reclaim every lent node: {gov.describe()}"
-        return work(
-            decision(serving_now + len(reclaimable), Reason.SLO_BUDGET, text),
-            reclaim=len(reclaimable),
-            reason=Reason.SLO_BUDGET,
-            detail=text,
-            urgent=True,
-            respect_min_lend=False,
-        )
 
     # --- reclaim side: immediate ---------------------------------------------------------
     known_load = [x for x in (demand_now, fc.peak, fc.recent_peak) if x is not None]

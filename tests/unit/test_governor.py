@@ -81,6 +81,50 @@ def test_ledger_counts_unseen_minutes_after_lending_until_the_blind_rule_brought
     assert full.spent(30 + 60 * 10, capacity=8.0) == 0
 
 
+def test_ledger_counts_an_outage_while_it_lasts_not_only_once_samples_return() -> None:
+    led = ViolationLedger(step_s=60, window_s=3600, gap_steps=30)
+    led.add(30, 2.0, 4.0)  # 4 of 8 Ready: something lent; then Prometheus goes away
+    assert led.spent(30, capacity=8.0) == 0
+    assert led.spent(30 + 60 * 10, capacity=8.0) == 9  # minutes 1-9 over without a sample, counted now
+    assert led.spent(30 + 60 * 50, capacity=8.0) == 30  # at most gap_steps of them
+    full = ViolationLedger(step_s=60, window_s=3600, gap_steps=30)
+    full.add(30, 2.0, 8.0)  # nothing lent: an outage hides nothing
+    assert full.spent(30 + 60 * 10, capacity=8.0) == 0
+
+
+def test_blind_with_a_finite_blind_serving_counts_the_whole_outage() -> None:
+    from bridge.policy.governor import gap_steps
+
+    cfg = config(0.001)
+    pool = cfg.pools[0]
+    assert pool.blind_serving is not None  # the default: blind, the pool holds what it lent
+    assert gap_steps(cfg, pool, 60.0, 86400.0) == 1440  # only the governor brings lent nodes back
+    every = dataclasses.replace(pool, blind_serving=None)  # the blind rule reclaims every node
+    assert gap_steps(cfg, every, 60.0, 86400.0) < 60
+
+
+def test_blind_the_governor_still_reclaims_every_lent_node_when_the_budget_is_held() -> None:
+    from bridge.model import ClusterView, LoadSignals, NodeState, Phase, PoolState
+    from bridge.policy import plan
+
+    cfg = config(0.001)
+    now = 1_000_000.0
+    nodes = tuple(
+        NodeState(f"n{i}", "default", Phase.LENT if i < 3 else Phase.SERVING, now - 7200, 4, None, int(i >= 3), i >= 3, "idle")
+        for i in range(6)
+    )
+    old = tuple(LoadSignals(now - 3600 + 30 * k, 4.0, 0.0, 0.2, 200.0, 3) for k in range(20))  # none since
+    ok = govern(spent_min=0, budget_min=20.0, incident_min=12, window_s=86400)
+    held = govern(spent_min=10, budget_min=20.0, incident_min=12, window_s=86400)
+    blind_ok = plan(ClusterView(now=now, nodes=nodes, pools={"default": PoolState("default", None, old, 3, 3, governor=ok)},
+                                jobs={}, pending_research_nodes=1), cfg)
+    assert blind_ok.actions == ()  # blind_serving 0: the pool holds while the budget can pay
+    p = plan(ClusterView(now=now, nodes=nodes, pools={"default": PoolState("default", None, old, 3, 3, governor=held)},
+                         jobs={}, pending_research_nodes=1), cfg)
+    assert sorted(a.node for a in p.actions) == ["n0", "n1", "n2"] and all(a.urgent for a in p.actions)
+    assert p.pools[0].reason == Reason.SLO_BUDGET
+
+
 def test_ledger_forgets_minutes_that_left_the_window() -> None:
     led = ViolationLedger(step_s=60, window_s=600, gap_steps=1)
     led.add(0, 5.0, 4.0)

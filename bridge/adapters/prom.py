@@ -506,7 +506,16 @@ class PromAdapter:
         start, end = float(round(start)), float(round(end))
         window = max(step_s, 2 * self.scrape_interval_s)
         query = build_query(pool, rate_window_s=self.rate_window_s, gauge_window_s=window)
-        result = self._run(
+        result = self.query_range(query, pool, start=start, end=end, step_s=step_s)
+        try:
+            return parse_range(result, pool=pool, start=start, end=end, step_s=step_s)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
+
+    def query_range(self, query: str, pool: PromPool, *, start: float, end: float, step_s: float) -> Any:
+        """One ``query_range`` (start/end in whole seconds, as the client sends them), errors
+        as AdapterError naming the pool."""
+        return self._run(
             "query_range",
             pool,
             lambda: self._client.custom_query_range(
@@ -517,10 +526,6 @@ class PromAdapter:
                 timeout=self.timeout_s,
             ),
         )
-        try:
-            return parse_range(result, pool=pool, start=start, end=end, step_s=step_s)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-            raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
 
     def pool_nodes(self, pool: PromPool) -> int | None:
         """Nodes of the pool as the daemon last exported them (``gpu_bridge_nodes``, summed
@@ -556,17 +561,7 @@ class PromAdapter:
                 (f'max(max_over_time(gpu_bridge_pool_slo_budget_spent_ratio{{pool="{p}"}}[{w}]))', "slo_spent"),
             )
         )
-        result = self._run(
-            "query_range",
-            pool,
-            lambda: self._client.custom_query_range(
-                query,
-                start_time=datetime.fromtimestamp(start, UTC),
-                end_time=datetime.fromtimestamp(end, UTC),
-                step=f"{step_s:g}",
-                timeout=self.timeout_s,
-            ),
-        )
+        result = self.query_range(query, pool, start=start, end=end, step_s=step_s)
         try:
             return parse_daemon_history(result, start=start, end=end, step_s=step_s)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
@@ -776,19 +771,7 @@ def request_history(
     while i < steps:
         n = min(REQUEST_CHUNK_STEPS, steps - i)
         a, b = start + i * step_s, start + (i + n - 1) * step_s
-        results.append(
-            adapter._run(
-                "query_range",
-                pool,
-                lambda a=a, b=b: adapter._client.custom_query_range(
-                    query,
-                    start_time=datetime.fromtimestamp(a, UTC),
-                    end_time=datetime.fromtimestamp(b, UTC),
-                    step=f"{step_s:g}",
-                    timeout=adapter.timeout_s,
-                ),
-            )
-        )
+        results.append(adapter.query_range(query, pool, start=a, end=b, step_s=step_s))
         i += n
     try:
         return parse_request_range(results, pool=pool, start=start, step_s=step_s, steps=steps)

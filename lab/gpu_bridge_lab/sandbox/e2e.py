@@ -126,6 +126,20 @@ def _plain_job(job: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float) -> int | None:
+    """SIGTERM, SIGKILL after ``timeout_s``; the exit code (None: never started)."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            return proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait(10)
+    return proc.returncode
+
+
 class World:
     """Read-only views of both schedulers of a serving sandbox."""
 
@@ -320,16 +334,7 @@ class DaemonProc:
 
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """SIGTERM (the daemon finishes its iteration and exits 0), SIGKILL after ``timeout_s``."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                return self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                return self.proc.wait(10)
-        return self.proc.returncode
+        return stop_process(self.proc, timeout_s)
 
     def metrics_url(self, timeout_s: float = 15.0) -> str | None:
         """From this run's ``metrics_listening`` log line."""
@@ -397,13 +402,4 @@ class WebProc:
 
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """SIGTERM (uvicorn finishes the requests under way and exits 0), SIGKILL after ``timeout_s``."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                return self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                return self.proc.wait(10)
-        return self.proc.returncode
+        return stop_process(self.proc, timeout_s)

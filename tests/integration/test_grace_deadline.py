@@ -42,7 +42,9 @@ got=0
 trap 'got=1' URG
 echo "run ${SLURM_RESTART_COUNT:-0} start" >> "$out"
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
-    if grep -q '^saved$' "$out"; then echo "resumed" >> "$out"; echo "work-2" >> "$out"; fi
+    if grep -q '^done$' "$out"; then exit 0; fi  # a requeue raced the exit of a finished run
+    if grep -q '^saved$' "$out"; then echo "resumed" >> "$out"; fi
+    echo "work-2" >> "$out"  # the work not saved (Slurm ended the run at its grace): done again
     echo "done" >> "$out"
     exit 0
 fi
@@ -195,9 +197,14 @@ def _check(o: Outcome, mode: str) -> None:
     assert o.states and o.states[-1] == "COMPLETED", o.evidence()
     lines = o.lines()
     assert lines.count("done") == 1 and lines.count("work-1") == 1 and lines.count("work-2") == 1, o.evidence()
-    if mode == "finish":
+    if not any(x.startswith("exit ") for x in lines):
+        # Slurm ended the run at its grace before the job's own exit (22.05 ends a grace on a
+        # 30 s sweep, so an exit a few seconds after the deadline may or may not come first):
+        # then it was requeued, never lost, and the next run did the work exactly once
+        assert o.restarts == 1 and "saved" not in lines and lines.index("work-2") > lines.index("run 1 start"), o.evidence()
+    elif mode == "finish":
         # a job that finished its own work is COMPLETED by that run (a requeue that raced its
-        # exit may run it once more: it then finds its work done and only says so)
+        # exit may run it once more: it then finds its work done and exits)
         assert lines.index("work-2") < next(i for i, x in enumerate(lines) if x.startswith("exit ")) + 2, o.evidence()
     else:
         assert o.restarts == 1 and "resumed" in lines and lines.index("saved") < lines.index("resumed"), o.evidence()
@@ -215,7 +222,10 @@ def test_the_exits_really_straddle_the_deadline(grace_run: dict[str, Outcome]) -
         lines = o.lines()
         sig = next((x.split() for x in lines if x.startswith("signal")), [])
         exits = [x.split() for x in lines if x.startswith("exit ")]
-        assert len(sig) == 4 and len(exits) == 1, (name, o.evidence())
+        assert len(sig) == 4, (name, o.evidence())
+        if not exits and offset > 0:
+            continue  # Slurm's sweep ended it at the deadline first (see _check): nothing to time
+        assert len(exits) == 1, (name, o.evidence())
         end_s, exit_t = float(sig[3]), float(exits[0][1])
         assert offset - 0.05 <= exit_t - end_s <= offset + 1.0, (name, exit_t - end_s, o.evidence())
 

@@ -2,7 +2,7 @@
 ``gpu-bridge run --dry-run`` runs its loop without ever creating or taking the Lease, so it
 cannot park the real daemon; ``run --once`` is refused (exit 1, the holder named) while another
 instance holds the Lease, and when the Lease is free takes it for its one iteration and gives
-it back. Slurm and Prometheus are unreachable here: what matters is the Lease, which each
+it back. Slurm (but for the start-up read of GraceTime) and Prometheus are unreachable here: what matters is the Lease, which each
 iteration settles before it reads anything (the daemon observes Slurm as unavailable). The same with fakes: tests/unit/test_one_writer.py."""
 
 from __future__ import annotations
@@ -36,7 +36,18 @@ def _config(c: Corner, tmp_path: Path, lease_ns: str) -> Path:
     seed_deployment(c.api, serving, "vllm", c.name("pool"), replicas=0, corner=c)  # the pool's (empty) Deployment
     doc["pools"][0].update({"namespace": serving, "deployment": "vllm"})
     doc["daemon"].update({"lease_namespace": lease_ns, "metrics_host": "127.0.0.1", "metrics_port": 0})
-    doc["slurm"].update({"slurm_conf": str(tmp_path / "no-slurm.conf"), "command_timeout_s": 1})  # every Slurm call fails
+    # Slurm answers only the start-up read of the preempt partition's GraceTime (the daemon will
+    # not run without it); every other Slurm call fails
+    slurm = tmp_path / "slurm-partition-only"
+    slurm.write_text(
+        "#!/bin/sh\n"
+        'if [ "$*" = "scontrol --oneliner show partition preempt" ]; then\n'
+        '  echo "PartitionName=preempt PriorityTier=1 PreemptMode=REQUEUE GraceTime=120 State=UP"; exit 0\n'
+        "fi\n"
+        "echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1\n"
+    )
+    slurm.chmod(0o755)
+    doc["slurm"].update({"command_prefix": [str(slurm)], "command_timeout_s": 1})
     doc["prometheus"]["url"] = "http://127.0.0.1:9"  # discard port: nothing answers
     return write_config(tmp_path / "gpu-bridge.yaml", doc)
 

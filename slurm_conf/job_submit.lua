@@ -34,6 +34,9 @@ local HOLD_JOB_PREFIX = "gpu-bridge-hold:" -- bridge.wellknown.SLURM_HOLD_JOB_PR
 -- gpu-bridge daemon runs as (`id -u gpu-bridge`), e.g. { [998] = true }. A uid, not a name:
 -- it is what slurmctld authenticated (munge), and Lua has no name lookup.
 local BRIDGE_UIDS = { }
+-- Uids that only read (`gpu-bridge web`'s, `id -u gpu-bridge-web`): Slurm refuses every job
+-- they submit or change, so the researchers' view can never act on Slurm, whatever runs as it.
+local READ_ONLY_UIDS = { }
 -- GraceTime of the preemptible partition, seconds; exported to jobs as GPU_BRIDGE_GRACE_S.
 local GRACE_S = 120
 -- slurm.conf's RequeueExit; exported to jobs as GPU_BRIDGE_REQUEUE_EXIT.
@@ -91,6 +94,9 @@ local function starts_with(s, prefix)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
+   if READ_ONLY_UIDS[submit_uid] == true then
+      return reject("uid " .. tostring(submit_uid) .. " is read-only (gpu-bridge web): it submits no jobs")
+   end
    local parts = requested_partitions(job_desc, part_list)
    local bridge = is_bridge(submit_uid)
 
@@ -121,6 +127,9 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   if READ_ONLY_UIDS[modify_uid] == true then
+      return reject("uid " .. tostring(modify_uid) .. " is read-only (gpu-bridge web): it changes no jobs")
+   end
    local parts = split_partitions(job_desc.partition)
    if #parts == 0 then
       parts = split_partitions(job_rec.partition)

@@ -28,6 +28,7 @@ from sandbox_fixtures import SlurmOnly, slurm_only
 ROOT = Path(__file__).resolve().parents[2]
 GRACE_S = 4
 BRIDGE_USER = "daemon"  # a non-root user standing for gpu-bridge's own (BRIDGE_UIDS)
+VIEW_USER = "sys"  # a user (not the other tests' "nobody") standing for gpu-bridge web's (READ_ONLY_UIDS)
 
 pytestmark = [
     pytest.mark.integration,
@@ -44,6 +45,9 @@ def lua_with_grace(name: str, grace_s: int) -> str:
         uid = pwd.getpwnam(BRIDGE_USER).pw_uid
         text, n = re.subn(r"^local BRIDGE_UIDS = \{ \}", f"local BRIDGE_UIDS = {{ [{uid}] = true }}", text, flags=re.M)
         assert n == 1, f"{name}: BRIDGE_UIDS setting not found"
+        view = pwd.getpwnam(VIEW_USER).pw_uid
+        text, n = re.subn(r"^local READ_ONLY_UIDS = \{ \}", f"local READ_ONLY_UIDS = {{ [{view}] = true }}", text, flags=re.M)
+        assert n == 1, f"{name}: READ_ONLY_UIDS setting not found"
     return text
 
 
@@ -70,6 +74,19 @@ def submit(c: SlurmOnly, *args: str, user: str | None = None) -> tuple[int, str,
 
 def show_job(c: SlurmOnly, job_id: str) -> dict[str, str]:
     return c.job(job_id)
+
+
+def test_the_web_views_uid_cannot_submit_a_job_but_reads(cluster: SlurmOnly) -> None:
+    """gpu-bridge web's Slurm identity only reads: slurmctld refuses any job it submits (and it
+    owns none to change: the script refuses its updates too, and Slurm others' jobs)."""
+    for part in ("preempt", "batch"):
+        rc, out, err = submit(cluster, "-p", part, user=VIEW_USER)
+        assert rc != 0 and "read-only (gpu-bridge web)" in err, (part, out, err)
+    rc, job, err = submit(cluster, "-p", "preempt")  # someone's job
+    assert rc == 0, err
+    r = cluster.run(["squeue", "--noheader", "-j", job, "-o", "%i"], user=VIEW_USER)  # reading works
+    assert r.returncode == 0 and r.stdout.strip() == job, r.stderr
+    cluster.run(["scancel", job])
 
 
 def test_no_requeue_rejected_in_preempt(cluster: SlurmOnly) -> None:

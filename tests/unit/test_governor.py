@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridge.config import Config, default_config
-from bridge.model import Governor, Reason
+from bridge.model import Governor, NodeState, Phase, Reason
 from bridge.policy.governor import ViolationLedger, govern, incident_minutes
 from bridge.simulate.baselines import BridgeController
 from bridge.simulate.engine import Setup, simulate
@@ -42,6 +42,14 @@ def config(budget: float, window_s: float = 2419200.0) -> Config:
     gov = dataclasses.replace(pol.governor, window_s=window_s)
     return dataclasses.replace(
         c, slurm=dataclasses.replace(c.slurm, grace_s=120.0), policy=dataclasses.replace(pol, calibration=cal, governor=gov)
+    )
+
+
+def half_lent(now: float) -> tuple[NodeState, ...]:
+    """Six nodes, n0-n2 lent for two hours, n3-n5 serving one Ready replica each."""
+    return tuple(
+        NodeState(f"n{i}", "default", Phase.LENT if i < 3 else Phase.SERVING, now - 7200, 4, None, int(i >= 3), i >= 3, "idle")
+        for i in range(6)
     )
 
 
@@ -104,15 +112,12 @@ def test_blind_with_a_finite_blind_serving_counts_the_whole_outage() -> None:
 
 
 def test_blind_the_governor_still_reclaims_every_lent_node_when_the_budget_is_held() -> None:
-    from bridge.model import ClusterView, LoadSignals, NodeState, Phase, PoolState
+    from bridge.model import ClusterView, LoadSignals, PoolState
     from bridge.policy import plan
 
     cfg = config(0.001)
     now = 1_000_000.0
-    nodes = tuple(
-        NodeState(f"n{i}", "default", Phase.LENT if i < 3 else Phase.SERVING, now - 7200, 4, None, int(i >= 3), i >= 3, "idle")
-        for i in range(6)
-    )
+    nodes = half_lent(now)
     old = tuple(LoadSignals(now - 3600 + 30 * k, 4.0, 0.0, 0.2, 200.0, 3) for k in range(20))  # none since
     ok = govern(spent_min=0, budget_min=20.0, incident_min=12, window_s=86400)
     held = govern(spent_min=10, budget_min=20.0, incident_min=12, window_s=86400)
@@ -135,15 +140,12 @@ def test_ledger_forgets_minutes_that_left_the_window() -> None:
 
 
 def test_plan_reclaims_every_lent_node_and_lends_nothing_when_the_budget_is_held() -> None:
-    from bridge.model import ClusterView, LoadSignals, NodeState, Phase, PoolState
+    from bridge.model import ClusterView, LoadSignals, PoolState
     from bridge.policy import plan
 
     cfg = config(0.001)
     now = 1_000_000.0
-    nodes = tuple(
-        NodeState(f"n{i}", "default", Phase.LENT if i < 3 else Phase.SERVING, now - 7200, 4, None, int(i >= 3), i >= 3, "idle")
-        for i in range(6)
-    )
+    nodes = half_lent(now)
     hist = tuple(LoadSignals(now - 600 + 30 * k, 24.0, 0.0, 0.8, 2000.0, 3) for k in range(20))
     held = govern(spent_min=10, budget_min=20.0, incident_min=12, window_s=86400)
     ps = PoolState("default", hist[-1], hist, 3, 3, governor=held)

@@ -6,6 +6,8 @@
     .venv/bin/python scripts/bench_harvest.py --suite [--seeds 1 2 3] [--history-days 1]
     .venv/bin/python scripts/bench_harvest.py --day-slices [--trace FILE ...]
     .venv/bin/python scripts/bench_harvest.py --stress [--seeds 1 2 3]
+    .venv/bin/python scripts/bench_harvest.py --latency-grid [--seeds 1 2 3] [--grid-json F] [--grid-plot F.png]
+    .venv/bin/python scripts/bench_harvest.py --latency-grid --grid-from F1.json F2.json [--grid-plot F.png]
 
 Setup: 24 nodes x 4 GPUs, the busiest 10-minute window needs 20 replicas, 5-min cold
 start, 2-min Slurm grace, the config's other defaults. Prints the table of the four policies
@@ -84,7 +86,14 @@ def main() -> int:
     ap.add_argument("--stress", action="store_true",
                     help="stress cases built from the development traces (splices, level shifts, burstier, data gaps)")
     ap.add_argument("--case", default="", metavar="TEXT", help="--stress: only the cases whose name contains TEXT")
+    ap.add_argument("--latency-grid", action="store_true",
+                    help="suite mode: the dev set over grace x cold start (the latency frontier; --seeds)")
+    ap.add_argument("--grid-json", metavar="FILE", help="--latency-grid: write the cells as JSON (after each cell)")
+    ap.add_argument("--grid-plot", metavar="FILE.png", help="--latency-grid: a PNG of the frontier")
+    ap.add_argument("--grid-from", nargs="+", metavar="FILE", help="--latency-grid: render saved JSON grids, run nothing")
     args = ap.parse_args()
+    if args.latency_grid:
+        return latency_grid(args)
     if args.day_slices:
         return day_slices(args)
     if args.stress:
@@ -605,6 +614,41 @@ def day_slices(args: argparse.Namespace) -> int:
             f"{sum(r[3].slo_violation_minutes for r in rows):6d}  {'; '.join(misses) or '-'}",
             flush=True,
         )
+    return 0
+
+
+def latency_grid(args: argparse.Namespace) -> int:
+    """The latency frontier (``scripts/latency_grid.py``): bridge and the same-delay oracle per
+    cell of grace x cold start on every trace and seed; the table, then the JSON and the plot."""
+    import latency_grid as lg
+
+    if args.grid_from:
+        cells = lg.load(args.grid_from)
+    else:
+        cfg, paths = _suite_setup(args, default_suite=True)
+        seeds = args.seeds or [args.seed]
+        spec = lg.GridSpec(nodes=args.nodes, peak_replicas=args.peak_replicas, days=args.days,
+                           history_days=args.history_days, cold_start_cv=args.cold_start_cv, max_cv=args.max_cv)
+        print(f"latency grid: {args.nodes} nodes x 4 GPUs, busiest 10-min window = {args.peak_replicas:g} replicas, "
+              f"grace {lg.GRACES_S} s x cold start {lg.COLD_STARTS_S} s (lognormal, cv {args.cold_start_cv:g}), "
+              f"seeds {seeds}; slo_budget {cfg.pools[0].slo_budget:g}" + (f"; overrides {', '.join(args.set)}" if args.set else ""),
+              flush=True)
+        meta: dict[str, object] = {"argv": sys.argv[1:], "spec": dataclasses.asdict(spec), "seeds": seeds}
+        done: list[Any] = []
+
+        def on_cell(c: Any) -> None:
+            done.append(c)
+            print(f"  {c.trace:<20} seed {c.seed} grace {c.grace_s:5g} cold {c.cold_start_s:5g}: {c.frac:6.1%} of oracle, "
+                  f"viol {c.viol} vs bound {c.bound:.1f}", flush=True)
+            if args.grid_json:
+                lg.save(done, args.grid_json, meta)
+
+        cells = lg.run_grid(cfg, paths, spec, seeds, on_cell=on_cell)
+    print()
+    print(lg.render(cells))
+    if args.grid_plot:
+        lg.plot(cells, args.grid_plot)
+        print(f"plot: {args.grid_plot}")
     return 0
 
 

@@ -234,3 +234,22 @@ class Leader(LeaseHolder, Protocol):
     def try_acquire_or_renew(self) -> bool: ...
 
     def release(self) -> bool: ...
+
+
+# --- vLLM's sleep mode (warm lending) --------------------------------------------------------
+
+
+@runtime_checkable
+class SleepControl(Protocol):
+    """One vLLM server's sleep mode (``bridge.adapters.vllm.VllmSleepClient``): each call
+    returns once vLLM has done it, and raises AdapterError on any other answer."""
+
+    def sleep(self, level: int = 1) -> None:
+        """Level 1: weights to host memory, KV cache discarded; level 2: both discarded."""
+        ...
+
+    def wake_up(self, tags: Collection[str] = ()) -> None:
+        """Wake ``tags`` (``weights``, ``kv_cache``; empty: everything)."""
+        ...
+
+    def is_sleeping(self) -> bool: ...

@@ -20,7 +20,7 @@ from bridge.adapters.slurm.cli import CliSlurm
 from bridge.adapters.wrappers import DryRunKube, DryRunSlurm, FencedKube, FencedSlurm, lease_fence
 from bridge.config import Config
 from bridge.errors import ConfigError
-from bridge.leader import LeaderElector, default_identity
+from bridge.adapters.kube.lease import LeaderElector, default_identity
 
 log = logs.get(__name__)
 

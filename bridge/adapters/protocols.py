@@ -6,7 +6,7 @@ slurm-operator: the daemon asks for "drain this node for serving", "hold this no
 a command line or a raw patch). Every write is idempotent: True = a change was written, False =
 it already was so. The real implementations are ``bridge.adapters.kube.KubeAdapter``,
 ``bridge.adapters.slurm.CliSlurm``, ``bridge.adapters.prom.PromAdapter`` and
-``bridge.leader.LeaderElector``; ``tests/contract/test_fake_parity.py`` runs the same
+``bridge.adapters.kube.lease.LeaderElector``; ``tests/contract/test_fake_parity.py`` runs the same
 assertions against them and the fakes, so the two cannot drift.
 
 The value types are imported for type checking only: this module must be importable from the

@@ -1,6 +1,6 @@
 """The documents behind each page (and its JSON endpoint), from what the adapters read. Pure:
 no I/O, ``now`` passed in; the numbers come from the daemon's own functions
-(``daemon_cli.status_rows``, ``policy.victims.job_loss_gpu_hours``, ``policy.outlook``)."""
+(``cli.daemon.status_rows``, ``policy.victims.job_loss_gpu_hours``, ``policy.outlook``)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from bridge import cli, daemon_cli
+from bridge import cli
+from bridge.cli import daemon as daemon_cli
 from bridge import wellknown as wk
 from bridge.adapters.prom import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, SlurmAdapterProtocol

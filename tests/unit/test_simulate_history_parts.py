@@ -14,7 +14,7 @@ import pytest
 
 from bridge.adapters.prom import PromPool, build_request_query, parse_request_range
 from bridge.config import TargetConfig
-from bridge.simulate.cli import parse_duration, parse_time
+from bridge.cli.simulate import parse_duration, parse_time
 from bridge.simulate.history import HistoryError, build_history_load, trace_csv
 from bridge.trace import load_trace
 from bridge.adapters.prom import RequestHistory

@@ -174,7 +174,7 @@ def outlook_doc(got: PoolOutlook, answer: str | None = None) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from bridge.policy.outlook import OUTLOOK_LAGS_S
-    from bridge.simulate.cli import parse_duration, parse_time
+    from bridge.cli.simulate import parse_duration, parse_time
 
     def fail(code: int, lines: list[str]) -> int:
         for line in lines:

@@ -101,7 +101,8 @@ def read_outlook(
     """The pool's lendable outlook from Prometheus' history (read-only): the history read the
     way the daemon reads it, then ``lendable_outlook`` with ``outlook_calibration``. Raises
     AdapterError (Prometheus) or NoHistoryError."""
-    from bridge.adapters.prom import PromPool, history_chunked, selector
+    from bridge.adapters.prom.history import history_chunked
+    from bridge.adapters.prom.types import PromPool, selector
     from bridge.policy.demand import replicas_needed
     from bridge.policy.outlook import OUTLOOK_STEP_S, lendable_outlook, outlook_calibration, outlook_span_s
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from bridge.adapters.prom import DaemonHistory
+from bridge.adapters.prom.types import DaemonHistory
 from bridge.adapters.slurm.types import SlurmJobInfo
 from bridge.policy.outlook import HourOutlook, first_free_window
 from bridge.policy.victims import job_loss_gpu_hours

@@ -16,7 +16,7 @@ from bridge import logs
 from bridge.adapters.kube.client import api_client_from_config
 from bridge.adapters.kube.events import NodeEventReader
 from bridge.adapters.kube.objects import NodeEvent
-from bridge.adapters.prom import DaemonHistory, PromPool
+from bridge.adapters.prom.types import DaemonHistory, PromPool
 from bridge.adapters.slurm.types import SlurmJobInfo
 from bridge.adapters.wrappers import DryRunKube, DryRunSlurm
 from bridge.config import Config, replace

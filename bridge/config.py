@@ -530,7 +530,7 @@ class LogLevel(enum.StrEnum):
 
 
 # A leader's Lease holds for this fraction of daemon.lease_duration_s after a renewal (the renew
-# deadline, bridge.leader), and a renewal request needs at least LEASE_RENEWAL_MIN_S of it: a
+# deadline, bridge.adapters.kube.lease), and a renewal request needs at least LEASE_RENEWAL_MIN_S of it: a
 # Slurm command that changes something runs only while leadership lasts its whole timeout.
 RENEW_DEADLINE_FRACTION = 2 / 3
 LEASE_RENEWAL_MIN_S = 0.5

@@ -3,7 +3,7 @@
 ``check(config, settings, partitions)`` takes slurmctld's running settings (``scontrol show
 config``) and partitions (``scontrol show partition``) as dicts and returns what is missing or
 conflicting, each with the key, what was found, why gpu-bridge needs otherwise and the fix.
-No I/O: ``gpu-bridge check-slurm`` (bridge.slurm_check_cli) reads Slurm and prints the result.
+No I/O: ``gpu-bridge check-slurm`` (bridge.cli.check_slurm) reads Slurm and prints the result.
 
 Why a check and not a slurm.conf to paste: PreemptType, PreemptMode, SlurmctldParameters,
 JobSubmitPlugins, CliFilterPlugins and RequeueExit are cluster-wide; a second line appended to

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bridge.config import Config, default_config, load_config, parse_config, to_dict  # noqa: E402
 from bridge.simulate.baselines import BridgeController, OracleController, ReactiveController, make_controller  # noqa: E402
-from bridge.simulate.cli import apply_overrides  # noqa: E402
+from bridge.cli.simulate import apply_overrides  # noqa: E402
 from bridge.simulate.engine import DEFAULT_START_UNIX, Metrics, Result, Setup, simulate  # noqa: E402
 from bridge.simulate.report import table  # noqa: E402
 from bridge.simulate.workload import build_workload, split_history  # noqa: E402

@@ -20,7 +20,7 @@ import numpy as np
 
 from bridge.config import Config
 from bridge.simulate.baselines import make_controller
-from bridge.simulate.cli import apply_overrides
+from bridge.cli.simulate import apply_overrides
 from bridge.simulate.engine import DEFAULT_START_UNIX, Setup, simulate
 from bridge.simulate.workload import build_workload, split_history
 from bridge.trace import load_trace

@@ -22,7 +22,7 @@ from bridge.model import JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, Nod
 
 
 class KubeNode(Protocol):
-    """What observe needs of a Kubernetes node (bridge.adapters.kube.NodeInfo); read-only."""
+    """What observe needs of a Kubernetes node (bridge.adapters.kube.objects.NodeInfo); read-only."""
 
     @property
     def name(self) -> str: ...
@@ -45,7 +45,7 @@ class KubeNode(Protocol):
 
 
 class KubePod(Protocol):
-    """What observe needs of a serving pod (bridge.adapters.kube.PodInfo); read-only."""
+    """What observe needs of a serving pod (bridge.adapters.kube.objects.PodInfo); read-only."""
 
     @property
     def name(self) -> str: ...
@@ -60,7 +60,7 @@ class KubePod(Protocol):
 
 
 class SlurmNodeLike(Protocol):
-    """What observe needs of a Slurm node (bridge.adapters.slurm.SlurmNode); read-only."""
+    """What observe needs of a Slurm node (bridge.adapters.slurm.types.SlurmNode); read-only."""
 
     @property
     def name(self) -> str: ...

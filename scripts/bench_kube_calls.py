@@ -20,7 +20,8 @@ from kubernetes import client as k8s
 
 from bridge import logs
 from bridge import wellknown as wk
-from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config
+from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
+from bridge.adapters.protocols import PoolTarget
 from bridge.model import Phase
 
 

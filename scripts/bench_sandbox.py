@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bridge import logs
-from bridge.adapters.slurm import CliSlurm
+from bridge.adapters.slurm.cli import CliSlurm
 from gpu_bridge_lab.sandbox.cluster import Sandbox
 
 SCRIPT = """#!/bin/bash

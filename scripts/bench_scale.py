@@ -54,7 +54,8 @@ sys.path.insert(0, str(ROOT))
 
 from bridge import logs  # noqa: E402
 from bridge import wellknown as wk  # noqa: E402
-from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config  # noqa: E402
+from bridge.adapters.kube.client import KubeAdapter, api_client_from_config  # noqa: E402
+from bridge.adapters.protocols import PoolTarget  # noqa: E402
 from bridge.adapters.prom.types import PromPool, SignalsReading  # noqa: E402
 from bridge.adapters.slurm.cli import CliSlurm, CommandResult  # noqa: E402
 from bridge.config import default_config  # noqa: E402

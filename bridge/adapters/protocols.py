@@ -4,8 +4,8 @@ wrappers and the lab's fakes all implement or hold.
 Each outside system has a read side and an intent-level write side (in the spirit of Slinky's
 slurm-operator: the daemon asks for "drain this node for serving", "hold this node", never for
 a command line or a raw patch). Every write is idempotent: True = a change was written, False =
-it already was so. The real implementations are ``bridge.adapters.kube.KubeAdapter``,
-``bridge.adapters.slurm.CliSlurm``, ``bridge.adapters.prom.signals.PromAdapter`` and
+it already was so. The real implementations are ``bridge.adapters.kube.client.KubeAdapter``,
+``bridge.adapters.slurm.cli.CliSlurm``, ``bridge.adapters.prom.signals.PromAdapter`` and
 ``bridge.adapters.kube.lease.LeaderElector``; ``tests/contract/test_fake_parity.py`` runs the same
 assertions against them and the fakes, so the two cannot drift.
 

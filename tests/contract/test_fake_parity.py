@@ -21,14 +21,16 @@ import pytest
 from kube_contract import Kube, Serving, make_node
 
 from bridge import wellknown as wk
-from bridge.adapters.kube import EvictOutcome, KubeAdapter, KubeApiError, api_client_from_config
+from bridge.adapters.kube.calls import KubeApiError
+from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
+from bridge.adapters.kube.objects import EvictOutcome
 from bridge.adapters.protocols import (
     KubeAdapterProtocol,
     Leader,
     PoolTarget,
     SlurmAdapterProtocol,
 )
-from bridge.adapters.slurm import CliSlurm, NotOursError
+from bridge.adapters.slurm.cli import CliSlurm, NotOursError
 from bridge.adapters.kube.lease import LeaderElector
 from bridge.model import Phase, Pin
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeLeader

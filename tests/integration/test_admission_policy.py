@@ -18,7 +18,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from bridge import wellknown as wk
-from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config
+from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
+from bridge.adapters.protocols import PoolTarget
 from bridge.model import Phase, Pin
 from test_kube_adapter_support import Corner, corner, ensure_namespace, raw, seed_node, wait_for  # noqa: F401 (corner: fixture)
 

@@ -19,7 +19,9 @@ import pytest
 from kubernetes import client as k8s
 
 from bridge import wellknown as wk
-from bridge.adapters.kube import EvictOutcome, KubeAdapter, PoolTarget, api_client_from_config
+from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
+from bridge.adapters.kube.objects import EvictOutcome
+from bridge.adapters.protocols import PoolTarget
 from bridge.model import Phase
 from gpu_bridge_lab.sandbox.faultproxy import FaultProxy
 

@@ -19,7 +19,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from bridge import wellknown as wk
-from bridge.adapters.kube import api_client_from_config
+from bridge.adapters.kube.client import api_client_from_config
 from gpu_bridge_lab.sandbox.faultproxy import FaultProxy, proxied_kubeconfig  # noqa: F401 (re-exported for the tests)
 
 

@@ -28,7 +28,7 @@ CANDIDATE = r"""
 import json, signal, sys, time
 from bridge import logs
 logs.configure(json=True, stream=sys.stderr)  # stdout carries only our JSON lines
-from bridge.adapters.kube import api_client_from_config
+from bridge.adapters.kube.client import api_client_from_config
 from bridge.adapters.kube.lease import LeaderElector
 kubeconfig, identity, lease_s, namespace = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 e = LeaderElector(api_client_from_config(kubeconfig=kubeconfig), namespace=namespace, identity=identity,

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from bridge.adapters.kube import api_client_from_config
+from bridge.adapters.kube.client import api_client_from_config
 from bridge.config import default_config, to_dict
 from bridge.adapters.kube.lease import LeaderElector
 from gpu_bridge_lab.sandbox.daemon_config import write_config

@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from bridge import wellknown as wk
-from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config
+from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
+from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.kube.lease import LeaderElector
 from bridge.model import Phase
 from gpu_bridge_lab.sandbox.realkube.component import RBAC_MANIFEST, apply_rbac

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from bridge import logs
-from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config
+from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
+from bridge.adapters.protocols import PoolTarget
 from bridge.errors import AdapterError
 from bridge.adapters.kube.lease import LeaderElector
 from bridge.model import Phase

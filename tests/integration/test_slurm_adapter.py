@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from bridge import wellknown
-from bridge.adapters.slurm import CliSlurm, NotOursError, SlurmJobInfo
+from bridge.adapters.slurm.cli import CliSlurm, NotOursError
+from bridge.adapters.slurm.types import SlurmJobInfo
 from bridge.errors import AdapterError
 from gpu_bridge_lab.sandbox.cluster import Sandbox
 

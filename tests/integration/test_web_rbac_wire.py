@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bridge.adapters.kube import api_client_from_config
+from bridge.adapters.kube.client import api_client_from_config
 from bridge.adapters.kube.events import NodeEventReader
 from gpu_bridge_lab.sandbox.realkube.component import WEB_RBAC_MANIFEST, apply_rbac
 

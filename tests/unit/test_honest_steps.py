@@ -10,7 +10,7 @@ import pytest
 
 from bridge.actuate import Actuator
 from bridge.adapters.protocols import PoolTarget
-from bridge.adapters.slurm import CliSlurm, CommandResult
+from bridge.adapters.slurm.cli import CliSlurm, CommandResult
 from bridge.errors import AdapterError
 from bridge.lifecycle import NodeFacts, PreemptedJob, Step
 from bridge.model import Phase

@@ -243,7 +243,7 @@ def test_error_text_is_capped_and_redacts_tokens() -> None:
 
 
 def test_missing_kubeconfig_is_an_adapter_error(tmp_path: Any) -> None:
-    from bridge.adapters.kube import api_client_from_config
+    from bridge.adapters.kube.client import api_client_from_config
     from bridge.errors import AdapterError
 
     with pytest.raises(AdapterError, match=r"^kubernetes: cannot load kubeconfig configuration: "):
@@ -251,7 +251,7 @@ def test_missing_kubeconfig_is_an_adapter_error(tmp_path: Any) -> None:
 
 
 def test_kubeconfig_loads_unchanged(tmp_path: Any) -> None:
-    from bridge.adapters.kube import api_client_from_config
+    from bridge.adapters.kube.client import api_client_from_config
 
     path = tmp_path / "kubeconfig"
     path.write_text(

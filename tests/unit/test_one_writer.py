@@ -17,7 +17,7 @@ from bridge.cli import daemon as daemon_cli
 from bridge import wellknown as wk
 from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, SlurmAdapterProtocol
-from bridge.adapters.slurm import CliSlurm
+from bridge.adapters.slurm.cli import CliSlurm
 from bridge.adapters.slurm.cli import changes_slurm
 from bridge.adapters.wrappers import DryRunKube, DryRunSlurm, FencedKube, FencedSlurm, NotLeaderError, lease_fence
 from bridge.config import default_config, parse_config, to_dict

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge.adapters.kube import api_client_from_config
+from bridge.adapters.kube.client import api_client_from_config
 from bridge.config import default_config, parse_config
 from bridge.errors import AdapterError, ConfigError
 from bridge.metrics import BridgeMetrics, serve

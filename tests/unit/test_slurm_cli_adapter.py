@@ -9,16 +9,8 @@ from pathlib import Path
 import pytest
 
 from bridge import wellknown
-from bridge.adapters.slurm import (
-    CliSlurm,
-    CommandResult,
-    NotOursError,
-    SlurmAdapterProtocol,
-    SlurmReader,
-    SlurmWriter,
-    SubprocessRunner,
-    drain_reason,
-)
+from bridge.adapters.protocols import SlurmAdapterProtocol, SlurmReader, SlurmWriter
+from bridge.adapters.slurm.cli import CliSlurm, CommandResult, NotOursError, SubprocessRunner, drain_reason
 from bridge.errors import AdapterError
 from tests.slurm_text import scontrol_node, sdiag, squeue_filtered
 

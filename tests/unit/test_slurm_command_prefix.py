@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from bridge.adapters.slurm import CliSlurm, SubprocessRunner, parse_nodes
+from bridge.adapters.slurm.cli import CliSlurm, SubprocessRunner
+from bridge.adapters.slurm.parse import parse_nodes
 from bridge.config import parse_config
 from bridge.errors import AdapterError, ConfigError
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.adapters.slurm import CliSlurm, SubprocessRunner
+from bridge.adapters.slurm.cli import CliSlurm, SubprocessRunner
 
 FAKE_SSH = """#!/bin/sh
 # like ssh + sshd: options, the host, then the rest joined with spaces for the remote shell

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.adapters.slurm import NotOursError, SlurmAdapterProtocol, SlurmReader, SlurmWriter
+from bridge.adapters.protocols import SlurmAdapterProtocol, SlurmReader, SlurmWriter
+from bridge.adapters.slurm.cli import NotOursError
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.errors import AdapterError
 

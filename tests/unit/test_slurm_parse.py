@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.adapters.slurm import checkpoint_time, expand, gpu_count, parse_jobs, parse_nodes
+from bridge.adapters.slurm.hostlist import expand
+from bridge.adapters.slurm.parse import checkpoint_time, gpu_count, parse_jobs, parse_nodes
 from bridge.adapters.slurm.parse import signal_save_s
 from bridge.names import validate_job_id, validate_node_name
 from bridge.adapters.slurm.parse import parse_ping

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.adapters.slurm import parse_jobs, parse_nodes
+from bridge.adapters.slurm.parse import parse_jobs, parse_nodes
 from bridge.adapters.slurm.parse import parse_scontrol_node
 from bridge.errors import AdapterError
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from bridge.config import Config
-from bridge.model import Phase, Tier
+from bridge.model import Action, ClusterView, Phase, Tier
 from bridge.simulate.baselines import make_controller
-from bridge.simulate.engine import DEFAULT_START_UNIX, Engine, Setup, simulate
+from bridge.simulate.engine import DEFAULT_START_UNIX, Controller, Engine, Setup, simulate
 from bridge.simulate.research import TIERED_MIX, JobMix
 from bridge.simulate.workload import build_workload, split_history
 from bridge.trace import load_trace
@@ -63,18 +63,18 @@ def with_fast_tier(cfg: Config, fast_grace_s: float | None = None) -> Config:
 class _Counting:
     """Wraps a controller; counts the lent nodes of each tier on every tick."""
 
-    def __init__(self, inner: object) -> None:
+    def __init__(self, inner: Controller) -> None:
         self.inner = inner
         self.name = getattr(inner, "name", "bridge")
         self.fast = 0
         self.lent = 0
 
-    def decide(self, view):  # type: ignore[no-untyped-def]
+    def decide(self, view: ClusterView) -> Sequence[Action]:
         for n in view.nodes:
             if n.phase is Phase.LENT:
                 self.lent += 1
                 self.fast += n.tier is Tier.FAST
-        return self.inner.decide(view)  # type: ignore[attr-defined]
+        return self.inner.decide(view)
 
 
 def run_one(cfg: Config, path: str, seed: int, *, nodes: int = 24, peak_replicas: float = 20.0, days: float | None = None,
@@ -92,7 +92,7 @@ def run_one(cfg: Config, path: str, seed: int, *, nodes: int = 24, peak_replicas
     o = simulate(s_off, make_controller("oracle", s_off)).metrics
     off = simulate(s_off, make_controller("bridge", s_off)).metrics
     ctl = _Counting(make_controller("bridge", s_on))
-    on = Engine(s_on, ctl).run().metrics  # type: ignore[arg-type]
+    on = Engine(s_on, ctl).run().metrics
     return TierRun(
         trace=Path(path).name.removesuffix(".csv"), seed=seed, days=off.trace_minutes / 1440.0,
         oracle_gpu_h=o.lent_gpu_hours, oracle_viol=o.slo_violation_minutes, allowed=BOUND_SHARE * off.trace_minutes,
@@ -120,7 +120,7 @@ def run_all(cfg: Config, paths: Sequence[str], seeds: Sequence[int], *, on_run: 
     out: list[TierRun] = []
     for seed in seeds:
         for p in paths:
-            r = run_one(cfg, p, seed, **kw)  # type: ignore[arg-type]
+            r = run_one(cfg, p, seed, **kw)  # type: ignore[arg-type]  # the keywords of run_one
             out.append(r)
             if on_run is not None:
                 on_run(r)

@@ -139,3 +139,18 @@ def test_the_bound_holds_with_the_tier_on() -> None:
     o = simulate(s, make_controller("oracle", s))
     assert b.metrics.slo_violation_minutes <= o.metrics.slo_violation_minutes + 0.001 * b.metrics.trace_minutes
     assert b.metrics.lent_gpu_hours > 0.5 * o.metrics.lent_gpu_hours
+
+
+def test_bench_harvest_fast_tier_prints_off_and_on_per_trace() -> None:
+    import subprocess
+    import sys
+
+    trace = ROOT / "bridge" / "data" / "traces" / "azure2024-code.csv"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_harvest.py"), "--fast-tier", "--days", "1", "--trace", str(trace)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("azure2024-code ")]
+    assert len(rows) == 1 and rows[0].split()[1] == "1"
+    assert any(line.startswith("azure2024-code: tier on - off = ") for line in out.stdout.splitlines())

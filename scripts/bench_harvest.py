@@ -8,6 +8,7 @@
     .venv/bin/python scripts/bench_harvest.py --stress [--seeds 1 2 3]
     .venv/bin/python scripts/bench_harvest.py --latency-grid [--seeds 1 2 3] [--grid-json F] [--grid-plot F.png]
     .venv/bin/python scripts/bench_harvest.py --latency-grid --grid-from F1.json F2.json [--grid-plot F.png]
+    .venv/bin/python scripts/bench_harvest.py --fast-tier [--seeds 1 2 3]
 
 Setup: 24 nodes x 4 GPUs, the busiest 10-minute window needs 20 replicas, 5-min cold
 start, 2-min Slurm grace, the config's other defaults. Prints the table of the four policies
@@ -91,9 +92,13 @@ def main() -> int:
     ap.add_argument("--grid-json", metavar="FILE", help="--latency-grid: write the cells as JSON (after each cell)")
     ap.add_argument("--grid-plot", metavar="FILE.png", help="--latency-grid: a PNG of the frontier")
     ap.add_argument("--grid-from", nargs="+", metavar="FILE", help="--latency-grid: render saved JSON grids, run nothing")
+    ap.add_argument("--fast-tier", action="store_true",
+                    help="suite mode: bridge with the fast-grace tier off and on (job mix with both tiers; --seeds)")
     args = ap.parse_args()
     if args.latency_grid:
         return latency_grid(args)
+    if args.fast_tier:
+        return fast_tier(args)
     if args.day_slices:
         return day_slices(args)
     if args.stress:
@@ -649,6 +654,26 @@ def latency_grid(args: argparse.Namespace) -> int:
     if args.grid_plot:
         lg.plot(cells, args.grid_plot)
         print(f"plot: {args.grid_plot}")
+    return 0
+
+
+def fast_tier(args: argparse.Namespace) -> int:
+    """The fast-grace tier's gain (``scripts/tier_gain.py``): per trace and seed, bridge with
+    the tier off and on against the same oracle and bound."""
+    import tier_gain as tg
+
+    cfg, paths = _suite_setup(args, default_suite=True)
+    seeds = args.seeds or [args.seed]
+    print(f"fast tier: {args.nodes} nodes x 4 GPUs, busiest 10-min window = {args.peak_replicas:g} replicas, cold start 300 s "
+          f"(cv {args.cold_start_cv:g}), grace 120 s, fast grace {cfg.slurm.fast_grace_s:g} s, job mix with both tiers "
+          f"(30 % fast-tier jobs), seeds {seeds}; slo_budget {cfg.pools[0].slo_budget:g}"
+          + (f"; overrides {', '.join(args.set)}" if args.set else ""), flush=True)
+    print(tg.header(), flush=True)
+    runs = tg.run_all(cfg, paths, seeds, on_run=lambda r: print(tg.row(r), flush=True), nodes=args.nodes,
+                      peak_replicas=args.peak_replicas, days=args.days, history_days=args.history_days,
+                      cold_start_cv=args.cold_start_cv)
+    print()
+    print(tg.summary(runs))
     return 0
 
 

@@ -20,10 +20,22 @@ Per pool (pools in name order), in units of whole nodes:
    fit in ``serving_now - k``; only with fresh, complete signals, a fully observed
    stabilization window and no capacity in transit.
 7. Budgets: ``max_reclaims_per_tick`` (urgent pools first) and ``max_lends_per_tick``.
+
+The fast-grace tier (``slurm.fast_partition``): a node is lent to one tier at a time
+(``NodeState.tier``, ``Action.tier``), and each lent node is planned with its tier's release
+time. Nothing can serve sooner than the fast horizon (fast grace + cold start + ...), so
+``serving_now`` must cover the forecast over it; a fast-tier node reclaimed later is still
+back within the normal horizon, so ``serving_now`` + the fast-tier nodes lent must cover the
+forecast over that one, and only that shortfall needs normal-tier victims. Every other
+reclaim takes fast-tier nodes first. Lending: up to the fast-tier backlog
+(``ClusterView.pending_fast_nodes``) goes to the fast tier, bounded by the fast horizon's
+forecast; the rest to the normal tier, bounded by both. With no fast partition the plan is
+exactly the single-tier one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -41,12 +53,13 @@ from bridge.model import (
     PoolDecision,
     PoolState,
     Reason,
+    Tier,
 )
 from bridge.policy import calendar
 from bridge.policy.calibrate import nodes_with_margin
 from bridge.policy.demand import Demand, demand
 from bridge.policy.forecast import Forecast, forecast, horizon_s, lend_horizon_s
-from bridge.policy.victims import choose_victims
+from bridge.policy.victims import VictimChoice, choose_victims
 
 _TRANSIT = (Phase.LENDING, Phase.RECLAIMING, Phase.RETURNING)
 _COMMITTED = (Phase.SERVING, Phase.RECLAIMING, Phase.RETURNING)
@@ -68,6 +81,9 @@ class _PoolWork:
     urgent: bool
     allow_young: bool
     respect_min_lend: bool
+    lend_fast: int = 0  # of lend_count, lent to the fast tier (the first ones)
+    reclaim_normal: int = 0  # of reclaim_count, that must be normal-tier nodes (the rest: fast first)
+    tiered: bool = False  # slurm.fast_partition is set
 
 
 def plan(view: ClusterView, config: Config) -> Plan:
@@ -108,16 +124,7 @@ def plan(view: ClusterView, config: Config) -> Plan:
         cands = w.reclaimable
         if w.respect_min_lend:
             cands = [n for n in cands if now - n.phase_since >= config.policy.min_lend_s]
-        choice = choose_victims(
-            cands,
-            take,
-            view.jobs,
-            now,
-            rule=config.policy.victims,
-            min_runtime_s=config.slurm.min_runtime_s,
-            allow_young=w.allow_young,
-            grace_s=config.slurm.grace_s,
-        )
+        choice = _victims(w, cands, take, view, config)
         budget -= len(choice.nodes)
         for i, name in enumerate(choice.nodes):
             jobs = choice.jobs.get(name, ())
@@ -156,8 +163,11 @@ def plan(view: ClusterView, config: Config) -> Plan:
         if w.lend_count <= 0:
             continue
         take = min(w.lend_count, budget, len(w.lendable))
-        for n in w.lendable[:take]:
-            actions.append(Action(ActionKind.LEND, n.name, w.cfg.name, Reason.LOW_FORECAST, f"lend {n.name}: {w.lend_detail}"))
+        for i, n in enumerate(w.lendable[:take]):
+            tier = Tier.FAST if i < w.lend_fast else Tier.NORMAL
+            actions.append(Action(ActionKind.LEND, n.name, w.cfg.name, Reason.LOW_FORECAST,
+                                  f"lend {n.name}" + (f" to the {tier.value} tier" if w.tiered else "") + f": {w.lend_detail}",
+                                  tier=tier))
         budget -= take
         if take < w.lend_count:
             d = decisions[w.cfg.name]
@@ -172,6 +182,39 @@ def plan(view: ClusterView, config: Config) -> Plan:
         pools=tuple(decisions[w.cfg.name] for w in works),
         held=held,
         hold_reasons=codes,
+    )
+
+
+def _victims(w: _PoolWork, cands: Sequence[NodeState], take: int, view: ClusterView, config: Config) -> VictimChoice:
+    """The reclaim's victims: with the fast tier, first the normal-tier nodes only they can
+    replace (``reclaim_normal``), then the rest fast-tier first (back one normal grace sooner)."""
+
+    def pick(nodes: Sequence[NodeState], count: int, fast_first: bool) -> VictimChoice:
+        return choose_victims(
+            nodes,
+            count,
+            view.jobs,
+            view.now,
+            rule=config.policy.victims,
+            min_runtime_s=config.slurm.min_runtime_s,
+            allow_young=w.allow_young,
+            grace_s=config.slurm.grace_s,
+            fast_first=fast_first,
+        )
+
+    if not w.tiered:
+        return pick(cands, take, False)
+    first = pick([n for n in cands if n.tier is Tier.NORMAL], min(w.reclaim_normal, take), False)
+    if len(first.nodes) >= take:
+        return first
+    chosen = set(first.nodes)
+    rest = pick([n for n in cands if n.name not in chosen], take - len(first.nodes), True)
+    return VictimChoice(
+        first.nodes + rest.nodes,
+        {**first.jobs, **rest.jobs},
+        first.lost_gpu_hours + rest.lost_gpu_hours,
+        rest.short,
+        rest.short_because_young,
     )
 
 
@@ -237,6 +280,11 @@ class _Tick:
         self.lent_now = sum(1 for n in nodes if n.phase in (Phase.LENDING, Phase.LENT))
         self.in_transit = sum(1 for n in nodes if n.phase in (Phase.RECLAIMING, Phase.RETURNING))
         self.reclaimable = [n for n in movable if n.phase is Phase.LENT]
+        # lent to the fast tier (lending ones too: back within the normal horizon after the drain)
+        self.tiered = self.config.slurm.fast_partition is not None
+        self.fast_lent = (
+            sum(1 for n in movable if n.phase in (Phase.LENDING, Phase.LENT) and n.tier is Tier.FAST) if self.tiered else 0
+        )
         self.lendable = sorted(
             (n for n in movable if n.phase is Phase.SERVING),
             key=lambda n: (n.serving_pods > 0, n.serving_ready, n.inflight if n.inflight is not None else float("inf"), n.name),
@@ -256,6 +304,15 @@ class _Tick:
             lh += state.horizon_s - h
             h = state.horizon_s
         self.h, self.lh = h, lh
+        # the fast tier's horizons (the normal ones when there is no fast tier)
+        hf, lhf = h, lh
+        if self.tiered:
+            hf = horizon_s(self.config, cfg, fast=True)
+            lhf = lend_horizon_s(self.config, cfg, fast=True)
+            if state is not None and state.fast_horizon_s is not None and state.fast_horizon_s > hf:
+                lhf += state.fast_horizon_s - hf
+                hf = state.fast_horizon_s
+        self.hf, self.lhf = hf, lhf
         self.cal_floor, self.cal_rule = calendar.floor(self.pol.calendar, cfg.name, now, now + h)
         self.cal_floor_lend, self.cal_rule_lend = calendar.floor(self.pol.calendar, cfg.name, now, now + lh)
         self.floor_lend = max(cfg.min_serving, self.cal_floor_lend)
@@ -266,6 +323,11 @@ class _Tick:
         signals = state.signals if state is not None else None
         self.cur = demand(signals, self.cfg.target)
         self.fc: Forecast = forecast(state.history if state is not None else (), signals, now, config=self.config, pool=self.cfg)
+        self.fc_fast: Forecast = (
+            forecast(state.history if state is not None else (), signals, now, config=self.config, pool=self.cfg, fast=True)
+            if self.tiered
+            else self.fc
+        )
         self.status, self.status_text = _signal_health(signals, self.cur, now, pol.signal_max_age_s, self.ready * self.rpn)
         self.fresh = self.status is None
         self.demand_now = self.cur.replicas if (signals is not None and now - signals.t <= pol.signal_max_age_s) else None
@@ -313,9 +375,12 @@ class _Tick:
         detail: str = "",
         urgent: bool = False,
         respect_min_lend: bool = True,
+        lend_fast: int = 0,
+        reclaim_normal: int = 0,
     ) -> _PoolWork:
         return _PoolWork(
-            self.cfg, d, self.lendable, lend, lend_detail, self.reclaimable, reclaim, reason, detail, urgent, urgent, respect_min_lend
+            self.cfg, d, self.lendable, lend, lend_detail, self.reclaimable, reclaim, reason, detail, urgent, urgent, respect_min_lend,
+            lend_fast, reclaim_normal, self.tiered,
         )
 
     def hold(self, reason: Reason, detail: str) -> _PoolWork:
@@ -366,6 +431,13 @@ def _reclaim(c: _Tick) -> _PoolWork | None:
         return c.hold(c.status or Reason.SIGNALS_MISSING, f"not lending: {c.status_text or 'no recent sample'}")
     load = max(known_load)
     need_nodes = c.need(load, c.h)
+    normal_short = 0
+    if c.tiered:
+        # serving must cover the fast horizon; serving + fast-tier lent the normal one
+        load_f = max(x for x in (c.demand_now, c.fc_fast.peak, c.fc_fast.recent_peak) if x is not None)
+        need_f = c.need(load_f, c.hf)
+        normal_short = max(0, need_nodes - c.fast_lent - c.serving_now)
+        need_nodes = max(need_f, need_nodes - c.fast_lent)
     desired = max(c.floor_c, need_nodes)
     if desired <= c.serving_now:
         return None
@@ -390,6 +462,8 @@ def _reclaim(c: _Tick) -> _PoolWork | None:
     count = min(desired, c.reachable) - c.serving_now
     if count <= 0:
         return c.work(c.decision(desired, Reason.NO_CANDIDATES, f"{text}; no lent node may be reclaimed"))
+    if c.fast_lent:
+        text += f" (+{c.fast_lent} fast-tier lent, back within {_min(c.hf)})"
     return c.work(
         c.decision(desired, reason, text),
         reclaim=count,
@@ -397,6 +471,7 @@ def _reclaim(c: _Tick) -> _PoolWork | None:
         detail=text,
         urgent=urgent,
         respect_min_lend=reason is Reason.FORECAST_RISE,
+        reclaim_normal=min(normal_short, count),
     )
 
 
@@ -411,22 +486,47 @@ def _lend(c: _Tick) -> _PoolWork:
     lend_load = max(x for x in (c.demand_now, c.fc.lend_peak, c.fc.recent_peak) if x is not None)
     lend_need = c.need(lend_load, c.lh)
     floor_l = max(c.floor_lend, lend_need)
-    if floor_l >= c.serving_now:
+    room_fast = 0
+    if c.tiered:
+        room_fast, room_normal = _tier_room(c, floor_l)
+        if room_fast + room_normal <= 0:
+            return _no_room(c, lend_load, lend_need)
+    elif floor_l >= c.serving_now:
         return _no_room(c, lend_load, lend_need)
     blocked = _lend_blocked(c)
     if blocked is not None:
         return blocked
-    room = c.serving_now - floor_l
+    room = room_fast + room_normal if c.tiered else c.serving_now - floor_l
     if c.cfg.max_lent is not None:
         room = min(room, c.cfg.max_lent - c.lent_now)
     k = min(room, len(c.lendable))
+    k_fast = min(k, room_fast)
     fc_text = f"forecast peak {lend_load:.1f} replicas over next {_min(c.lh)}"
     text = (
         f"{fc_text} ({c.margin_text()}) needs {lend_need} < {c.serving_now} serving - {k}"
         if lend_need > c.floor_lend
         else f"{fc_text} ({c.margin_text()}) fits the floor of {floor_l}, {c.serving_now} serving - {k}"
     )
-    return c.work(c.decision(c.serving_now - k, Reason.LOW_FORECAST, text), lend=k, lend_detail=text)
+    if c.tiered:
+        text += f"; {k_fast} to the fast tier ({c.view.pending_fast_nodes} nodes of fast-tier jobs wait, {c.fast_lent} lent)"
+    return c.work(c.decision(c.serving_now - k, Reason.LOW_FORECAST, text), lend=k, lend_detail=text, lend_fast=k_fast)
+
+
+def _tier_room(c: _Tick, floor_l: int) -> tuple[int, int]:
+    """Nodes to lend to the fast and to the normal tier. Every lend is bounded by the fast
+    tier's (shorter) lend horizon; the normal-tier ones also by the normal horizon, with the
+    fast-tier nodes lent counted as back in time. The fast tier gets the backlog's fast share
+    of the lent nodes: the more of the waiting work is fast-tier, the more may be lent."""
+    load_f = max(x for x in (c.demand_now, c.fc_fast.lend_peak, c.fc_fast.recent_peak) if x is not None)
+    room_all = c.serving_now - max(c.floor_lend, c.need(load_f, c.lhf))
+    cap_normal = c.serving_now + c.fast_lent - floor_l
+    total = c.view.pending_research_nodes
+    share = min(1.0, c.view.pending_fast_nodes / total) if total > 0 else 0.0
+    for k in range(room_all, 0, -1):
+        k_fast = max(0, min(k, math.ceil(share * (c.lent_now + k) - 1e-9) - c.fast_lent))
+        if k - k_fast <= cap_normal:
+            return k_fast, k - k_fast
+    return 0, 0
 
 
 def _no_room(c: _Tick, lend_load: float, lend_need: int) -> _PoolWork:

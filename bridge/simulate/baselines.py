@@ -26,7 +26,7 @@ from dataclasses import replace
 import numpy as np
 
 from bridge.config import Config, PoolConfig
-from bridge.model import Action, ActionKind, Calibration, ClusterView, Governor, NodeState, Phase, Plan
+from bridge.model import Action, ActionKind, Calibration, ClusterView, Governor, NodeState, Phase, Plan, Reason
 from bridge.policy import plan
 from bridge.policy.demand import demand, nodes_for
 from bridge.policy.forecast import Forecast, forecast, history_windows
@@ -69,7 +69,7 @@ class _Base:
     def _lend(self, ready: Sequence[NodeState], k: int, why: str) -> list[Action]:
         # most recently Ready last: lend the longest-serving nodes first, by name on ties
         order = sorted(ready, key=lambda n: (n.phase_since, n.name))
-        return [Action(ActionKind.LEND, n.name, self.pool.name, "low_forecast", f"{self.name}: {why}") for n in order[:k]]
+        return [Action(ActionKind.LEND, n.name, self.pool.name, Reason.LOW_FORECAST, f"{self.name}: {why}") for n in order[:k]]
 
     def _reclaim(self, view: ClusterView, lent: Sequence[NodeState], k: int, why: str) -> list[Action]:
         if k <= 0 or not lent:
@@ -85,7 +85,7 @@ class _Base:
             grace_s=self.config.slurm.grace_s,
         )
         return [
-            Action(ActionKind.RECLAIM, n, self.pool.name, "spike", f"{self.name}: {why}", urgent=True, jobs=choice.jobs.get(n, ()))
+            Action(ActionKind.RECLAIM, n, self.pool.name, Reason.SPIKE, f"{self.name}: {why}", urgent=True, jobs=choice.jobs.get(n, ()))
             for n in choice.nodes
         ]
 

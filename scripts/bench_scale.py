@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The daemon at scale: 2,000 nodes and 10,000 pods on a real Kubernetes control plane,
-Slurm output of the same size, the real ``Daemon.tick()``. Prints numbers, asserts nothing.
+Slurm output of the same size, the real ``Daemon.iterate()`` (its passes, chained). Prints numbers, asserts nothing.
 
     .venv/bin/python scripts/bench_scale.py [--nodes 2000] [--pods 10000] [--lent 200] [--ticks 40]
     .venv/bin/python scripts/bench_scale.py --fake-kube --nodes 10000 --lent 1000 --ticks 10
@@ -433,7 +433,7 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
         k0, s0, r0 = _calls(kube), Counter(slurm_model.commands), slurm_model.render_cpu_s
         q0 = prom.queries
         c0, p0 = time.thread_time(), time.process_time()
-        result = daemon.tick()
+        result = daemon.iterate()
         c1, p1 = time.thread_time(), time.process_time()
         render = slurm_model.render_cpu_s - r0
         k1 = _calls(kube)

@@ -260,6 +260,18 @@ class SlurmConfig:
         description="the user gpu-bridge's hold jobs run as: only its jobs named gpu-bridge-hold:* count as "
         "holds (anyone else's is a research job); null = any user (set it where others can submit to the hold partition)",
     )
+    fast_partition: Str | None = Field(
+        default=None,
+        description="second preemptible partition with a short GraceTime (e.g. `preempt-fast`) for jobs that "
+        "checkpoint continuously or are short; a node is lent to one tier at a time and fast-tier nodes are "
+        "reclaimed first; null = no fast tier",
+    )
+    fast_grace_s: Num = Field(
+        default=15.0,
+        gt=0,
+        description="the fast partition's GraceTime (SIGTERM to SIGKILL); less than `grace_s` when "
+        "`fast_partition` is set (else it is not faster)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -276,6 +288,16 @@ class SlurmConfig:
             out.append(("hold_user", f"expected a user name, got {_show(self.hold_user)}"))
         if self.command_prefix and (len(self.command_prefix[0].split()) != 1):
             out.append(("command_prefix[0]", f"expected a program (an argv list, not a shell command line), got {_show(self.command_prefix[0])}"))
+        if self.fast_partition is not None:
+            # the tier exists to release nodes sooner than the normal partition; a grace as long
+            # would plan it as faster than it is
+            if self.fast_grace_s >= self.grace_s:
+                out.append(("fast_grace_s", f"must be < slurm.grace_s ({_show(self.grace_s)}) when fast_partition is set, "
+                                            f"got {_show(self.fast_grace_s)}"))
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.fast_partition):
+                out.append(("fast_partition", f"expected a partition name, got {_show(self.fast_partition)}"))
+            elif self.fast_partition in (self.preempt_partition, self.hold_partition):
+                out.append(("fast_partition", f"must differ from preempt_partition and hold_partition, got {_show(self.fast_partition)}"))
         return _checked(self, out)
 
 
@@ -508,7 +530,7 @@ class LogLevel(enum.StrEnum):
 
 
 # A leader's Lease holds for this fraction of daemon.lease_duration_s after a renewal (the renew
-# deadline, bridge.leader), and a renewal request needs at least LEASE_RENEWAL_MIN_S of it: a
+# deadline, bridge.adapters.kube.lease), and a renewal request needs at least LEASE_RENEWAL_MIN_S of it: a
 # Slurm command that changes something runs only while leadership lasts its whole timeout.
 RENEW_DEADLINE_FRACTION = 2 / 3
 LEASE_RENEWAL_MIN_S = 0.5

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from bridge import logs
 from bridge.actuate import REQUEST_POINT, RELEASE_POINT, START_POINTS, Actuator, StepRecord
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, Leader, PoolTarget, PromReader, SlurmAdapterProtocol
 from bridge.config import Config
 from bridge.config import replace as cfg_replace
@@ -295,7 +295,7 @@ class Daemon:
         """The lendable-capacity outlook for the metric, every ``OUTLOOK_STEP_S`` per pool:
         read-only range queries, the same ``lendable_outlook`` as ``gpu-bridge forecast``.
         A failed read sets NaN (never 0) and never fails the tick."""
-        from bridge.adapters.prom import history_chunked
+        from bridge.adapters.prom.history import history_chunked
         from bridge.policy.outlook import OUTLOOK_HOURS, OUTLOOK_STEP_S, lendable_outlook, outlook_span_s
 
         for pool in self.config.pools:

@@ -11,7 +11,9 @@ Changes since the lead's first version (all additive, every earlier name still w
 plain strings works); ``NodeState.inflight`` (requests on the node's replica, to pick the
 cheapest node to lend); ``Action.urgent``, ``Action.jobs``, ``Action.lost_gpu_hours``
 (what a reclaim will preempt and its estimated cost); ``PoolDecision.ready_now``;
-``Plan.hold_reasons`` (node -> code, next to ``Plan.held``'s sentences).
+``Plan.hold_reasons`` (node -> code, next to ``Plan.held``'s sentences); ``Tier`` with
+``NodeState.tier``, ``Action.tier``, ``PoolState.fast_horizon_s`` and
+``ClusterView.pending_fast_nodes`` (the fast-grace tier).
 """
 
 from __future__ import annotations
@@ -78,6 +80,17 @@ class HoldReason(enum.StrEnum):
     PINNED = "pinned"  # an operator's pin
     IN_TRANSIT = "in_transit"  # lending / reclaiming / returning: the actuator owns it
     UNKNOWN_POOL = "unknown_pool"  # its pool is not in the config
+
+
+class Tier(enum.StrEnum):
+    """Which preemptible partition a lent node serves: a node is lent to one tier at a time.
+
+    The fast tier (``slurm.fast_partition``, a GraceTime of seconds) is for jobs that
+    checkpoint continuously or are short: its nodes come back sooner, so the policy may lend
+    more of them and takes them back first on a surprise."""
+
+    NORMAL = "normal"  # slurm.preempt_partition, slurm.grace_s
+    FAST = "fast"  # slurm.fast_partition, slurm.fast_grace_s
 
 
 class ActionKind(enum.StrEnum):
@@ -188,6 +201,7 @@ class PoolState:
     desired_replicas: int = 0  # the Deployment's spec.replicas
     calibration: Calibration | None = None  # None: uncalibrated (the configured headroom only)
     horizon_s: float | None = None  # reclaim horizon from measured delays; None: the configured one
+    fast_horizon_s: float | None = None  # the same for fast-tier nodes (fast grace); None: the configured one
     governor: Governor | None = None  # the SLO budget as a hard cap; None: no governor
 
 
@@ -244,6 +258,7 @@ class NodeState:
     # running + waiting requests on the replica(s) of this node; None = unknown. Used only to
     # pick which serving node to lend (least in-flight work first).
     inflight: float | None = None
+    tier: Tier = Tier.NORMAL  # the partition it is lent to (lending, lent, reclaiming); normal when unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +269,8 @@ class ClusterView:
     nodes: tuple[NodeState, ...]
     pools: Mapping[str, PoolState]
     jobs: Mapping[str, SlurmJob] = field(default_factory=dict)
-    pending_research_nodes: int = 0  # nodes' worth of research jobs waiting in the preempt partition
+    pending_research_nodes: int = 0  # nodes' worth of research jobs waiting in the preempt partitions (both tiers)
+    pending_fast_nodes: int = 0  # of those, waiting in the fast partition (slurm.fast_partition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +285,7 @@ class Action:
     urgent: bool = False  # a reclaim for load that exceeds Ready capacity now
     jobs: tuple[str, ...] = ()  # research jobs the reclaim preempts (all nodes of each)
     lost_gpu_hours: float = 0.0  # estimated work lost by those preemptions (first action carries it)
+    tier: Tier = Tier.NORMAL  # a lend: the partition the node is released to
 
 
 @dataclass(frozen=True, slots=True)

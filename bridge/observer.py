@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bridge import logs
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PromReader, SlurmAdapterProtocol
 from bridge.config import Config
 from bridge.errors import AdapterError

@@ -3,7 +3,7 @@
 ``check(config, settings, partitions)`` takes slurmctld's running settings (``scontrol show
 config``) and partitions (``scontrol show partition``) as dicts and returns what is missing or
 conflicting, each with the key, what was found, why gpu-bridge needs otherwise and the fix.
-No I/O: ``gpu-bridge check-slurm`` (bridge.slurm_check_cli) reads Slurm and prints the result.
+No I/O: ``gpu-bridge check-slurm`` (bridge.cli.check_slurm) reads Slurm and prints the result.
 
 Why a check and not a slurm.conf to paste: PreemptType, PreemptMode, SlurmctldParameters,
 JobSubmitPlugins, CliFilterPlugins and RequeueExit are cluster-wide; a second line appended to
@@ -135,10 +135,13 @@ def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, 
             out.append(Finding(f"PartitionName={hname} PriorityTier", hold.get("PriorityTier", ""),
                                f"must be higher than {pname}'s ({preempt.get('PriorityTier', '')}): otherwise a hold job "
                                "preempts nothing and no node can be reclaimed"))
+    fname = config.slurm.fast_partition
+    if fname is not None:
+        out += _fast_tier(config, fname, partitions.get(fname), preempt, hold)
     if preempt is not None:
         lendable = _nodes(preempt.get("Nodes", ""))
         for name, part in sorted(partitions.items()):
-            if name in (pname, hname):
+            if name in (pname, hname, fname):
                 continue
             other = _nodes(part.get("Nodes", ""))
             shared = sorted(lendable & other) if lendable is not None and other is not None else None
@@ -147,4 +150,51 @@ def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, 
                 out.append(Finding(f"PartitionName={name} Nodes", part.get("Nodes", ""),
                                    f"shares {which} with {pname}: a job of partition {name} on a lent node could not "
                                    "be preempted, and the node could not be reclaimed"))
+    return out
+
+
+def _fast_tier(config: Config, fname: str, fast: Mapping[str, str] | None, preempt: Mapping[str, str] | None,
+               hold: Mapping[str, str] | None) -> list[Finding]:
+    """The fast-grace partition (slurm.fast_partition): a second `preempt` over the same nodes
+    whose GraceTime is the config's fast_grace_s, shorter than the normal tier's; the policy
+    plans its nodes with that grace, so a partition that releases slower breaks the plan."""
+    key = f"PartitionName={fname}"
+    if fast is None:
+        return [Finding(key, "", "missing: slurm.fast_partition names it (the fast-grace tier); add the "
+                                 "preempt-fast line of slurm_conf/slurm.conf.snippet or set fast_partition: null")]
+    out: list[Finding] = []
+    if "REQUEUE" not in fast.get("PreemptMode", "").upper().split(","):
+        out.append(Finding(f"{key} PreemptMode", fast.get("PreemptMode", ""),
+                           "needs REQUEUE: a reclaimed node's jobs are requeued, never cancelled"))
+    grace = _seconds(fast.get("GraceTime", ""))
+    fast_grace = config.slurm.fast_grace_s
+    if grace is None or abs(grace - fast_grace) > 0.5:
+        out.append(Finding(f"{key} GraceTime", fast.get("GraceTime", ""),
+                           f"differs from slurm.fast_grace_s ({fast_grace:g} s in the config): gpu-bridge would plan "
+                           "the tier's nodes as released sooner or later than Slurm releases them"))
+    normal = _seconds(preempt.get("GraceTime", "")) if preempt is not None else None
+    if grace is not None and normal is not None and grace >= normal:
+        out.append(Finding(f"{key} GraceTime", fast.get("GraceTime", ""),
+                           f"must be shorter than {config.slurm.preempt_partition}'s ({normal:g} s): the fast tier "
+                           "exists to give nodes back sooner"))
+    over = fast.get("OverTimeLimit", "")
+    if over.upper() != "UNLIMITED" and (_seconds(over) or 0) < wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN:
+        out.append(Finding(f"{key} OverTimeLimit", over,
+                           f"needs at least {wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN} (minutes): a preempted job "
+                           "that finishes its work during GraceTime otherwise ends TIMEOUT"))
+    if hold is not None:
+        try:
+            below = int(fast.get("PriorityTier", "")) < int(hold.get("PriorityTier", ""))
+        except ValueError:
+            below = False
+        if not below:
+            out.append(Finding(f"{key} PriorityTier", fast.get("PriorityTier", ""),
+                               f"must be lower than {config.slurm.hold_partition}'s ({hold.get('PriorityTier', '')}): "
+                               "otherwise a hold job cannot preempt its jobs and the node cannot be reclaimed"))
+    if preempt is not None:
+        mine, theirs = _nodes(fast.get("Nodes", "")), _nodes(preempt.get("Nodes", ""))
+        if mine != theirs:
+            out.append(Finding(f"{key} Nodes", fast.get("Nodes", ""),
+                               f"must be the same nodes as {config.slurm.preempt_partition} ({preempt.get('Nodes', '')}): "
+                               "a node is lent to one tier or the other, and only lendable nodes may be in either"))
     return out

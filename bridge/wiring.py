@@ -11,13 +11,14 @@ from pathlib import Path
 
 from bridge import logs
 from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
-from bridge.adapters.prom import PromAccess, PromAdapter, PromPool
+from bridge.adapters.prom.signals import PromAccess, PromAdapter
+from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, PromReader, SlurmAdapterProtocol
 from bridge.adapters.slurm.cli import CliSlurm
 from bridge.adapters.wrappers import FencedKube, FencedSlurm, lease_fence
 from bridge.config import Config
 from bridge.errors import AdapterError, ConfigError
-from bridge.leader import LeaderElector, default_identity
+from bridge.adapters.kube.lease import LeaderElector, default_identity
 from bridge.model import LoadSignals
 from bridge.policy.forecast import history_windows
 from bridge.policy.memory import PoolMemory

@@ -6,6 +6,8 @@
     .venv/bin/python scripts/bench_harvest.py --suite [--seeds 1 2 3] [--history-days 1]
     .venv/bin/python scripts/bench_harvest.py --day-slices [--trace FILE ...]
     .venv/bin/python scripts/bench_harvest.py --stress [--seeds 1 2 3]
+    .venv/bin/python scripts/bench_harvest.py --latency-grid [--seeds 1 2 3] [--grid-json F] [--grid-plot F.png]
+    .venv/bin/python scripts/bench_harvest.py --latency-grid --grid-from F1.json F2.json [--grid-plot F.png]
 
 Setup: 24 nodes x 4 GPUs, the busiest 10-minute window needs 20 replicas, 5-min cold
 start, 2-min Slurm grace, the config's other defaults. Prints the table of the four policies
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bridge.config import Config, default_config, load_config, parse_config, to_dict  # noqa: E402
 from bridge.simulate.baselines import BridgeController, OracleController, ReactiveController, make_controller  # noqa: E402
-from bridge.simulate.cli import apply_overrides  # noqa: E402
+from bridge.cli.simulate import apply_overrides  # noqa: E402
 from bridge.simulate.engine import DEFAULT_START_UNIX, Metrics, Result, Setup, simulate  # noqa: E402
 from bridge.simulate.report import table  # noqa: E402
 from bridge.simulate.workload import build_workload, split_history  # noqa: E402
@@ -83,7 +85,15 @@ def main() -> int:
                     help="suite mode: every whole day of each trace as its own one-day trace, no history")
     ap.add_argument("--stress", action="store_true",
                     help="stress cases built from the development traces (splices, level shifts, burstier, data gaps)")
+    ap.add_argument("--case", default="", metavar="TEXT", help="--stress: only the cases whose name contains TEXT")
+    ap.add_argument("--latency-grid", action="store_true",
+                    help="suite mode: the dev set over grace x cold start (the latency frontier; --seeds)")
+    ap.add_argument("--grid-json", metavar="FILE", help="--latency-grid: write the cells as JSON (after each cell)")
+    ap.add_argument("--grid-plot", metavar="FILE.png", help="--latency-grid: a PNG of the frontier")
+    ap.add_argument("--grid-from", nargs="+", metavar="FILE", help="--latency-grid: render saved JSON grids, run nothing")
     args = ap.parse_args()
+    if args.latency_grid:
+        return latency_grid(args)
     if args.day_slices:
         return day_slices(args)
     if args.stress:
@@ -339,6 +349,8 @@ def _suite_one(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             flush=True,
         )
         print(f"  ({name}: {gov['text']})")
+        for line in idle_stretches(res["bridge"], res["oracle"], setup, ctl):
+            print(f"  ({name}: {line})")
         out[name] = {"frac": frac, "viol": b.slo_violation_minutes, "oracle_viol": o.slo_violation_minutes,
                      "allowed": allowed, "targets": t, "cpu14": res["bridge"].cpu_s * 14 / max(days, 1e-9)}
         over = (b.slo_violation_minutes - o.slo_violation_minutes) / b.trace_minutes
@@ -386,19 +398,69 @@ def governor_check(setup: Setup, rb: Result, ro: Result) -> dict[str, Any]:
             "saws": saws, "turns": turns, "text": text}
 
 
-def idle_hours(rb: Result, ro: Result, setup: Setup) -> tuple[int, int]:
-    """Whole hours in which bridge lent nothing while the oracle lent at least a quarter of
-    the nodes on average; and the longest run of such hours."""
+def idle_mask(rb: Result, ro: Result, setup: Setup) -> np.ndarray:
+    """Per whole hour: bridge lent nothing while the oracle lent at least a quarter of the
+    nodes on average."""
     per = int(round(3600 / setup.tick_s))
     n = len(rb.tick_lent) // per
     b = np.asarray(rb.tick_lent[: n * per]).reshape(n, per)
     o = np.asarray(ro.tick_lent[: n * per], dtype=float).reshape(n, per)
-    bad = (b.max(axis=1) == 0) & (o.mean(axis=1) >= setup.nodes / 4)
+    return (b.max(axis=1) == 0) & (o.mean(axis=1) >= setup.nodes / 4)
+
+
+def idle_hours(rb: Result, ro: Result, setup: Setup) -> tuple[int, int]:
+    """Whole hours in which bridge lent nothing while the oracle lent (``idle_mask``); and the
+    longest run of such hours."""
+    bad = idle_mask(rb, ro, setup)
     longest = run = 0
     for x in bad:
         run = run + 1 if x else 0
         longest = max(longest, run)
     return int(bad.sum()), longest
+
+
+STRETCH_H = 6  # a no-lend stretch at least this long is a defect the benchmark explains
+
+
+def idle_stretches(rb: Result, ro: Result, setup: Setup, bc: Any) -> list[str]:
+    """Every stretch of >= ``STRETCH_H`` hours lending nothing while the oracle lends, with
+    what held lending: the plan's reasons over its ticks (most frequent first), the governor's
+    budget left against one incident, and the calibrated margins applied. Point 2 of issue 22:
+    such a stretch is a defect to explain, not a safe default."""
+    bad = idle_mask(rb, ro, setup)
+    t = np.asarray(getattr(bc, "trace_t", ()), dtype=float) - setup.start_unix
+    reasons = list(getattr(bc, "trace_reason", ()))
+    govs = list(getattr(bc, "governors", ()))
+    cals = list(getattr(bc, "calibrations", ()))
+    out: list[str] = []
+    h = 0
+    while h < bad.size:
+        if not bad[h]:
+            h += 1
+            continue
+        e = h
+        while e < bad.size and bad[e]:
+            e += 1
+        if e - h >= STRETCH_H and t.size:
+            lo, hi = (int(x) for x in np.searchsorted(t, [h * 3600.0, e * 3600.0]))
+            count = collections.Counter(reasons[lo:hi]).most_common(3)
+            total = max(hi - lo, 1)
+            why = ", ".join(f"{r} {n / total:.0%}" for r, n in count)
+            extra = ""
+            if len(govs) == t.size and hi > lo:
+                g = govs[lo:hi]
+                held = sum(1 for x in g if not x.lend_allowed)
+                left = [x.left_min for x in g]
+                extra += (f"; governor held {held / total:.0%} of ticks (budget left {min(left):.1f}-{max(left):.1f} min "
+                          f"vs one incident {min(x.incident_min for x in g)}-{max(x.incident_min for x in g)} min)")
+            t0 = setup.start_unix
+            cs = [c for c in cals if c.margin is not None and t0 + h * 3600 <= c.at < t0 + e * 3600]
+            if cs:
+                ms, ps = [c.margin for c in cs], [c.pace for c in cs]
+                extra += f"; calibrated margin x{min(ms):.2f}-x{max(ms):.2f}, paced x{min(ps):.2f}-x{max(ps):.2f}"
+            out.append(f"no-lend stretch day {h / 24:.1f}-{e / 24:.1f} ({e - h} h): {why}{extra}")
+        h = e
+    return out
 
 
 SAW_S = 900.0  # a lend and a reclaim (or the reverse) both reversed within this long: a saw
@@ -482,8 +544,11 @@ def stress(args: argparse.Namespace) -> int:
     broken = 0
     for seed in seeds:
         for name, w, gaps in stress_cases(args, seed):
+            if args.case and args.case not in name:
+                continue
             setup = Setup(cfg, w, args.nodes, 4, seed=seed, cold_start_cv=args.cold_start_cv, signal_gaps=gaps)
-            rb = simulate(setup, make_controller("bridge", setup))
+            bc = make_controller("bridge", setup)
+            rb = simulate(setup, bc)
             ro = simulate(setup, make_controller("oracle", setup))
             b, o = rb.metrics, ro.metrics
             g = governor_check(setup, rb, ro)
@@ -496,6 +561,8 @@ def stress(args: argparse.Namespace) -> int:
                 f"{g['turns']:7d}",
                 flush=True,
             )
+            for line in idle_stretches(rb, ro, setup, bc):
+                print(f"  ({line})", flush=True)
     print("-" * len(head))
     print(f"governor bound: {'holds on every case' if not broken else f'BROKEN on {broken} case(s)'}")
     return 0
@@ -547,6 +614,41 @@ def day_slices(args: argparse.Namespace) -> int:
             f"{sum(r[3].slo_violation_minutes for r in rows):6d}  {'; '.join(misses) or '-'}",
             flush=True,
         )
+    return 0
+
+
+def latency_grid(args: argparse.Namespace) -> int:
+    """The latency frontier (``scripts/latency_grid.py``): bridge and the same-delay oracle per
+    cell of grace x cold start on every trace and seed; the table, then the JSON and the plot."""
+    import latency_grid as lg
+
+    if args.grid_from:
+        cells = lg.load(args.grid_from)
+    else:
+        cfg, paths = _suite_setup(args, default_suite=True)
+        seeds = args.seeds or [args.seed]
+        spec = lg.GridSpec(nodes=args.nodes, peak_replicas=args.peak_replicas, days=args.days,
+                           history_days=args.history_days, cold_start_cv=args.cold_start_cv, max_cv=args.max_cv)
+        print(f"latency grid: {args.nodes} nodes x 4 GPUs, busiest 10-min window = {args.peak_replicas:g} replicas, "
+              f"grace {lg.GRACES_S} s x cold start {lg.COLD_STARTS_S} s (lognormal, cv {args.cold_start_cv:g}), "
+              f"seeds {seeds}; slo_budget {cfg.pools[0].slo_budget:g}" + (f"; overrides {', '.join(args.set)}" if args.set else ""),
+              flush=True)
+        meta: dict[str, object] = {"argv": sys.argv[1:], "spec": dataclasses.asdict(spec), "seeds": seeds}
+        done: list[Any] = []
+
+        def on_cell(c: Any) -> None:
+            done.append(c)
+            print(f"  {c.trace:<20} seed {c.seed} grace {c.grace_s:5g} cold {c.cold_start_s:5g}: {c.frac:6.1%} of oracle, "
+                  f"viol {c.viol} vs bound {c.bound:.1f}", flush=True)
+            if args.grid_json:
+                lg.save(done, args.grid_json, meta)
+
+        cells = lg.run_grid(cfg, paths, spec, seeds, on_cell=on_cell)
+    print()
+    print(lg.render(cells))
+    if args.grid_plot:
+        lg.plot(cells, args.grid_plot)
+        print(f"plot: {args.grid_plot}")
     return 0
 
 

@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 from bridge import logs  # noqa: E402
 from bridge import wellknown as wk  # noqa: E402
 from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config  # noqa: E402
-from bridge.adapters.prom import PromPool, SignalsReading  # noqa: E402
+from bridge.adapters.prom.types import PromPool, SignalsReading  # noqa: E402
 from bridge.adapters.slurm.cli import CliSlurm, CommandResult  # noqa: E402
 from bridge.config import default_config  # noqa: E402
 from bridge.daemon import Daemon  # noqa: E402

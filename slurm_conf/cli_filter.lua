@@ -6,7 +6,9 @@ tests/integration/test_job_submit_lua.py.
 
 It gives every batch job of the preemptible partition a default pre-preemption signal:
   --signal=B:URG@<GRACE_S>
-when the user gave no --signal. With SlurmctldParameters=preempt_send_user_signal, Slurm sends
+when the user gave no --signal, and every batch job of the fast-grace tier (FAST_PARTITION,
+e.g. `preempt-fast`) --signal=B:URG@<FAST_GRACE_S> (a list naming both: the shorter grace).
+With SlurmctldParameters=preempt_send_user_signal, Slurm sends
 it to the batch shell as soon as the job is chosen for preemption (the start of GraceTime), so
 a script that traps it can checkpoint. Without any --signal, a batch script gets nothing until
 GraceTime is over and SIGTERM arrives (SIGKILL KillWait seconds later).
@@ -27,18 +29,29 @@ local PREEMPT_PARTITION = "preempt"
 local PREEMPT_IS_DEFAULT = true -- Default=YES on the preemptible partition
 local GRACE_S = 120             -- GraceTime of the preemptible partition
 local SIGNAL = "URG"             -- ignored unless trapped: see above
+local FAST_PARTITION = "preempt-fast" -- the fast-grace tier (nil: none)
+local FAST_GRACE_S = 15         -- its GraceTime
 -- -------------------------------------------------------------------------------------------
 
-local function in_preempt(partition)
+-- The grace a job submitted to `partition` (a list, or nil: the default) may get: the shortest
+-- GraceTime among the preemptible partitions it names; nil when it names none.
+local function grace_for(partition)
    if partition == nil or partition == "" then
-      return PREEMPT_IS_DEFAULT
+      return PREEMPT_IS_DEFAULT and GRACE_S or nil
    end
+   local grace = nil
    for name in string.gmatch(partition, "[^,]+") do
+      local g = nil
       if name == PREEMPT_PARTITION then
-         return true
+         g = GRACE_S
+      elseif FAST_PARTITION ~= nil and name == FAST_PARTITION then
+         g = FAST_GRACE_S
+      end
+      if g ~= nil and (grace == nil or g < grace) then
+         grace = g
       end
    end
-   return false
+   return grace
 end
 
 -- An unset --signal reads back as "0@0" (warn_signal 0) in 22.05.
@@ -54,8 +67,9 @@ function slurm_cli_pre_submit(options, pack_offset)
    if options["type"] ~= nil and options["type"] ~= "sbatch" then
       return slurm.SUCCESS -- srun/salloc: B: (batch shell) signals only make sense for sbatch
    end
-   if in_preempt(options["partition"]) and not has_signal(options["signal"]) then
-      options["signal"] = "B:" .. SIGNAL .. "@" .. tostring(GRACE_S)
+   local grace = grace_for(options["partition"])
+   if grace ~= nil and not has_signal(options["signal"]) then
+      options["signal"] = "B:" .. SIGNAL .. "@" .. tostring(grace)
    end
    return slurm.SUCCESS
 end

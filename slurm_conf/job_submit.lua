@@ -16,8 +16,14 @@ What it enforces, for the nodes gpu-bridge lends to Slurm:
     because gpu-bridge reads its holds by name. "The bridge" is the uid slurmctld
     authenticated for the request (submit_uid / modify_uid), never a user name the request
     carries.
+  * The optional fast-grace tier (FAST_PARTITION, e.g. `preempt-fast`: GraceTime of seconds,
+    same nodes, preempted first on a surprise) takes only jobs that are honest about it: the
+    same requeue rule as `preempt`, and either short (--time <= FAST_MAX_TIME_MIN minutes) or
+    declaring in their comment that they save on the signal within the fast grace
+    (--comment=gpu-bridge:save-on-signal=<s>, s <= FAST_GRACE_S). Checked on submission and on
+    every update that moves a job in, lengthens its time or rewrites its comment.
   * Research jobs get the environment variable GPU_BRIDGE_GRACE_S (the preemptible
-    partition's GraceTime), so a job script knows how long it has to checkpoint, and
+    partition's GraceTime; FAST_GRACE_S in the fast tier), so a job script knows how long it has to checkpoint, and
     GPU_BRIDGE_REQUEUE_EXIT (slurm.conf's RequeueExit), the code to exit with after saving
     on the signal so that Slurm requeues the job whenever it exits.
 
@@ -39,11 +45,21 @@ local BRIDGE_UIDS = { }
 local READ_ONLY_UIDS = { }
 -- GraceTime of the preemptible partition, seconds; exported to jobs as GPU_BRIDGE_GRACE_S.
 local GRACE_S = 120
+-- The fast-grace tier (nil: none). Keep equal to gpu-bridge.yaml slurm.fast_partition and
+-- slurm.fast_grace_s, and to the partition's GraceTime in slurm.conf.
+local FAST_PARTITION = "preempt-fast"
+local FAST_GRACE_S = 15
+-- A job in the fast tier with --time at most this (minutes) need not declare saving on the
+-- signal: losing it costs at most this much work.
+local FAST_MAX_TIME_MIN = 60
 -- slurm.conf's RequeueExit; exported to jobs as GPU_BRIDGE_REQUEUE_EXIT.
 local REQUEUE_EXIT = 75                    -- bridge.wellknown.SLURM_REQUEUE_EXIT
 -- ----------------------------------------------------------------------------------------
 
 local NO_VAL16 = 65534
+local NO_VAL = 4294967294
+local INFINITE = 4294967295
+local SAVE_TOKEN = "gpu-bridge:save-on-signal=" -- bridge.wellknown.SLURM_SIGNAL_SAVE_COMMENT
 
 local function split_partitions(value)
    local out = {}
@@ -83,6 +99,52 @@ end
 
 
 
+-- Seconds the comment's `gpu-bridge:save-on-signal=<s>` token declares (nil: none, or malformed:
+-- a comment is user data). Tokens are separated by commas, semicolons or spaces.
+local function declared_save_s(comment)
+   if comment == nil then
+      return nil
+   end
+   for tok in string.gmatch(comment, "[^%s,;]+") do
+      if string.sub(tok, 1, #SAVE_TOKEN) == SAVE_TOKEN then
+         local v = tonumber(string.sub(tok, #SAVE_TOKEN + 1))
+         if v ~= nil and v >= 0 and v < math.huge then
+            return v
+         end
+         return nil
+      end
+   end
+   return nil
+end
+
+-- Why a job with this time limit (minutes; nil/NO_VAL: unset) and comment does not belong in
+-- the fast tier, or nil when it does.
+local function fast_tier_problem(time_limit, comment)
+   local short = time_limit ~= nil and time_limit ~= NO_VAL and time_limit ~= INFINITE and
+                 time_limit <= FAST_MAX_TIME_MIN
+   if short then
+      return nil
+   end
+   local save = declared_save_s(comment)
+   if save ~= nil and save <= FAST_GRACE_S then
+      return nil
+   end
+   local why
+   if save ~= nil then
+      why = "it declares saving in " .. tostring(save) .. " s, more than the tier's " ..
+            tostring(FAST_GRACE_S) .. " s grace"
+   else
+      why = "it is neither short nor declares saving on the signal"
+   end
+   return "partition '" .. FAST_PARTITION .. "' is the fast-grace tier: its jobs get only " ..
+          tostring(FAST_GRACE_S) .. " s between the preemption signal and SIGTERM, so a job " ..
+          "there must be short (--time=" .. tostring(FAST_MAX_TIME_MIN) .. " or less) or " ..
+          "checkpoint on the signal within that grace and say so " ..
+          "(--comment=" .. SAVE_TOKEN .. "<seconds>, at most " .. tostring(FAST_GRACE_S) ..
+          "); " .. why .. ". Otherwise submit with -p " .. PREEMPT_PARTITION ..
+          " (see docs/researcher-guide.md, 'Which tier')"
+end
+
 local function reject(msg)
    slurm.log_user("gpu-bridge: " .. msg)
    slurm.log_info("job_submit/lua gpu-bridge: rejected: %s", msg)
@@ -109,9 +171,17 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
                     "choose another --job-name")
    end
 
-   if contains(parts, PREEMPT_PARTITION) then
+   local fast = FAST_PARTITION ~= nil and contains(parts, FAST_PARTITION)
+   if fast then
+      local problem = fast_tier_problem(job_desc.time_limit, job_desc.comment)
+      if problem ~= nil then
+         return reject(problem)
+      end
+   end
+   if contains(parts, PREEMPT_PARTITION) or fast then
+      local part = fast and FAST_PARTITION or PREEMPT_PARTITION
       if job_desc.requeue == 0 then
-         return reject("jobs in partition '" .. PREEMPT_PARTITION .. "' must be requeueable: " ..
+         return reject("jobs in partition '" .. part .. "' must be requeueable: " ..
                        "its nodes are taken back for serving by preempting jobs with requeue, " ..
                        "and a --no-requeue job would be lost. Drop --no-requeue, checkpoint on " ..
                        "SIGUSR1/SIGTERM and resume when SLURM_RESTART_COUNT > 0 " ..
@@ -119,7 +189,8 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
       end
       job_desc.requeue = 1
       if job_desc.script ~= nil then -- batch jobs only: srun/salloc carry no environment here
-         job_desc.environment.GPU_BRIDGE_GRACE_S = tostring(GRACE_S)
+         -- a list naming both tiers: the shorter grace, the one the job may get
+         job_desc.environment.GPU_BRIDGE_GRACE_S = tostring(fast and math.min(GRACE_S, FAST_GRACE_S) or GRACE_S)
          job_desc.environment.GPU_BRIDGE_REQUEUE_EXIT = tostring(REQUEUE_EXIT)
       end
    end
@@ -142,23 +213,41 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    if starts_with(job_desc.name, HOLD_JOB_PREFIX) and not bridge then
       return reject("job names starting with '" .. HOLD_JOB_PREFIX .. "' are reserved for gpu-bridge")
    end
-   if contains(parts, PREEMPT_PARTITION) and job_desc.requeue == 0 then
-      return reject("jobs in partition '" .. PREEMPT_PARTITION .. "' must stay requeueable " ..
-                    "(nodes are reclaimed by preempting jobs with requeue)")
+   for _, part in ipairs({ PREEMPT_PARTITION, FAST_PARTITION }) do
+      if contains(parts, part) and job_desc.requeue == 0 then
+         return reject("jobs in partition '" .. part .. "' must stay requeueable " ..
+                       "(nodes are reclaimed by preempting jobs with requeue)")
+      end
+      -- Moving a job into a preemptible partition: job_rec does not expose the job's requeue
+      -- flag (22.05 to 25.x), so the move itself must make the job requeueable. Without it a
+      -- --no-requeue job would run on a lent node and be lost at the reclaim.
+      local moving_in = contains(split_partitions(job_desc.partition), part) and
+                        not contains(split_partitions(job_rec.partition), part)
+      if moving_in and job_desc.requeue ~= 1 then
+         return reject("a job moved into partition '" .. part .. "' must be requeueable: " ..
+                       "set Requeue=1 in the same update (scontrol update JobId=N Partition=" ..
+                       part .. " Requeue=1)")
+      end
    end
-   -- Moving a job into the preemptible partition: job_rec does not expose the job's requeue
-   -- flag (22.05 to 25.x), so the move itself must make the job requeueable. Without it a
-   -- --no-requeue job would run on a lent node and be lost at the reclaim.
-   local moving_in = contains(split_partitions(job_desc.partition), PREEMPT_PARTITION) and
-                     not contains(split_partitions(job_rec.partition), PREEMPT_PARTITION)
-   if moving_in and job_desc.requeue ~= 1 then
-      return reject("a job moved into partition '" .. PREEMPT_PARTITION .. "' must be requeueable: " ..
-                    "set Requeue=1 in the same update (scontrol update JobId=N Partition=" ..
-                    PREEMPT_PARTITION .. " Requeue=1)")
+   -- The fast tier: the job as it will be after the update (its new time limit and comment,
+   -- or the ones it has) must still be short or save within the fast grace.
+   if FAST_PARTITION ~= nil and contains(parts, FAST_PARTITION) then
+      local time_limit = job_desc.time_limit
+      if time_limit == nil or time_limit == NO_VAL then
+         time_limit = job_rec.time_limit
+      end
+      local comment = job_desc.comment
+      if comment == nil then
+         comment = job_rec.comment
+      end
+      local problem = fast_tier_problem(time_limit, comment)
+      if problem ~= nil then
+         return reject(problem)
+      end
    end
    return slurm.SUCCESS
 end
 
-slurm.log_info("job_submit/lua gpu-bridge: loaded (preempt=%s hold=%s grace_s=%d)",
-               PREEMPT_PARTITION, HOLD_PARTITION, GRACE_S)
+slurm.log_info("job_submit/lua gpu-bridge: loaded (preempt=%s hold=%s grace_s=%d fast=%s fast_grace_s=%d)",
+               PREEMPT_PARTITION, HOLD_PARTITION, GRACE_S, tostring(FAST_PARTITION), FAST_GRACE_S)
 return slurm.SUCCESS

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.protocols import PoolTarget
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import parse_config
 from bridge.daemon import Daemon

@@ -5,8 +5,8 @@ Each outside system has a read side and an intent-level write side (in the spiri
 slurm-operator: the daemon asks for "drain this node for serving", "hold this node", never for
 a command line or a raw patch). Every write is idempotent: True = a change was written, False =
 it already was so. The real implementations are ``bridge.adapters.kube.KubeAdapter``,
-``bridge.adapters.slurm.CliSlurm``, ``bridge.adapters.prom.PromAdapter`` and
-``bridge.leader.LeaderElector``; ``tests/contract/test_fake_parity.py`` runs the same
+``bridge.adapters.slurm.CliSlurm``, ``bridge.adapters.prom.signals.PromAdapter`` and
+``bridge.adapters.kube.lease.LeaderElector``; ``tests/contract/test_fake_parity.py`` runs the same
 assertions against them and the fakes, so the two cannot drift.
 
 The value types are imported for type checking only: this module must be importable from the
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from .kube.informer import InformerStatus
     from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
-    from .prom import PromPool, SignalsReading
+    from .prom.types import PromPool, SignalsReading
     from .slurm.types import SlurmJobInfo, SlurmNode
 
 
@@ -234,3 +234,22 @@ class Leader(LeaseHolder, Protocol):
     def try_acquire_or_renew(self) -> bool: ...
 
     def release(self) -> bool: ...
+
+
+# --- vLLM's sleep mode (warm lending) --------------------------------------------------------
+
+
+@runtime_checkable
+class SleepControl(Protocol):
+    """One vLLM server's sleep mode (``bridge.adapters.vllm.VllmSleepClient``): each call
+    returns once vLLM has done it, and raises AdapterError on any other answer."""
+
+    def sleep(self, level: int = 1) -> None:
+        """Level 1: weights to host memory, KV cache discarded; level 2: both discarded."""
+        ...
+
+    def wake_up(self, tags: Collection[str] = ()) -> None:
+        """Wake ``tags`` (``weights``, ``kv_cache``; empty: everything)."""
+        ...
+
+    def is_sleeping(self) -> bool: ...

@@ -45,11 +45,12 @@ class HistoryWindow:
     step_s: float
 
 
-def horizon_s(config: Config, pool: PoolConfig) -> float:
+def horizon_s(config: Config, pool: PoolConfig, *, fast: bool = False) -> float:
     """Time from deciding to reclaim until the capacity serves: Slurm grace + cold start +
-    margin + one tick + one scrape (the load we react to is that old)."""
+    margin + one tick + one scrape (the load we react to is that old). ``fast``: a node of
+    the fast tier (its partition's shorter grace)."""
     return (
-        config.slurm.grace_s
+        (config.slurm.fast_grace_s if fast else config.slurm.grace_s)
         + pool.cold_start_s
         + config.policy.forecast.margin_s
         + config.policy.tick_s
@@ -57,12 +58,13 @@ def horizon_s(config: Config, pool: PoolConfig) -> float:
     )
 
 
-def measured_horizon(config: Config, pool: PoolConfig, delays: Sequence[float]) -> float | None:
+def measured_horizon(config: Config, pool: PoolConfig, delays: Sequence[float], *, fast: bool = False) -> float | None:
     """The reclaim horizon from measured reclaims (decision to Ready replica: Slurm release +
     cold start, each observed): their ``calibration.delay_quantile`` plus what the configured
     horizon adds on top of grace and cold start (margin, tick, scrape). None until
     ``delay_min_samples`` reclaims were measured or when ``pools[].measured_delays`` is off;
-    never below the configured horizon (the configured delays are a floor)."""
+    never below the configured horizon (the configured delays are a floor). ``fast``: the
+    delays measured on fast-tier nodes, against the fast horizon."""
     cal = config.policy.calibration
     if not pool.measured_delays or len(delays) < cal.delay_min_samples:
         return None
@@ -70,7 +72,7 @@ def measured_horizon(config: Config, pool: PoolConfig, delays: Sequence[float]) 
     extra = config.policy.forecast.margin_s + config.policy.tick_s + config.prometheus.scrape_interval_s
     # whole ticks: the horizon (and the calibration keyed on it) moves in steps, not each reclaim
     tick = config.policy.tick_s
-    return max(horizon_s(config, pool), math.ceil((q + extra) / tick - 1e-9) * tick)
+    return max(horizon_s(config, pool, fast=fast), math.ceil((q + extra) / tick - 1e-9) * tick)
 
 
 @functools.lru_cache(maxsize=64)
@@ -78,11 +80,11 @@ def _delay_quantile(delays: tuple[float, ...], q: float) -> float:
     return float(np.quantile(np.asarray(delays, dtype=float), q))
 
 
-def lend_horizon_s(config: Config, pool: PoolConfig) -> float:
+def lend_horizon_s(config: Config, pool: PoolConfig, *, fast: bool = False) -> float:
     """A lent node is not voluntarily reclaimed for ``min_lend_s`` (and the job it gets is
     not for ``min_runtime_s``), so a lend must be safe for that long plus the time a reclaim
     then takes."""
-    return horizon_s(config, pool) + max(config.policy.min_lend_s, config.slurm.min_runtime_s)
+    return horizon_s(config, pool, fast=fast) + max(config.policy.min_lend_s, config.slurm.min_runtime_s)
 
 
 def recent_span_s(config: Config) -> float:
@@ -193,15 +195,16 @@ def forecast(
     *,
     config: Config,
     pool: PoolConfig,
+    fast: bool = False,
 ) -> Forecast:
     """Forecast for one pool. ``history`` must be sorted by ``t`` (oldest first); ``newest``
     (``PoolState.signals``) is added unless the history already ends with it. Samples after
-    ``now`` are ignored."""
+    ``now`` are ignored. ``fast``: over the fast tier's (shorter) horizons."""
     p = config.policy
     f: ForecastConfig = p.forecast
     series = _Series(history, newest, pool.target)
-    h = horizon_s(config, pool)
-    lh = lend_horizon_s(config, pool)
+    h = horizon_s(config, pool, fast=fast)
+    lh = lend_horizon_s(config, pool, fast=fast)
 
     span = max(recent_span_s(config), lend_span_s(config), f.burst_history_s if f.enabled else 0.0)
     long = series.window(now - span, now)

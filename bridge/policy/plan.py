@@ -24,7 +24,6 @@ Per pool (pools in name order), in units of whole nodes:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -34,6 +33,7 @@ from bridge.model import (
     ActionKind,
     ClusterView,
     HoldReason,
+    LoadSignals,
     NodeState,
     Phase,
     Pin,
@@ -44,7 +44,7 @@ from bridge.model import (
 )
 from bridge.policy import calendar
 from bridge.policy.calibrate import nodes_with_margin
-from bridge.policy.demand import demand
+from bridge.policy.demand import Demand, demand
 from bridge.policy.forecast import Forecast, forecast, horizon_s, lend_horizon_s
 from bridge.policy.victims import choose_victims
 
@@ -195,97 +195,115 @@ def _assess(
     nodes: Sequence[NodeState],
     state: PoolState | None,
 ) -> _PoolWork:
-    now = view.now
-    pol = config.policy
-    rpn = cfg.replicas_per_node
+    """One pool's wish: the first step that decides, in order of precedence."""
+    c = _Tick(view, config, cfg, nodes, state)
+    return _budget_reclaim(c) or _blind(c) or _reclaim(c) or _lend(c)
 
-    cal = state.calibration if state is not None else None
-    margin = cal.margin if cal is not None else None
-    used: list[float] = []  # margins applied this tick (for the reason)
-    unseen: list[float] = []  # spans that reached an hour not in the history yet
 
-    def need(replicas: float, span_s: float = 0.0) -> int:
+def _signal_health(signals: LoadSignals | None, cur: Demand, now: float, max_age_s: float, ready_replicas: int) -> tuple[Reason | None, str]:
+    """Why the signals are not good enough to lend on, worst first (None: fresh and complete)."""
+    if signals is None or cur.replicas is None:
+        return Reason.SIGNALS_MISSING, "no usable load signal"
+    if now - signals.t > max_age_s:
+        return Reason.SIGNALS_STALE, f"newest sample is {now - signals.t:.0f} s old > {max_age_s:.0f} s"
+    if cur.missing:
+        return Reason.SIGNALS_MISSING, f"missing {', '.join(cur.missing)}"
+    if signals.replicas_reporting < ready_replicas:
+        return Reason.SIGNALS_PARTIAL, f"{signals.replicas_reporting} replicas reporting < {ready_replicas} Ready"
+    return None, ""
+
+
+class _Tick:
+    """One pool's facts this tick, shared by the steps of ``_assess``. ``need`` records the
+    margins it applied so that the reasons can name them."""
+
+    def __init__(
+        self, view: ClusterView, config: Config, cfg: PoolConfig, nodes: Sequence[NodeState], state: PoolState | None
+    ) -> None:
+        self.view, self.config, self.cfg, self.now, self.pol = view, config, cfg, view.now, config.policy
+        self.rpn = cfg.replicas_per_node
+        self.cal = state.calibration if state is not None else None
+        self.gov = state.governor if state is not None else None
+        self.used: list[float] = []  # margins applied this tick (for the reason)
+        self.unseen: list[float] = []  # spans that reached an hour not in the history yet
+        self._count(nodes)
+        self._horizons(state)
+        self._health(state)
+
+    def _count(self, nodes: Sequence[NodeState]) -> None:
+        movable = [n for n in nodes if not n.problem and n.pin is None]
+        self.serving_now = sum(1 for n in nodes if n.phase in _COMMITTED and (not n.problem or n.serving_ready))
+        self.ready = sum(1 for n in nodes if n.phase in (Phase.SERVING, Phase.RETURNING) and n.serving_ready)
+        self.lent_now = sum(1 for n in nodes if n.phase in (Phase.LENDING, Phase.LENT))
+        self.in_transit = sum(1 for n in nodes if n.phase in (Phase.RECLAIMING, Phase.RETURNING))
+        self.reclaimable = [n for n in movable if n.phase is Phase.LENT]
+        self.lendable = sorted(
+            (n for n in movable if n.phase is Phase.SERVING),
+            key=lambda n: (n.serving_pods > 0, n.serving_ready, n.inflight if n.inflight is not None else float("inf"), n.name),
+        )
+        # The most nodes that could ever serve: everything not broken and not pinned to Slurm.
+        self.reachable = sum(
+            1
+            for n in nodes
+            if (not n.problem and n.pin is not Pin.SLURM) or (n.problem and n.phase in _COMMITTED and n.serving_ready)
+        )
+
+    def _horizons(self, state: PoolState | None) -> None:
+        cfg, now = self.cfg, self.now
+        h = horizon_s(self.config, cfg)
+        lh = lend_horizon_s(self.config, cfg)
+        if state is not None and state.horizon_s is not None and state.horizon_s > h:  # measured delays
+            lh += state.horizon_s - h
+            h = state.horizon_s
+        self.h, self.lh = h, lh
+        self.cal_floor, self.cal_rule = calendar.floor(self.pol.calendar, cfg.name, now, now + h)
+        self.cal_floor_lend, self.cal_rule_lend = calendar.floor(self.pol.calendar, cfg.name, now, now + lh)
+        self.floor_lend = max(cfg.min_serving, self.cal_floor_lend)
+        self.floor_c = min(max(cfg.min_serving, self.cal_floor), self.reachable)
+
+    def _health(self, state: PoolState | None) -> None:
+        now, pol = self.now, self.pol
+        signals = state.signals if state is not None else None
+        self.cur = demand(signals, self.cfg.target)
+        self.fc: Forecast = forecast(state.history if state is not None else (), signals, now, config=self.config, pool=self.cfg)
+        self.status, self.status_text = _signal_health(signals, self.cur, now, pol.signal_max_age_s, self.ready * self.rpn)
+        self.fresh = self.status is None
+        self.demand_now = self.cur.replicas if (signals is not None and now - signals.t <= pol.signal_max_age_s) else None
+        self.blind = self.fc.last_valid_t is None or now - self.fc.last_valid_t > pol.blind_after_s
+
+    def need(self, replicas: float, span_s: float = 0.0) -> int:
         """Nodes for a base forecast that must hold for ``span_s``: the calibrated margin for
         those hours, and the configured headroom as a floor."""
-        n, m, hit_unseen = nodes_with_margin(replicas, cal, cfg, now, now + span_s)
+        n, m, hit_unseen = nodes_with_margin(replicas, self.cal, self.cfg, self.now, self.now + span_s)
         if hit_unseen:
-            unseen.append(span_s)
+            self.unseen.append(span_s)
         if m is not None:
-            used.append(m)
+            self.used.append(m)
         return n
 
-    def margin_text() -> str:
+    def margin_text(self) -> str:
+        cfg, cal = self.cfg, self.cal
         if cal is None:
             return f"+{cfg.headroom:.0%} +{cfg.headroom_replicas:g} headroom"
         floor = f"; floor +{cfg.headroom:.0%} +{cfg.headroom_replicas:g}" if cfg.headroom or cfg.headroom_replicas else ""
-        new_hours = f"; an hour not yet in the history: at least the peak seen, {cal.peak_seen:.1f}" if unseen else ""
-        return cal.describe(used[-1] if used else None) + floor + new_hours
+        new_hours = f"; an hour not yet in the history: at least the peak seen, {cal.peak_seen:.1f}" if self.unseen else ""
+        return cal.describe(self.used[-1] if self.used else None) + floor + new_hours
 
-    movable = [n for n in nodes if not n.problem and n.pin is None]
-    serving_now = sum(1 for n in nodes if n.phase in _COMMITTED and (not n.problem or n.serving_ready))
-    ready = sum(1 for n in nodes if n.phase in (Phase.SERVING, Phase.RETURNING) and n.serving_ready)
-    lent_now = sum(1 for n in nodes if n.phase in (Phase.LENDING, Phase.LENT))
-    in_transit = sum(1 for n in nodes if n.phase in (Phase.RECLAIMING, Phase.RETURNING))
-    reclaimable = [n for n in movable if n.phase is Phase.LENT]
-    lendable = sorted(
-        (n for n in movable if n.phase is Phase.SERVING),
-        key=lambda n: (n.serving_pods > 0, n.serving_ready, n.inflight if n.inflight is not None else float("inf"), n.name),
-    )
-    # The most nodes that could ever serve: everything not broken and not pinned to Slurm.
-    reachable = sum(
-        1
-        for n in nodes
-        if (not n.problem and n.pin is not Pin.SLURM) or (n.problem and n.phase in _COMMITTED and n.serving_ready)
-    )
-
-    h = horizon_s(config, cfg)
-    lh = lend_horizon_s(config, cfg)
-    if state is not None and state.horizon_s is not None and state.horizon_s > h:  # measured delays
-        lh += state.horizon_s - h
-        h = state.horizon_s
-    cal_floor, cal_rule = calendar.floor(pol.calendar, cfg.name, now, now + h)
-    cal_floor_lend, cal_rule_lend = calendar.floor(pol.calendar, cfg.name, now, now + lh)
-    floor = max(cfg.min_serving, cal_floor)
-    floor_lend = max(cfg.min_serving, cal_floor_lend)
-    floor_c = min(floor, reachable)
-
-    signals = state.signals if state is not None else None
-    history = state.history if state is not None else ()
-    cur = demand(signals, cfg.target)
-    fc: Forecast = forecast(history, signals, now, config=config, pool=cfg)
-
-    # Signal health, worst first.
-    status: Reason | None = None
-    status_text = ""
-    if signals is None or cur.replicas is None:
-        status, status_text = Reason.SIGNALS_MISSING, "no usable load signal"
-    elif now - signals.t > pol.signal_max_age_s:
-        status, status_text = Reason.SIGNALS_STALE, f"newest sample is {now - signals.t:.0f} s old > {pol.signal_max_age_s:.0f} s"
-    elif cur.missing:
-        status, status_text = Reason.SIGNALS_MISSING, f"missing {', '.join(cur.missing)}"
-    elif signals.replicas_reporting < ready * rpn:
-        status, status_text = (
-            Reason.SIGNALS_PARTIAL,
-            f"{signals.replicas_reporting} replicas reporting < {ready * rpn} Ready",
-        )
-    fresh = status is None
-    demand_now = cur.replicas if (signals is not None and now - signals.t <= pol.signal_max_age_s) else None
-    blind = fc.last_valid_t is None or now - fc.last_valid_t > pol.blind_after_s
-
-    def decision(desired: int, reason: Reason, detail: str) -> PoolDecision:
+    def decision(self, desired: int, reason: Reason, detail: str) -> PoolDecision:
         return PoolDecision(
-            pool=cfg.name,
-            demand_now=demand_now,
-            forecast_peak=fc.peak,
-            horizon_s=h,
-            serving_now=serving_now,
+            pool=self.cfg.name,
+            demand_now=self.demand_now,
+            forecast_peak=self.fc.peak,
+            horizon_s=self.h,
+            serving_now=self.serving_now,
             desired_serving=desired,
             reason=reason,
             detail=detail,
-            ready_now=ready,
+            ready_now=self.ready,
         )
 
     def work(
+        self,
         d: PoolDecision,
         *,
         lend: int = 0,
@@ -297,136 +315,146 @@ def _assess(
         respect_min_lend: bool = True,
     ) -> _PoolWork:
         return _PoolWork(
-            cfg, d, lendable, lend, lend_detail, reclaimable, reclaim, reason, detail, urgent, urgent, respect_min_lend
+            self.cfg, d, self.lendable, lend, lend_detail, self.reclaimable, reclaim, reason, detail, urgent, urgent, respect_min_lend
         )
 
-    # --- the error-budget governor: the budget left cannot absorb one more incident -------
-    # (first, blind or not: with a finite blind_serving only the governor takes lent nodes
-    # back while the signals are missing; governor.gap_steps)
-    gov = state.governor if state is not None else None
-    budget_held = gov is not None and not gov.lend_allowed
-    if gov is not None and budget_held and reclaimable:
-        text = f"reclaim every lent node: {gov.describe()}"
-        return work(
-            decision(serving_now + len(reclaimable), Reason.SLO_BUDGET, text),
-            reclaim=len(reclaimable),
-            reason=Reason.SLO_BUDGET,
+    def hold(self, reason: Reason, detail: str) -> _PoolWork:
+        """Keep the serving count as it is."""
+        return self.work(self.decision(self.serving_now, reason, detail))
+
+
+def _budget_reclaim(c: _Tick) -> _PoolWork | None:
+    """The error-budget governor: the budget left cannot absorb one more incident. First,
+    blind or not: with a finite blind_serving only the governor takes lent nodes back while
+    the signals are missing (governor.gap_steps)."""
+    if c.gov is None or c.gov.lend_allowed or not c.reclaimable:
+        return None
+    text = f"reclaim every lent node: {c.gov.describe()}"
+    return c.work(
+        c.decision(c.serving_now + len(c.reclaimable), Reason.SLO_BUDGET, text),
+        reclaim=len(c.reclaimable),
+        reason=Reason.SLO_BUDGET,
+        detail=text,
+        urgent=True,
+        respect_min_lend=False,
+    )
+
+
+def _blind(c: _Tick) -> _PoolWork | None:
+    """No valid sample for too long: back toward a safe serving count."""
+    if not c.blind:
+        return None
+    target = c.cfg.blind_serving if c.cfg.blind_serving is not None else c.reachable
+    desired = max(c.floor_c, min(target, c.reachable))
+    text = f"no valid load sample for > {c.pol.blind_after_s:.0f} s ({c.status_text or 'none'}); serve {desired} of {c.reachable} nodes blind"
+    if desired > c.serving_now:
+        return c.work(
+            c.decision(desired, Reason.SIGNALS_LOST, text),
+            reclaim=desired - c.serving_now,
+            reason=Reason.SIGNALS_LOST,
             detail=text,
-            urgent=True,
             respect_min_lend=False,
         )
+    return c.hold(c.status or Reason.SIGNALS_MISSING, text)
 
-    # --- blind: no valid sample for too long -> back toward a safe serving count ---------
-    if blind:
-        target = cfg.blind_serving if cfg.blind_serving is not None else reachable
-        desired = max(floor_c, min(target, reachable))
-        text = f"no valid load sample for > {pol.blind_after_s:.0f} s ({status_text or 'none'}); serve {desired} of {reachable} nodes blind"
-        if desired > serving_now:
-            return work(
-                decision(desired, Reason.SIGNALS_LOST, text),
-                reclaim=desired - serving_now,
-                reason=Reason.SIGNALS_LOST,
-                detail=text,
-                respect_min_lend=False,
-            )
-        return work(decision(serving_now, status or Reason.SIGNALS_MISSING, text))
 
-    # --- reclaim side: immediate ---------------------------------------------------------
-    known_load = [x for x in (demand_now, fc.peak, fc.recent_peak) if x is not None]
+def _reclaim(c: _Tick) -> _PoolWork | None:
+    """Reclaim, immediately, when the floor or the forecast peak over the reclaim horizon
+    needs more than is serving."""
+    known_load = [x for x in (c.demand_now, c.fc.peak, c.fc.recent_peak) if x is not None]
     if not known_load:  # only when blind_after_s exceeds the burst window
-        return work(decision(serving_now, status or Reason.SIGNALS_MISSING, f"not lending: {status_text or 'no recent sample'}"))
+        return c.hold(c.status or Reason.SIGNALS_MISSING, f"not lending: {c.status_text or 'no recent sample'}")
     load = max(known_load)
-    need_nodes = need(load, h)
-    desired = max(floor_c, need_nodes)
-    urgent = demand_now is not None and demand_now > ready * rpn
-    if desired > serving_now:
-        if urgent and need_nodes > serving_now:
-            reason = Reason.SPIKE
-            text = f"demand {demand_now:.1f} replicas ({cur.by}) > {ready * rpn} Ready; need {need_nodes} nodes, {serving_now} serving or returning"
-        elif need_nodes > serving_now:
-            reason = Reason.FORECAST_RISE
-            text = (
-                f"forecast peak {load:.1f} replicas over next {_min(h)} needs {need_nodes} nodes "
-                f"({margin_text()}), {serving_now} serving or returning"
-            )
-        elif cal_floor > cfg.min_serving and floor_c > serving_now:
-            reason = Reason.CALENDAR
-            text = f"calendar rule {cal_rule} needs {floor_c} nodes serving within {_min(h)}, {serving_now} serving"
-        else:
-            reason = Reason.MIN_SERVING
-            text = f"min_serving {cfg.min_serving} > {serving_now} serving"
-        if not fresh:
-            text += f" ({status_text})"
-        count = min(desired, reachable) - serving_now
-        if count <= 0:
-            return work(decision(desired, Reason.NO_CANDIDATES, f"{text}; no lent node may be reclaimed"))
-        return work(
-            decision(desired, reason, text),
-            reclaim=count,
-            reason=reason,
-            detail=text,
-            urgent=urgent,
-            respect_min_lend=reason is Reason.FORECAST_RISE,
+    need_nodes = c.need(load, c.h)
+    desired = max(c.floor_c, need_nodes)
+    if desired <= c.serving_now:
+        return None
+    urgent = c.demand_now is not None and c.demand_now > c.ready * c.rpn
+    if urgent and need_nodes > c.serving_now:
+        reason = Reason.SPIKE
+        text = f"demand {c.demand_now:.1f} replicas ({c.cur.by}) > {c.ready * c.rpn} Ready; need {need_nodes} nodes, {c.serving_now} serving or returning"
+    elif need_nodes > c.serving_now:
+        reason = Reason.FORECAST_RISE
+        text = (
+            f"forecast peak {load:.1f} replicas over next {_min(c.h)} needs {need_nodes} nodes "
+            f"({c.margin_text()}), {c.serving_now} serving or returning"
         )
-
-    # --- lend side: only on full, fresh information ---------------------------------------
-    if not fresh:
-        return work(decision(serving_now, status, f"not lending: {status_text}"))  # type: ignore[arg-type]
-    if gov is not None and budget_held:
-        return work(decision(serving_now, Reason.SLO_BUDGET, f"not lending: {gov.describe()}"))
-    if cal is not None and margin is None:
-        return work(
-            decision(
-                serving_now,
-                Reason.CALIBRATING,
-                f"not lending: {cal.samples} of {cal.needed} minutes of history to calibrate the margin on",
-            )
-        )
-    lend_load = max(x for x in (demand_now, fc.lend_peak, fc.recent_peak) if x is not None)
-    lend_need = need(lend_load, lh)
-    floor_l = max(floor_lend, lend_need)
-    if floor_l >= serving_now:
-        if lend_need >= serving_now:
-            return work(
-                decision(
-                    serving_now,
-                    Reason.STEADY,
-                    f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} needs {lend_need} of {serving_now} serving nodes ({margin_text()})",
-                )
-            )
-        if cal_floor_lend >= serving_now and cal_floor_lend > cfg.min_serving:
-            return work(
-                decision(serving_now, Reason.CALENDAR_NO_LEND, f"calendar rule {cal_rule_lend} forbids lending within {_min(lh)}")
-            )
-        return work(decision(serving_now, Reason.AT_FLOOR, f"min_serving {cfg.min_serving} = {serving_now} serving"))
-    if not fc.stable:
-        return work(
-            decision(
-                serving_now,
-                Reason.STABILIZING,
-                f"demand not observed low for the whole {pol.scale_down_window_s:.0f} s window",
-            )
-        )
-    if in_transit:
-        return work(decision(serving_now, Reason.CAPACITY_IN_TRANSIT, f"{in_transit} nodes on their way back to serving"))
-    if pol.require_pending_jobs and view.pending_research_nodes <= 0:
-        return work(decision(serving_now, Reason.NO_RESEARCH_DEMAND, "no research job waits in the preempt partition"))
-    room = serving_now - floor_l
-    if cfg.max_lent is not None:
-        if lent_now >= cfg.max_lent:
-            return work(decision(serving_now, Reason.MAX_LENT, f"{lent_now} lent = max_lent {cfg.max_lent}"))
-        room = min(room, cfg.max_lent - lent_now)
-    if not lendable:
-        return work(decision(serving_now, Reason.NO_CANDIDATES, "no serving node may be lent (pinned or with a problem)"))
-    k = min(room, len(lendable))
-    text = (
-        f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} "
-        f"({margin_text()}) needs {lend_need} < {serving_now} serving - {k}"
-        if lend_need > floor_lend
-        else f"forecast peak {lend_load:.1f} replicas over next {_min(lh)} ({margin_text()}) fits the floor of {floor_l}, "
-        f"{serving_now} serving - {k}"
+    elif c.cal_floor > c.cfg.min_serving and c.floor_c > c.serving_now:
+        reason = Reason.CALENDAR
+        text = f"calendar rule {c.cal_rule} needs {c.floor_c} nodes serving within {_min(c.h)}, {c.serving_now} serving"
+    else:
+        reason = Reason.MIN_SERVING
+        text = f"min_serving {c.cfg.min_serving} > {c.serving_now} serving"
+    if not c.fresh:
+        text += f" ({c.status_text})"
+    count = min(desired, c.reachable) - c.serving_now
+    if count <= 0:
+        return c.work(c.decision(desired, Reason.NO_CANDIDATES, f"{text}; no lent node may be reclaimed"))
+    return c.work(
+        c.decision(desired, reason, text),
+        reclaim=count,
+        reason=reason,
+        detail=text,
+        urgent=urgent,
+        respect_min_lend=reason is Reason.FORECAST_RISE,
     )
-    return work(decision(serving_now - k, Reason.LOW_FORECAST, text), lend=k, lend_detail=text)
+
+
+def _lend(c: _Tick) -> _PoolWork:
+    """Lend only on full, fresh information, what the forecast over the lend horizon leaves."""
+    if not c.fresh:
+        return c.hold(c.status, f"not lending: {c.status_text}")  # type: ignore[arg-type]
+    if c.gov is not None and not c.gov.lend_allowed:
+        return c.hold(Reason.SLO_BUDGET, f"not lending: {c.gov.describe()}")
+    if c.cal is not None and c.cal.margin is None:
+        return c.hold(Reason.CALIBRATING, f"not lending: {c.cal.samples} of {c.cal.needed} minutes of history to calibrate the margin on")
+    lend_load = max(x for x in (c.demand_now, c.fc.lend_peak, c.fc.recent_peak) if x is not None)
+    lend_need = c.need(lend_load, c.lh)
+    floor_l = max(c.floor_lend, lend_need)
+    if floor_l >= c.serving_now:
+        return _no_room(c, lend_load, lend_need)
+    blocked = _lend_blocked(c)
+    if blocked is not None:
+        return blocked
+    room = c.serving_now - floor_l
+    if c.cfg.max_lent is not None:
+        room = min(room, c.cfg.max_lent - c.lent_now)
+    k = min(room, len(c.lendable))
+    fc_text = f"forecast peak {lend_load:.1f} replicas over next {_min(c.lh)}"
+    text = (
+        f"{fc_text} ({c.margin_text()}) needs {lend_need} < {c.serving_now} serving - {k}"
+        if lend_need > c.floor_lend
+        else f"{fc_text} ({c.margin_text()}) fits the floor of {floor_l}, {c.serving_now} serving - {k}"
+    )
+    return c.work(c.decision(c.serving_now - k, Reason.LOW_FORECAST, text), lend=k, lend_detail=text)
+
+
+def _no_room(c: _Tick, lend_load: float, lend_need: int) -> _PoolWork:
+    """The forecast, the calendar or min_serving needs every serving node over the lend horizon."""
+    if lend_need >= c.serving_now:
+        return c.hold(
+            Reason.STEADY,
+            f"forecast peak {lend_load:.1f} replicas over next {_min(c.lh)} needs {lend_need} of {c.serving_now} serving nodes ({c.margin_text()})",
+        )
+    if c.cal_floor_lend >= c.serving_now and c.cal_floor_lend > c.cfg.min_serving:
+        return c.hold(Reason.CALENDAR_NO_LEND, f"calendar rule {c.cal_rule_lend} forbids lending within {_min(c.lh)}")
+    return c.hold(Reason.AT_FLOOR, f"min_serving {c.cfg.min_serving} = {c.serving_now} serving")
+
+
+def _lend_blocked(c: _Tick) -> _PoolWork | None:
+    """There is room to lend, but not now: unstable demand, capacity in transit, no research
+    demand, max_lent reached or no node that may be lent."""
+    if not c.fc.stable:
+        return c.hold(Reason.STABILIZING, f"demand not observed low for the whole {c.pol.scale_down_window_s:.0f} s window")
+    if c.in_transit:
+        return c.hold(Reason.CAPACITY_IN_TRANSIT, f"{c.in_transit} nodes on their way back to serving")
+    if c.pol.require_pending_jobs and c.view.pending_research_nodes <= 0:
+        return c.hold(Reason.NO_RESEARCH_DEMAND, "no research job waits in the preempt partition")
+    if c.cfg.max_lent is not None and c.lent_now >= c.cfg.max_lent:
+        return c.hold(Reason.MAX_LENT, f"{c.lent_now} lent = max_lent {c.cfg.max_lent}")
+    if not c.lendable:
+        return c.hold(Reason.NO_CANDIDATES, "no serving node may be lent (pinned or with a problem)")
+    return None
 
 
 def decisions_by_pool(p: Plan) -> Mapping[str, PoolDecision]:

@@ -13,7 +13,9 @@ controller for actions; the modelled delays then play out as timed events:
   once; the node is free after the Slurm grace period (at once if it was idle), then the vLLM
   pod cold-starts for ``cold_start_s`` before it is Ready. So a reclaimed node with a job is
   never Ready before ``grace_s + cold_start_s``;
-- **research**: ``bridge.simulate.research`` starts, completes, preempts and requeues jobs.
+- **research**: ``bridge.simulate.research`` starts, completes, preempts and requeues jobs;
+- **tiers**: with ``slurm.fast_partition`` a lend carries its tier (``Action.tier``); a
+  fast-tier node runs only fast-tier jobs and releases after ``slurm.fast_grace_s``.
 
 Metrics: lent GPU-hours (time nodes spend lent to Slurm), research work kept and lost,
 preemptions, lends, reclaims, and SLO-violation minutes: minutes in which the offered load
@@ -44,6 +46,7 @@ from bridge.model import (
     Phase,
     PoolState,
     SlurmJob,
+    Tier,
 )
 from bridge.policy.forecast import measured_horizon
 from bridge.simulate.research import JobMix, Research
@@ -187,6 +190,7 @@ class _Node:
     since: float
     ready: bool
     lent_since: float = 0.0
+    tier: Tier = Tier.NORMAL  # the partition it is lent to (lending .. reclaiming)
 
 
 class Engine:
@@ -199,7 +203,8 @@ class Engine:
         self.rpn = setup.replicas_per_node
         self.nodes = {n: _Node(n, Phase.SERVING, -86400.0, True) for n in setup.node_names()}
         self.order = tuple(self.nodes)
-        self.research = Research.create(setup.mix, setup.gpus_per_node, setup.seed)
+        self.tiered = setup.config.slurm.fast_partition is not None
+        self.research = Research.create(setup.mix, setup.gpus_per_node, setup.seed, tiered=self.tiered)
         self.heap: list[tuple[float, int, int, str, int]] = []
         self._n = 0
         self.ready_count = setup.nodes
@@ -215,6 +220,7 @@ class Engine:
         self._cold_rng = np.random.default_rng([setup.seed, 7])
         self._reclaim_at: dict[str, float] = {}
         self.reclaim_delays: list[float] = []  # measured: reclaim decided -> replica Ready, seconds
+        self.fast_reclaim_delays: list[float] = []  # the same, of fast-tier nodes
         self.cold_starts: list[float] = []
 
     def _cold_start(self) -> float:
@@ -271,7 +277,8 @@ class Engine:
                 self._set_ready(t, +1)
                 at = self._reclaim_at.pop(key, None)
                 if at is not None:
-                    self.reclaim_delays.append(t - at)
+                    (self.fast_reclaim_delays if n.tier is Tier.FAST else self.reclaim_delays).append(t - at)
+                n.tier = Tier.NORMAL
 
     def _freed(self, t: float, nodes: Sequence[str]) -> None:
         for name in nodes:
@@ -283,10 +290,13 @@ class Engine:
         if not self.lent_free:
             return
         free = sorted(self.lent_free)
-        for j in self.research.schedule(t, free):
-            for name in j.nodes:
-                self.lent_free.discard(name)
-            self._push(t + j.remaining_s(), _JOB_END, j.job_id, j.run_token)
+        tiers = (False, True) if self.tiered else (False,)
+        for fast in tiers:
+            part = [n for n in free if (self.nodes[n].tier is Tier.FAST) == fast]
+            for j in self.research.schedule(t, part, fast):
+                for name in j.nodes:
+                    self.lent_free.discard(name)
+                self._push(t + j.remaining_s(), _JOB_END, j.job_id, j.run_token)
 
     # --- actions -----------------------------------------------------------------------------
 
@@ -300,6 +310,7 @@ class Engine:
                 self.ignored += 1
                 return
             n.phase, n.since, n.ready = Phase.LENDING, t, False
+            n.tier = a.tier if self.tiered else Tier.NORMAL
             self._set_ready(t, -1)
             self._push(t + self.s.drain_s, _LENT, n.name)
             self.lends += 1
@@ -315,7 +326,8 @@ class Engine:
         jid = self.research.node_job.get(n.name)
         if jid is not None:
             job = self.research.jobs[jid]
-            if job.state == "running" and self.research.preempt(jid, t, self.s.grace_s):
+            grace = self.s.config.slurm.fast_grace_s if n.tier is Tier.FAST else self.s.grace_s
+            if job.state == "running" and self.research.preempt(jid, t, grace):
                 self._push(job.free_at, _RELEASE, jid)
             free_at = max(free_at, job.free_at)
         self.reclaims += 1
@@ -340,7 +352,8 @@ class Engine:
                     job_id=jid,
                     name=j.cls.name,
                     user="research",
-                    partition=self.s.config.slurm.preempt_partition,
+                    partition=(self.s.config.slurm.fast_partition or "") if self.research.is_fast(j)
+                    else self.s.config.slurm.preempt_partition,
                     state=j.state,
                     nodes=j.nodes,
                     start_time=base + j.run_start,
@@ -380,26 +393,30 @@ class Engine:
                               "drained", (), inflight=inflight if n.ready else None)
                 )
             elif ph is Phase.LENDING:
-                states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained"))
+                states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained",
+                                        tier=n.tier))
             elif ph is Phase.LENT or ph is Phase.RECLAIMING:
                 jid = rj.get(name)
                 st = "allocated" if jid is not None else ("idle" if ph is Phase.LENT else "drained")
                 states.append(
                     NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, 0, False, st,
-                              (jid,) if jid is not None else ())
+                              (jid,) if jid is not None else (), tier=n.tier)
                 )
             else:  # returning
                 states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained"))
         ready_rep = ready * self.rpn
         committed = sum(1 for n in self.nodes.values() if n.phase in (Phase.SERVING, Phase.RECLAIMING, Phase.RETURNING))
         h = measured_horizon(s.config, self.pool, self.reclaim_delays)
-        pools = {self.pool.name: PoolState(self.pool.name, sig, (), ready_rep, committed * self.rpn, horizon_s=h)}
+        hf = measured_horizon(s.config, self.pool, self.fast_reclaim_delays, fast=True) if self.tiered else None
+        pools = {self.pool.name: PoolState(self.pool.name, sig, (), ready_rep, committed * self.rpn, horizon_s=h,
+                                           fast_horizon_s=hf)}
         return ClusterView(
             now=base + t,
             nodes=tuple(states),
             pools=pools,
             jobs=self._jobs_view(t),
             pending_research_nodes=self.research.pending_nodes(),
+            pending_fast_nodes=self.research.pending_nodes(fast=True) if self.tiered else 0,
         )
 
     # --- run ---------------------------------------------------------------------------------

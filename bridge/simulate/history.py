@@ -1,6 +1,6 @@
 """A pool's own Prometheus history -> the simulator's per-minute load (pure; no I/O).
 
-``gpu-bridge simulate --prometheus`` reads ``bridge.adapters.prom.RequestHistory`` (one
+``gpu-bridge simulate --prometheus`` reads ``bridge.adapters.prom.types.RequestHistory`` (one
 sample per minute and replica) and this module turns it into a ``Workload``:
 
 - **arrivals.** vLLM has no arrivals counter. Requests that arrived in a minute = requests
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bridge.adapters.prom import RequestHistory
+from bridge.adapters.prom.types import RequestHistory
 from bridge.config import TargetConfig
 from bridge.errors import BridgeError
 from bridge.simulate.workload import MINUTE_S, Workload

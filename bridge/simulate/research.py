@@ -14,6 +14,10 @@ anywhere from its last checkpoint. Work since that checkpoint (or since the run'
 within the grace, as ``slurm_conf/examples/train-checkpointing.sbatch`` does) loses nothing. A job publishes its last checkpoint to the policy as
 ``SlurmJob.checkpoint_time`` (the ``gpu-bridge:checkpoint=<t>`` comment) when ``publishes``.
 
+With a fast partition (``tiered``), jobs of ``fast`` classes run only on nodes lent to the
+fast tier and the others only on normal-tier nodes, each tier with its own backlog; a
+fast-tier preemption has the fast partition's grace.
+
 Time here is simulation seconds; the engine adds the unix epoch when it builds views.
 """
 
@@ -41,6 +45,9 @@ class JobClass:
     # seconds it needs to checkpoint when Slurm signals it at the start of GraceTime (the
     # slurm_conf/examples template); if that fits in the grace, a preemption loses nothing
     signal_save_s: float | None = None
+    # submitted to the fast-grace partition (slurm.fast_partition): short or checkpointing
+    # continuously; with no fast partition configured it runs in the normal one
+    fast: bool = False
 
 
 DEFAULT_MIX: tuple[JobClass, ...] = (
@@ -49,6 +56,17 @@ DEFAULT_MIX: tuple[JobClass, ...] = (
     JobClass("medium", 0.25, 2, 4.0, 12.0, 3600.0),
     JobClass("large", 0.15, 4, 8.0, 24.0, 7200.0),
     JobClass("large-silent", 0.10, 2, 6.0, 24.0, 3600.0, publishes=False),
+)
+
+# Both tiers: the default mix at 70 % of its weight, plus 30 % fast-tier jobs, half short
+# (15 min to 1 h, no checkpoint) and half checkpointing continuously (every 10 min, and on the
+# preemption signal within 10 s, inside the fast partition's grace).
+TIERED_MIX: tuple[JobClass, ...] = tuple(
+    JobClass(c.name, round(c.weight * 0.7, 6), c.nodes, c.min_hours, c.max_hours, c.checkpoint_s, c.publishes, c.signal_save_s)
+    for c in DEFAULT_MIX
+) + (
+    JobClass("short-fast", 0.15, 1, 0.25, 1.0, None, fast=True),
+    JobClass("ckpt-fast", 0.15, 1, 2.0, 8.0, 600.0, signal_save_s=10.0, fast=True),
 )
 
 
@@ -71,7 +89,7 @@ def parse_job_mix(data: object, source: str = "job mix") -> JobMix:
     if not isinstance(raw, list) or not raw:
         problems.append(f"{source}: classes: must be a non-empty list, got {raw!r}")
         raise ConfigError(problems)
-    known = {"name", "weight", "nodes", "min_hours", "max_hours", "checkpoint_s", "publishes", "signal_save_s"}
+    known = {"name", "weight", "nodes", "min_hours", "max_hours", "checkpoint_s", "publishes", "signal_save_s", "fast"}
     classes: list[JobClass] = []
     for i, c in enumerate(raw):
         where = f"{source}: classes[{i}]"
@@ -83,7 +101,11 @@ def parse_job_mix(data: object, source: str = "job mix") -> JobMix:
         name = str(c.get("name", f"class-{i}"))
         w, n, lo, hi = c.get("weight", 1.0), c.get("nodes"), c.get("min_hours"), c.get("max_hours")
         ck, pub, sig = c.get("checkpoint_s"), c.get("publishes", True), c.get("signal_save_s")
+        fast = c.get("fast", False)
         ok = True
+        if not isinstance(fast, bool):
+            problems.append(f"{where}.fast: must be true or false, got {fast!r}")
+            ok = False
         if sig is not None and (not isinstance(sig, (int, float)) or isinstance(sig, bool) or not sig >= 0):
             problems.append(f"{where}.signal_save_s: must be >= 0 or null, got {sig!r}")
             ok = False
@@ -110,7 +132,7 @@ def parse_job_mix(data: object, source: str = "job mix") -> JobMix:
             classes.append(
                 JobClass(
                     name, float(w), int(n), float(lo), float(hi), None if ck is None else float(ck), pub,  # type: ignore[arg-type]
-                    None if sig is None else float(sig),
+                    None if sig is None else float(sig), fast,
                 )
             )
     if problems:
@@ -186,17 +208,22 @@ class Research:
     node_job: dict[str, str] = field(default_factory=dict)  # node -> job occupying it
     acct: Accounts = field(default_factory=Accounts)
     _seq: int = 0
+    tiered: bool = False  # a fast partition exists: fast-class jobs run only on fast-tier nodes
 
     @classmethod
-    def create(cls, mix: JobMix, gpus_per_node: int, seed: int) -> "Research":
-        r = cls(mix, gpus_per_node, random.Random(seed * 7919 + 17))
+    def create(cls, mix: JobMix, gpus_per_node: int, seed: int, *, tiered: bool = False) -> "Research":
+        r = cls(mix, gpus_per_node, random.Random(seed * 7919 + 17), tiered=tiered)
         r._refill()
         return r
 
+    def is_fast(self, j: Job) -> bool:
+        """The job runs in the fast partition (it asked for it, and there is one)."""
+        return self.tiered and j.cls.fast
+
     # --- backlog -----------------------------------------------------------------------------
 
-    def _new_job(self) -> Job:
-        classes = self.mix.classes
+    def _new_job(self, fast: bool | None = None) -> Job:
+        classes = self.mix.classes if fast is None else tuple(k for k in self.mix.classes if k.fast == fast)
         c = self.rng.choices(classes, weights=[k.weight for k in classes])[0]
         hours = self.rng.uniform(c.min_hours, c.max_hours)
         self._seq += 1
@@ -205,16 +232,28 @@ class Research:
         return j
 
     def _refill(self) -> None:
-        while len(self.pending) < self.mix.queue_depth:
-            self.pending.append(self._new_job())  # new jobs have the highest seq: append keeps order
+        if not self.tiered or all(c.fast == self.mix.classes[0].fast for c in self.mix.classes):
+            while len(self.pending) < self.mix.queue_depth:
+                self.pending.append(self._new_job())  # new jobs have the highest seq: append keeps order
+            return
+        # two partitions, two backlogs: each tier keeps its share of the queue depth (one
+        # tier's jobs never crowd the other's out of the backlog)
+        total = sum(c.weight for c in self.mix.classes)
+        fast_depth = max(1, round(self.mix.queue_depth * sum(c.weight for c in self.mix.classes if c.fast) / total))
+        for fast, depth in ((False, self.mix.queue_depth - fast_depth), (True, fast_depth)):
+            have = sum(1 for j in self.pending if j.cls.fast == fast)
+            for _ in range(depth - have):
+                self.pending.append(self._new_job(fast))
 
-    def pending_nodes(self) -> int:
-        return sum(j.cls.nodes for j in self.pending)
+    def pending_nodes(self, fast: bool | None = None) -> int:
+        """Nodes' worth of pending jobs: all, or of one tier."""
+        return sum(j.cls.nodes for j in self.pending if fast is None or self.is_fast(j) == fast)
 
     # --- scheduling --------------------------------------------------------------------------
 
-    def schedule(self, now: float, free: Sequence[str]) -> list[Job]:
-        """Start what fits on ``free`` (lent nodes without a job, in a stable order)."""
+    def schedule(self, now: float, free: Sequence[str], fast: bool = False) -> list[Job]:
+        """Start what fits on ``free`` (lent nodes without a job, in a stable order), all of
+        one tier: only that tier's jobs start there."""
         if not free or not self.pending:
             return []
         avail = list(free)
@@ -224,7 +263,7 @@ class Research:
         keep: list[Job] = []
         for j in self.pending:
             n = j.cls.nodes
-            if not avail:
+            if not avail or self.is_fast(j) != fast:
                 keep.append(j)
                 continue
             if shadow is None:
@@ -233,7 +272,7 @@ class Research:
                     del avail[:n]
                     started.append(j)
                     continue
-                shadow, extra = self._reservation(n, len(avail))
+                shadow, extra = self._reservation(n, len(avail), fast)
                 keep.append(j)
                 continue
             if n <= len(avail) and (now + j.remaining_s() <= shadow or n <= extra):
@@ -248,9 +287,11 @@ class Research:
         self._refill()
         return started
 
-    def _reservation(self, need: int, free_now: int) -> tuple[float, int]:
+    def _reservation(self, need: int, free_now: int, fast: bool = False) -> tuple[float, int]:
         ends = sorted(
-            (j.free_at if j.state == "completing" else j.expected_end(), len(j.nodes)) for j in self.running.values()
+            (j.free_at if j.state == "completing" else j.expected_end(), len(j.nodes))
+            for j in self.running.values()
+            if self.is_fast(j) == fast
         )
         have = free_now
         for t, n in ends:

@@ -108,7 +108,7 @@ def build_app(source: WebSource) -> Starlette:
             doc: dict[str, Any] = {"pool": pool, "hours": [], "available": False,
                                    "calibration": "no usable load history in Prometheus yet: nothing to forecast from"}
             return "outlook.html", doc, {"chart": None, "rows": []}
-        from bridge.forecast_cli import outlook_doc
+        from bridge.cli.forecast import outlook_doc
 
         doc = outlook_doc(got) | {"available": True, "now_text": pages.iso(got.now)}
         rows = pages.outlook_chart_rows(got.hours)

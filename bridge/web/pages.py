@@ -1,6 +1,6 @@
 """The documents behind each page (and its JSON endpoint), from what the adapters read. Pure:
 no I/O, ``now`` passed in; the numbers come from the daemon's own functions
-(``daemon_cli.status_rows``, ``policy.victims.job_loss_gpu_hours``, ``policy.outlook``)."""
+(``cli.daemon.status_rows``, ``policy.victims.job_loss_gpu_hours``, ``policy.outlook``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from bridge.adapters.prom import DaemonHistory
+from bridge.adapters.prom.types import DaemonHistory
 from bridge.adapters.slurm.types import SlurmJobInfo
 from bridge.policy.outlook import HourOutlook, first_free_window
 from bridge.policy.victims import job_loss_gpu_hours

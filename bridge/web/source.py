@@ -15,13 +15,13 @@ from bridge import logs
 from bridge.adapters.kube.client import api_client_from_config
 from bridge.adapters.kube.events import NodeEventReader
 from bridge.adapters.kube.objects import NodeEvent
-from bridge.adapters.prom import DaemonHistory, PromPool
+from bridge.adapters.prom.types import DaemonHistory, PromPool
 from bridge.adapters.slurm.types import SlurmJobInfo
 from bridge.config import Config, replace
 from bridge.daemon import Daemon
-from bridge.daemon_cli import status_rows
+from bridge.cli.daemon import status_rows
 from bridge.errors import AdapterError
-from bridge.forecast_cli import NoHistoryError, PoolOutlook, read_outlook
+from bridge.cli.forecast import NoHistoryError, PoolOutlook, read_outlook
 from bridge.preemption import EVENT_REASON, Preemption, parse_preemption
 from bridge.wiring import Adapters, build_adapters
 

@@ -29,7 +29,7 @@ from bridge.adapters.protocols import (
     SlurmAdapterProtocol,
 )
 from bridge.adapters.slurm import CliSlurm, NotOursError
-from bridge.leader import LeaderElector
+from bridge.adapters.kube.lease import LeaderElector
 from bridge.model import Phase, Pin
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeLeader
 from gpu_bridge_lab.fakes.slurm import FakeSlurm

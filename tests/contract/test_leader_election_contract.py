@@ -87,7 +87,7 @@ def test_our_elector_writes_a_renew_time_of_whole_seconds(kube: Kube) -> None:
     """A MicroTime of exactly .000000 (here a whole-second clock): the generated client would
     re-serialize it as "...:00+00:00", which a real apiserver refuses (400); the elector sends
     its Lease body as built (bridge.adapters.kube.calls.send_json)."""
-    from bridge.leader import LeaderElector
+    from bridge.adapters.kube.lease import LeaderElector
 
     client, api = kube.client()
     core, coord = client.CoreV1Api(api), client.CoordinationV1Api(api)

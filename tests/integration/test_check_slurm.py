@@ -30,15 +30,16 @@ def cluster() -> Iterator[SlurmOnly]:
         yield c
 
 
-def _config(c: SlurmOnly, tmp_path: Path) -> Path:
+def _config(c: SlurmOnly, tmp_path: Path, **slurm: object) -> Path:
     doc = to_dict(default_config())
     doc["slurm"]["grace_s"] = GRACE_S
+    doc["slurm"].update(slurm)
     doc["slurm"]["slurm_conf"] = c.sb.slurm_env()["SLURM_CONF"]
     return write_config(tmp_path / "gpu-bridge.yaml", doc)
 
 
-def _check(c: SlurmOnly, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
-    rc = cli.main(["check-slurm", "--config", str(_config(c, tmp_path))])
+def _check(c: SlurmOnly, tmp_path: Path, capsys: pytest.CaptureFixture[str], **slurm: object) -> tuple[int, list[str]]:
+    rc = cli.main(["check-slurm", "--config", str(_config(c, tmp_path, **slurm))])
     out = capsys.readouterr().out
     return rc, [ln for ln in out.splitlines() if ln.startswith("PROBLEM ")]
 
@@ -81,3 +82,30 @@ def test_a_cluster_without_the_lua_plugins_is_told(tmp_path: Path, capsys: pytes
         rc, problems = _check(c, tmp_path, capsys)
     assert rc == 1
     assert [p.split(":")[0] for p in problems] == ["PROBLEM JobSubmitPlugins = (not set)", "PROBLEM CliFilterPlugins = (not set)"]
+
+
+def test_the_fast_tier_partition_is_checked_when_configured(
+    cluster: SlurmOnly, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """slurm.fast_partition set: missing -> named; created as the snippet says -> fits; a
+    GraceTime other than slurm.fast_grace_s on the running controller -> named."""
+    fast = {"fast_partition": "preempt-fast", "fast_grace_s": 3}
+    rc, problems = _check(cluster, tmp_path, capsys, **fast)
+    assert rc == 1 and [p.split(" = ")[0] for p in problems] == ["PROBLEM PartitionName=preempt-fast"]
+    r = cluster.run(["scontrol", "create", "PartitionName=preempt-fast", "Nodes=gpu-node-01", "PriorityTier=1",
+                     "PreemptMode=REQUEUE", "GraceTime=3", "OverTimeLimit=2", "State=UP"])
+    assert r.returncode == 0, r.stderr
+    try:
+        rc, problems = _check(cluster, tmp_path, capsys, **fast)
+        assert (rc, problems) == (0, [])
+        rc, problems = _check(cluster, tmp_path, capsys)  # not configured: an unknown partition on the node
+        assert rc == 1 and [p.split(" = ")[0] for p in problems] == ["PROBLEM PartitionName=preempt-fast Nodes"]
+        assert cluster.run(["scontrol", "update", "PartitionName=preempt-fast", "GraceTime=5"]).returncode == 0
+        rc, problems = _check(cluster, tmp_path, capsys, **fast)
+    finally:
+        cluster.run(["scontrol", "delete", "PartitionName=preempt-fast"])
+    assert rc == 1
+    assert problems == [
+        "PROBLEM PartitionName=preempt-fast GraceTime = 5: differs from slurm.fast_grace_s (3 s in the config): "
+        "gpu-bridge would plan the tier's nodes as released sooner or later than Slurm releases them",
+    ]

@@ -29,7 +29,7 @@ import json, signal, sys, time
 from bridge import logs
 logs.configure(json=True, stream=sys.stderr)  # stdout carries only our JSON lines
 from bridge.adapters.kube import api_client_from_config
-from bridge.leader import LeaderElector
+from bridge.adapters.kube.lease import LeaderElector
 kubeconfig, identity, lease_s, namespace = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 e = LeaderElector(api_client_from_config(kubeconfig=kubeconfig), namespace=namespace, identity=identity,
                   lease_duration_s=lease_s, renew_deadline_s=lease_s * 2 / 3, retry_period_s=0.2)

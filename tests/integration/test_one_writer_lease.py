@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from bridge.adapters.kube import api_client_from_config
 from bridge.config import default_config, to_dict
-from bridge.leader import LeaderElector
+from bridge.adapters.kube.lease import LeaderElector
 from gpu_bridge_lab.sandbox.daemon_config import write_config
 from test_kube_adapter_support import Corner, corner, ensure_namespace, seed_deployment  # noqa: F401 (corner: fixture)
 

@@ -22,7 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from bridge.adapters.prom import PromAdapter, PromPool
+from bridge.adapters.prom.signals import PromAdapter
+from bridge.adapters.prom.types import PromPool
 from bridge.errors import AdapterError
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs /usr/bin/prometheus")]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.adapters.prom import PromAdapter, PromPool
+from bridge.adapters.prom.signals import PromAdapter
+from bridge.adapters.prom.types import PromPool
 
 from test_prom_adapter import RunningPrometheus
 

@@ -21,7 +21,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from test_prom_adapter import free_port, serve_text_format
 
-from bridge.adapters.prom import PromAdapter, PromPool
+from bridge.adapters.prom.signals import PromAdapter
+from bridge.adapters.prom.types import PromPool
 from bridge.config import parse_config
 from gpu_bridge_lab.sandbox.cluster import prometheus as sandbox_prom
 

@@ -24,7 +24,7 @@ import yaml
 
 from bridge import wellknown as wk
 from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config
-from bridge.leader import LeaderElector
+from bridge.adapters.kube.lease import LeaderElector
 from bridge.model import Phase
 from gpu_bridge_lab.sandbox.realkube.component import RBAC_MANIFEST, apply_rbac
 from gpu_bridge_lab.sandbox.realkube.serving_model import ServingModel, seed_serving, wait_serving_ready

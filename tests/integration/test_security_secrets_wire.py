@@ -20,7 +20,7 @@ import yaml
 from bridge import logs
 from bridge.adapters.kube import KubeAdapter, PoolTarget, api_client_from_config
 from bridge.errors import AdapterError
-from bridge.leader import LeaderElector
+from bridge.adapters.kube.lease import LeaderElector
 from bridge.model import Phase
 from gpu_bridge_lab.sandbox.faultproxy import FaultProxy, proxied_kubeconfig
 

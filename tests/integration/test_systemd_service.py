@@ -298,7 +298,7 @@ def test_unit_under_real_systemd(svc: Svc) -> None:
     assert restart_total_s <= watchdog_s + restart_s + ready_s + 15, restart_total_s
     pid2 = int(st2["MainPID"])
     # the new daemon converges: it leads again and the pool stays lent down to MIN_SERVING
-    # identity: hostname-pid-suffix (bridge.leader.default_identity): the new process holds it
+    # identity: hostname-pid-suffix (bridge.adapters.kube.lease.default_identity): the new process holds it
     ident = lease_identity(holder)
     assert ident is not None and ident[1] == pid1, holder
     wait_until(lambda: lease_identity(svc.lease_holder() or "") == (ident[0], pid2), 30, "the new daemon to take the Lease")

@@ -17,7 +17,7 @@ from bridge import wellknown as wk
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.kube.objects import DeploymentInfo, parse_deployment, parse_node, parse_pod
 from bridge.adapters.protocols import PoolTarget
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from bridge.adapters.slurm.cli import CliSlurm, CommandResult
 from tests.slurm_text import sdiag
 from bridge.config import default_config

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from bridge.adapters.prom import KV_V0, KV_V1, RUNNING, TAG, WAITING, PromAdapter, PromPool
+from bridge.adapters.prom.signals import PromAdapter
+from bridge.adapters.prom.types import KV_V0, KV_V1, RUNNING, TAG, WAITING, PromPool
 from bridge.config import default_config
 from bridge.errors import AdapterError
 from bridge.model import ActionKind, ClusterView, LoadSignals, NodeState, Phase, PoolState

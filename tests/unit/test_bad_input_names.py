@@ -16,7 +16,7 @@ import pytest
 from bridge import wellknown as wk
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.protocols import PoolTarget
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from bridge.adapters.slurm.cli import CliSlurm
 from bridge.names import validate_job_id, validate_node_name
 from bridge.config import default_config

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from bridge import wellknown as wk
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.protocols import PoolTarget
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from bridge.adapters.slurm.cli import CliSlurm, CommandResult
 from tests.slurm_text import sdiag
 from bridge.adapters.slurm.parse import parse_jobs, parse_nodes

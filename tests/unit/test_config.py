@@ -440,3 +440,43 @@ def test_check_config_schema(capsys: pytest.CaptureFixture[str]) -> None:
     }
     top = {key for key, _d, _m in describe_keys() if "." not in key}
     assert set(schema["properties"]) == top
+
+
+@pytest.mark.parametrize(
+    ("slurm", "expected"),
+    [
+        pytest.param({}, [], id="tier-off-by-default"),
+        pytest.param({"grace_s": 0}, [], id="tier-off-ignores-fast-grace"),
+        pytest.param({"fast_partition": "preempt-fast"}, [], id="default-fast-grace-below-normal"),
+        pytest.param(
+            {"fast_partition": "preempt-fast", "fast_grace_s": 120},
+            ["bridge.yaml: slurm.fast_grace_s: must be < slurm.grace_s (120) when fast_partition is set, got 120"],
+            id="fast-grace-equal-to-normal",
+        ),
+        pytest.param(
+            {"fast_partition": "preempt-fast", "grace_s": 10},
+            ["bridge.yaml: slurm.fast_grace_s: must be < slurm.grace_s (10) when fast_partition is set, got 15"],
+            id="default-fast-grace-above-lowered-normal",
+        ),
+        pytest.param({"fast_grace_s": 0}, ["bridge.yaml: slurm.fast_grace_s: must be > 0, got 0"], id="fast-grace-zero"),
+        pytest.param(
+            {"fast_partition": "preempt"},
+            ['bridge.yaml: slurm.fast_partition: must differ from preempt_partition and hold_partition, got "preempt"'],
+            id="fast-partition-is-the-normal-one",
+        ),
+        pytest.param(
+            {"fast_partition": "pre empt"},
+            ['bridge.yaml: slurm.fast_partition: expected a partition name, got "pre empt"'],
+            id="fast-partition-not-a-name",
+        ),
+    ],
+)
+def test_fast_tier_keys(slurm: dict[str, object], expected: list[str]) -> None:
+    """The fast tier is off unless named; when on, its grace must be shorter than the normal one."""
+    data = {"pools": [{"name": "a"}], "slurm": slurm}
+    if expected:
+        assert problems(data) == expected
+    else:
+        cfg = parse_config(data)
+        assert cfg.slurm.fast_partition == slurm.get("fast_partition")
+        assert cfg.slurm.fast_grace_s == 15.0

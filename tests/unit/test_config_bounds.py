@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import PoolTarget
 from bridge.config import MAX_NUMBER, Config, _bare, _fields, parse_config
 from bridge.daemon import Daemon

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.protocols import PoolTarget
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import parse_config
 from bridge.daemon import Daemon

@@ -14,7 +14,7 @@ from bridge import wellknown as wk
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.protocols import PoolTarget
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from bridge.config import Config, parse_config
 from bridge.daemon import Daemon
 from bridge.wiring import policy_memory

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import PoolTarget
 from bridge.config import parse_config
 from bridge.daemon import Daemon

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bridge.daemon import TickResult
-from bridge.daemon_cli import tick_status
+from bridge.cli.daemon import tick_status
 
 
 def test_tick_status_says_leading_standby_or_why() -> None:

@@ -47,7 +47,7 @@ def test_the_actuator_reports_each_changing_write_to_its_hook_and_the_product_se
     from gpu_bridge_lab.fakes.kube import FakeKube
     from bridge.adapters.protocols import PoolTarget
     from gpu_bridge_lab.fakes.slurm import FakeSlurm
-    from bridge.daemon_cli import register_cli
+    from bridge.cli.daemon import register_cli
     import argparse
 
     kube = FakeKube(now=0.0)

@@ -13,12 +13,12 @@ from prometheus_client import CollectorRegistry
 
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from bridge.adapters.protocols import PoolTarget
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import parse_config
 from bridge.daemon import Daemon
 from bridge.wiring import policy_memory
-from bridge.forecast_cli import sentence
+from bridge.cli.forecast import sentence
 from bridge.metrics import BridgeMetrics
 from bridge.model import LoadSignals
 from bridge.policy.outlook import HourOutlook, first_free_window, lendable_outlook, outlook_calibration

@@ -264,7 +264,7 @@ def test_pace_falls_linearly_from_the_whole_usable_budget_to_zero_at_the_reserve
 
 
 def test_status_and_plan_print_each_pools_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    from bridge.daemon_cli import _print_budgets
+    from bridge.cli.daemon import _print_budgets
     from bridge.model import PoolState
 
     pools = [

@@ -9,7 +9,7 @@ import pytest
 from bridge import wellknown as wk
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeLeader, FakeProm
 from bridge.adapters.kube import EvictOutcome, KubeApiError, KubeConflictError, KubeReader, KubeWriter, PoolTarget
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import PromReader
 from bridge.model import LoadSignals, Phase
 

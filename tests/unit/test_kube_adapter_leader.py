@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from bridge.leader import LeaderElector
+from bridge.adapters.kube.lease import LeaderElector
 
 
 class Resp:
@@ -181,7 +181,7 @@ def test_a_garbled_lease_is_an_error_not_a_crash(setup: tuple[LeaseStore, Clock,
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from bridge.leader import LeaseKeeper  # noqa: E402
+from bridge.adapters.kube.lease import LeaseKeeper  # noqa: E402
 
 
 def real_elector(store: LeaseStore, identity: str, *, lease_s: int = 3, deadline_s: float = 2.0) -> LeaderElector:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from bridge import cli, daemon_cli
+from bridge import cli
+from bridge.cli import daemon as daemon_cli
 from bridge.config import default_config, to_dict
 from bridge.errors import AdapterError
 from gpu_bridge_lab.sandbox.daemon_config import write_config

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from bridge import cli, daemon_cli
+from bridge import cli
+from bridge.cli import daemon as daemon_cli
 from bridge import wellknown as wk
-from bridge.adapters.prom import PromPool
+from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, SlurmAdapterProtocol
 from bridge.adapters.slurm import CliSlurm
 from bridge.adapters.slurm.cli import changes_slurm

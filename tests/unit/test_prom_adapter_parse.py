@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from bridge.adapters import prom
-from bridge.adapters.prom import PromPool, build_query, parse_instant, parse_range
+from bridge.adapters.prom import types as prom
+from bridge.adapters.prom.signals import build_query, parse_instant, parse_range
+from bridge.adapters.prom.types import PromPool
 
 POOL = PromPool("llama", "llama-70b")
 T = 1_800_000_000.0
@@ -157,7 +158,7 @@ class StandInClient:
     ids=["key-error", "not-a-list", "no-value"],
 )
 def test_bad_answers_are_adapter_errors_never_no_load(client: StandInClient, message: str) -> None:
-    from bridge.adapters.prom import PromAdapter
+    from bridge.adapters.prom.signals import PromAdapter
     from bridge.errors import AdapterError
 
     adapter = PromAdapter("http://unused", client=client)  # type: ignore[arg-type]

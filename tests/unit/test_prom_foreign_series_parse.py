@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from bridge.adapters import prom
-from bridge.adapters.prom import PromPool, build_query, parse_instant, selector
+from bridge.adapters.prom import types as prom
+from bridge.adapters.prom.signals import build_query, parse_instant
+from bridge.adapters.prom.types import PromPool, selector
 from bridge.config import parse_config
 from bridge.errors import ConfigError
 

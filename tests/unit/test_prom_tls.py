@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from bridge.adapters.prom import PromAccess, PromAdapter, PromPool
+from bridge.adapters.prom.signals import PromAccess, PromAdapter
+from bridge.adapters.prom.types import PromPool
 from bridge.config import parse_config
 from bridge.errors import AdapterError, ConfigError
 from bridge.wiring import prom_adapter

@@ -120,7 +120,6 @@ def code_calls() -> set[tuple[str, str]]:
 
     out: set[tuple[str, str]] = set()
     files = sorted(p for p in (ROOT / "bridge" / "adapters" / "kube").glob("*.py") if p.name not in WEB_ONLY_FILES)
-    files.append(ROOT / "bridge" / "leader.py")
     for path in files:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -130,7 +129,7 @@ def code_calls() -> set[tuple[str, str]]:
             name = node.func.attr
             if name == "run" and len(consts) >= 2 and consts[0] and consts[1]:
                 out.add((consts[0], consts[1]))
-            elif name == "_write" and path.name == "leader.py" and consts and consts[0]:
+            elif name == "_write" and path.name == "lease.py" and consts and consts[0]:
                 out.add((consts[0], "leases"))
             elif name == "_informer" and len(consts) >= 2 and consts[1]:
                 out |= {("list", consts[1]), ("watch", consts[1])}

@@ -80,6 +80,26 @@ def test_partitions_follow_the_reclaim_design() -> None:
     assert "Default=YES" not in hold
 
 
+def test_the_fast_grace_partition_is_made_only_when_asked() -> None:
+    """fast_grace_s: `preempt-fast` over the same nodes as `preempt`, same tier, REQUEUE, its own
+    GraceTime (what slurm_conf/slurm.conf.snippet's commented line says); none by default."""
+    def parts(**kw: object) -> dict[str, str]:
+        lines = conf_lines(render_slurm_conf(layout(**kw)))
+        return {ln.split()[0]: ln for ln in lines if ln.startswith("PartitionName=")}
+
+    assert "PartitionName=preempt-fast" not in parts(grace_s=20)
+    got = parts(grace_s=20, fast_grace_s=3)
+    fast = got["PartitionName=preempt-fast"].split()
+    for want in ("Nodes=gpu-node-01,gpu-node-02,gpu-node-03", "PriorityTier=1", "PreemptMode=REQUEUE", "GraceTime=3",
+                 f"OverTimeLimit={wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN}"):
+        assert want in fast
+    assert "Default=YES" not in fast  # `preempt` stays the default partition
+    assert "GraceTime=20" in got[f"PartitionName={wellknown.SLURM_PREEMPT_PARTITION}"].split()
+    for bad in (0, 20, 25):
+        with pytest.raises(ValueError, match="fast_grace_s"):
+            render_slurm_conf(layout(grace_s=20, fast_grace_s=bad))
+
+
 def test_job_submit_and_extra_conf() -> None:
     text = render_slurm_conf(layout(job_submit_lua=True, extra="MaxJobCount=5000\n"))
     lines = conf_lines(text)

@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bridge.adapters.prom import PromPool, build_request_query, parse_request_range
+from bridge.adapters.prom.history import build_request_query, parse_request_range
+from bridge.adapters.prom.types import PromPool
 from bridge.config import TargetConfig
-from bridge.simulate.cli import parse_duration, parse_time
+from bridge.cli.simulate import parse_duration, parse_time
 from bridge.simulate.history import HistoryError, build_history_load, trace_csv
 from bridge.trace import load_trace
-from bridge.adapters.prom import RequestHistory
+from bridge.adapters.prom.types import RequestHistory
 
 T0 = 1_796_000_400.0  # a multiple of 600 s
 TARGET = TargetConfig()
@@ -239,7 +240,7 @@ class _FakeClient:
 
 
 def test_request_history_reads_day_chunks_that_join_without_a_gap() -> None:
-    from bridge.adapters.prom import PromAdapter
+    from bridge.adapters.prom.signals import PromAdapter
 
     client = _FakeClient()
     adapter = PromAdapter("http://127.0.0.1:1", client=client)  # type: ignore[arg-type]

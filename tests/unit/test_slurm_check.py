@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bridge.adapters.slurm.parse import parse_show_config, parse_show_partitions
-from bridge.config import default_config
+from bridge.config import Config, default_config, replace
 from bridge.slurm_check import check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,3 +99,70 @@ def test_parse_recorded_22_05_output() -> None:
     parts = parse_show_partitions((FIX / "show-partition-22.05.txt").read_text())
     assert set(parts) >= {"preempt", "gpu-bridge"}
     assert parts["gpu-bridge"]["OverSubscribe"] == "EXCLUSIVE" and parts["preempt"]["PreemptMode"] == "REQUEUE"
+
+
+# --- the fast-grace tier (slurm.fast_partition) ---------------------------------------------
+
+FAST = {"PartitionName": "preempt-fast", "Nodes": "gpu-node-[01-04]", "PriorityTier": "1", "PreemptMode": "REQUEUE",
+        "GraceTime": "15", "OverTimeLimit": "2"}
+
+
+def _fast_config(fast_grace_s: float = 15.0) -> Config:
+    cfg = default_config()
+    return replace(cfg, slurm=replace(cfg.slurm, fast_partition="preempt-fast", fast_grace_s=fast_grace_s))
+
+
+def test_a_fast_tier_set_up_as_documented_fits() -> None:
+    assert check(_fast_config(), GOOD_SETTINGS, _parts(**{"preempt-fast": dict(FAST)})) == []
+
+
+def test_without_the_fast_tier_configured_its_partition_is_just_another_sharing_nodes() -> None:
+    """fast_partition: null (the default): a preempt-fast over the lendable nodes is unknown to
+    gpu-bridge, which would neither plan nor honour its grace."""
+    found = check(default_config(), GOOD_SETTINGS, _parts(**{"preempt-fast": dict(FAST)}))
+    assert [f.key for f in found] == ["PartitionName=preempt-fast Nodes"]
+
+
+@pytest.mark.parametrize(
+    "fast, keys",
+    [
+        ({"PreemptMode": "CANCEL"}, ["PartitionName=preempt-fast PreemptMode"]),
+        ({"GraceTime": "30"}, ["PartitionName=preempt-fast GraceTime"]),
+        ({"GraceTime": "120"}, ["PartitionName=preempt-fast GraceTime"] * 2),  # != config and not shorter
+        ({"OverTimeLimit": "NONE"}, ["PartitionName=preempt-fast OverTimeLimit"]),
+        ({"PriorityTier": "100"}, ["PartitionName=preempt-fast PriorityTier"]),
+        ({"Nodes": "gpu-node-[01-03]"}, ["PartitionName=preempt-fast Nodes"]),
+        ({"Nodes": "gpu-node-[01-05]"}, ["PartitionName=preempt-fast Nodes"]),
+        ({"Nodes": "ALL"}, ["PartitionName=preempt-fast Nodes"]),
+    ],
+    ids=["mode", "grace", "grace-not-shorter", "overtime", "tier", "fewer-nodes", "more-nodes", "all-nodes"],
+)
+def test_each_fast_tier_conflict_is_named(fast: dict[str, str], keys: list[str]) -> None:
+    found = check(_fast_config(), GOOD_SETTINGS, _parts(**{"preempt-fast": {**FAST, **fast}}))
+    assert [f.key for f in found] == keys, found
+
+
+def test_a_missing_fast_partition_is_named() -> None:
+    found = check(_fast_config(), GOOD_SETTINGS, _parts())
+    assert [f.key for f in found] == ["PartitionName=preempt-fast"]
+    assert "slurm.fast_partition names it" in found[0].problem
+
+
+def test_the_fast_grace_must_match_the_config() -> None:
+    found = check(_fast_config(fast_grace_s=10), GOOD_SETTINGS, _parts(**{"preempt-fast": dict(FAST)}))
+    assert [f.key for f in found] == ["PartitionName=preempt-fast GraceTime"]
+    assert "slurm.fast_grace_s (10 s" in found[0].problem
+
+
+def test_the_snippets_fast_partition_line_fits_the_check() -> None:
+    """The commented line an administrator uncomments, parsed as slurmctld would show it."""
+    m = re.search(r"^#PartitionName=preempt-fast (.*)$", _snippet(), flags=re.M)
+    assert m
+    line = dict(kv.split("=", 1) for kv in m.group(1).split())
+    fast = {**line, "Nodes": PREEMPT["Nodes"], "MaxTime": line["MaxTime"]}
+    preempt_line = dict(kv.split("=", 1) for kv in re.search(r"^PartitionName=preempt (.*)$", _snippet(), flags=re.M).group(1).split())  # type: ignore[union-attr]
+    assert line["Nodes"] == preempt_line["Nodes"]  # same lendable nodes as preempt
+    parts = _parts(**{"preempt-fast": fast})
+    parts["preempt"]["GraceTime"] = preempt_line["GraceTime"]
+    assert check(_fast_config(float(line["GraceTime"])), GOOD_SETTINGS, parts) == []
+    assert float(line["GraceTime"]) == default_config().slurm.fast_grace_s

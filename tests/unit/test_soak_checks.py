@@ -9,7 +9,7 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bridge.leader import default_identity
+from bridge.adapters.kube.lease import default_identity
 from gpu_bridge_lab.sandbox import soak as S
 from gpu_bridge_lab.sandbox.e2e import lease_identity
 

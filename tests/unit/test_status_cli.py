@@ -3,7 +3,7 @@ node (annotation gpu-bridge.io/reason) is in the rows (--json) and, shortened, i
 
 from __future__ import annotations
 
-from bridge.daemon_cli import WHY_WIDTH, status_rows, status_table
+from bridge.cli.daemon import WHY_WIDTH, status_rows, status_table
 from bridge.model import Phase
 from tests.pdb_world import pdb_world
 

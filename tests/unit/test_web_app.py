@@ -14,10 +14,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from bridge.adapters.kube.objects import NodeEvent
-from bridge.adapters.prom import DaemonHistory, PromPool, parse_daemon_history
+from bridge.adapters.prom.history import parse_daemon_history
+from bridge.adapters.prom.types import DaemonHistory, PromPool
 from bridge.adapters.protocols import PoolTarget
 from bridge.config import parse_config
-from bridge.daemon_cli import status_rows
+from bridge.cli.daemon import status_rows
 from bridge.model import Phase
 from bridge.preemption import EVENT_REASON, parse_preemption, preemption_message
 from bridge.web import svg

@@ -40,7 +40,7 @@ def test_the_wheel_holds_only_the_product(wheel: Path) -> None:
     assert tops == {"bridge", next(t for t in tops if t.endswith(".dist-info"))}, tops
     assert not [n for n in names if n.startswith(LAB_PATHS)]
     for must in ("bridge/daemon.py", "bridge/policy/plan.py", "bridge/lifecycle.py", "bridge/adapters/slurm/cli.py",
-                 "bridge/simulate/engine.py", "bridge/cli.py", "bridge/data/traces/servegen-m-large.csv"):
+                 "bridge/simulate/engine.py", "bridge/cli/__init__.py", "bridge/data/traces/servegen-m-large.csv"):
         assert must in names
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     mpl = [line for line in meta.splitlines() if line.startswith("Requires-Dist: matplotlib")]

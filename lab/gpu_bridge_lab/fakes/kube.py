@@ -35,7 +35,7 @@ from bridge.adapters.kube.objects import (
     parse_pod,
 )
 from bridge.adapters.protocols import CacheStatus, KubeAdapterProtocol, Leader, PoolTarget, PromReader
-from bridge.adapters.prom import PromPool, SignalsReading
+from bridge.adapters.prom.types import PromPool, SignalsReading
 from bridge.model import LoadSignals, Phase, Pin
 
 

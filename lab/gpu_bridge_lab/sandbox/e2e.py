@@ -55,7 +55,7 @@ def wait_until(check: Callable[[], Any], timeout_s: float, what: str, poll_s: fl
 
 def lease_identity(identity: str) -> tuple[str, int] | None:
     """(hostname, pid) of a daemon's Lease identity, ``hostname-pid-suffix``
-    (bridge.leader.default_identity); None for any other holder."""
+    (bridge.adapters.kube.lease.default_identity); None for any other holder."""
     parts = identity.rsplit("-", 2)
     return (parts[0], int(parts[1])) if len(parts) == 3 and parts[1].isdigit() else None
 

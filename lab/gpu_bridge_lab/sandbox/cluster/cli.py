@@ -21,6 +21,9 @@ def register_cli(subparsers: Any) -> None:
     up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"private directory (default {DEFAULT_DIR})")
     up.add_argument("--nodes", type=int, default=4, help="Slurm nodes gpu-node-01.. (default 4)")
     up.add_argument("--grace-s", type=int, default=10, help="GraceTime of the preempt partition (default 10)")
+    up.add_argument("--fast-grace-s", type=int, default=None,
+                    help="also create the fast-grace partition preempt-fast (same nodes) with this GraceTime "
+                    "(< --grace-s; default: none)")
     up.add_argument("--scrape", action="append", default=[], metavar="[JOB=]HOST:PORT",
                     help="extra Prometheus scrape target (repeatable), e.g. gpu-bridge=127.0.0.1:9464")
     up.add_argument("--job-submit-lua", type=Path, default=None, help="install this job_submit.lua (JobSubmitPlugins=lua)")
@@ -52,8 +55,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         extra = args.extra_slurm_conf.read_text() if args.extra_slurm_conf else ""
         if args.slurm_only or args.no_vllm or args.no_prometheus:
             sb = Sandbox(
-                args.dir, nodes=args.nodes, grace_s=args.grace_s, scrape_targets=args.scrape,
-                job_submit_lua=args.job_submit_lua, extra_slurm_conf=extra,
+                args.dir, nodes=args.nodes, grace_s=args.grace_s, fast_grace_s=args.fast_grace_s,
+                scrape_targets=args.scrape, job_submit_lua=args.job_submit_lua, extra_slurm_conf=extra,
                 vllm=False if args.no_vllm else None,
                 vllm_args=tuple(args.vllm_arg) if args.vllm_arg is not None else ("--replicas", "1"),
                 kube=args.kube, timeout_s=args.timeout_s, prometheus=not args.no_prometheus,
@@ -62,8 +65,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
             sb = serving_sandbox(
-                args.dir, nodes=args.nodes, grace_s=args.grace_s, scrape_targets=args.scrape,
-                job_submit_lua=args.job_submit_lua, extra_slurm_conf=extra,
+                args.dir, nodes=args.nodes, grace_s=args.grace_s, fast_grace_s=args.fast_grace_s,
+                scrape_targets=args.scrape, job_submit_lua=args.job_submit_lua, extra_slurm_conf=extra,
                 pod_start_delay_s=args.pod_start_delay_s, vllm_extra=tuple(args.vllm_arg or ()),
                 timeout_s=args.timeout_s,
             )

@@ -213,6 +213,7 @@ class Sandbox:
         *,
         nodes: int = 4,
         grace_s: int = 10,
+        fast_grace_s: int | None = None,
         extra_slurm_conf: str = "",
         job_submit_lua: Path | str | None = None,
         cli_filter_lua: Path | str | None = None,
@@ -240,6 +241,7 @@ class Sandbox:
             raise SandboxError(f"--dir: {self.dir} is too long (max 60 characters: unix socket paths)")
         self.node_names = slurm.node_names(nodes)
         self.grace_s = int(grace_s)
+        self.fast_grace_s = int(fast_grace_s) if fast_grace_s is not None else None
         self.extra_slurm_conf = extra_slurm_conf
         self.job_submit_lua = Path(job_submit_lua).absolute() if job_submit_lua else None
         if self.job_submit_lua is not None and not self.job_submit_lua.is_file():
@@ -340,6 +342,7 @@ class Sandbox:
                 node_ports=dict(self.node_ports),
                 munge_socket=self.munge_paths.socket,
                 grace_s=self.grace_s,
+                fast_grace_s=self.fast_grace_s,
                 cpus=self.cpus_per_node,
                 real_memory_mb=self.real_memory_mb,
                 gpus=self.gpus_per_node,
@@ -637,6 +640,7 @@ class Sandbox:
             "startup_s": self.startup_s,
             "nodes": list(self.node_names),
             "grace_s": self.grace_s,
+            "fast_grace_s": self.fast_grace_s,
             "partitions": {"preempt": wellknown.SLURM_PREEMPT_PARTITION, "hold": wellknown.SLURM_HOLD_PARTITION},
             "ports": {**self.ports, "slurmd": dict(self.node_ports)},
             "urls": {k: v for k, v in (("prometheus", "prometheus" in self.ports and self.prometheus_url), ("vllm", self.vllm_url)) if v},
@@ -665,7 +669,9 @@ class Sandbox:
         if doc.get("version") != STATE_VERSION:
             raise SandboxError(f"{d / STATE_FILE}: version {doc.get('version')!r}, expected {STATE_VERSION}")
         try:
-            sb = cls(d, nodes=len(doc["nodes"]), grace_s=int(doc["grace_s"]))
+            fast = doc.get("fast_grace_s")
+            sb = cls(d, nodes=len(doc["nodes"]), grace_s=int(doc["grace_s"]),
+                     fast_grace_s=int(fast) if fast is not None else None)
             ports = dict(doc["ports"])
             sb.node_ports = {str(k): int(v) for k, v in ports.pop("slurmd", {}).items()}
             sb.ports = {str(k): int(v) for k, v in ports.items()}

@@ -32,6 +32,10 @@ def node_names(n: int, prefix: str = "gpu-node-") -> tuple[str, ...]:
     return tuple(f"{prefix}{i:0{width}d}" for i in range(1, n + 1))
 
 
+# The fast-grace tier's partition as slurm_conf/ names it (gpu-bridge.yaml slurm.fast_partition).
+FAST_PARTITION = "preempt-fast"
+
+
 @dataclass(frozen=True, slots=True)
 class SlurmLayout:
     """Everything slurm.conf needs to know; paths all inside the sandbox dir."""
@@ -42,6 +46,8 @@ class SlurmLayout:
     node_ports: Mapping[str, int]
     munge_socket: Path
     grace_s: int = 10
+    # GraceTime of the fast-grace tier `preempt-fast` (same nodes as `preempt`); None: no such partition.
+    fast_grace_s: int | None = None
     cpus: int = 8
     real_memory_mb: int = 16000
     gpus: int = 4
@@ -121,6 +127,8 @@ class SlurmLayout:
             problems.append(f"node_ports: no port for {', '.join(missing)}")
         if self.grace_s < 0:
             problems.append(f"grace_s: must be >= 0, got {self.grace_s}")
+        if self.fast_grace_s is not None and not 0 < self.fast_grace_s < self.grace_s:
+            problems.append(f"fast_grace_s: must be > 0 and < grace_s ({self.grace_s}), got {self.fast_grace_s}")
         if self.gpus < 1:
             problems.append(f"gpus: must be >= 1, got {self.gpus}")
         if not _NAME_OK.match(self.hold_group):
@@ -194,6 +202,14 @@ def render_slurm_conf(lay: SlurmLayout) -> str:
         f"PartitionName={wellknown.SLURM_PREEMPT_PARTITION} Nodes={all_nodes} Default=YES PriorityTier=1 "
         f"PreemptMode=REQUEUE GraceTime={lay.grace_s} OverTimeLimit={wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN} "
         "MaxTime=INFINITE State=UP",
+    ]
+    if lay.fast_grace_s is not None:  # slurm_conf/slurm.conf.snippet's preempt-fast line
+        lines.append(
+            f"PartitionName={FAST_PARTITION} Nodes={all_nodes} PriorityTier=1 PreemptMode=REQUEUE "
+            f"GraceTime={lay.fast_grace_s} OverTimeLimit={wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN} "
+            "MaxTime=INFINITE State=UP"
+        )
+    lines += [
         f"PartitionName={wellknown.SLURM_HOLD_PARTITION} Nodes={all_nodes} PriorityTier=100 PreemptMode=OFF "
         f"OverSubscribe=EXCLUSIVE AllowGroups={lay.hold_group} MaxTime=INFINITE State=UP",
     ]

@@ -90,6 +90,9 @@ def register_cli(subparsers: Any) -> None:
     g.add_argument("--gen-tokens-sigma", type=_non_negative, default=_DEFAULTS.gen_tokens_sigma)
     g.add_argument("--max-model-len", type=int, default=_DEFAULTS.max_model_len)
     g.add_argument("--max-tokens", type=int, default=_DEFAULTS.max_tokens)
+    g.add_argument("--enable-sleep-mode", action="store_true",
+                   help="like vllm --enable-sleep-mode: /sleep, /wake_up, /is_sleeping (also needs "
+                   "VLLM_SERVER_DEV_MODE=1 in the environment, as vLLM), memory accounting and its metrics")
     g = p.add_argument_group("load")
     g.add_argument("--trace", default=None, help="trace CSV (default: the shipped ServeGen trace)")
     g.add_argument("--speed", type=_positive, default=1.0, help="trace seconds per wall second (288: a day in 5 min)")
@@ -119,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     from bridge import logs
     from bridge.errors import ConfigError
     from gpu_bridge_lab.sandbox.vllm.server import SimServer
+    from gpu_bridge_lab.sandbox.vllm.sleep import SleepParams
     from gpu_bridge_lab.sandbox.vllm.sim import SimError, Simulation
     from bridge.trace import load_trace
 
@@ -150,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
         trace = trace.scaled(args.scale)
     models = args.models or [DEFAULT_MODEL]
     sim = Simulation(trace, models, params, speed=args.speed, trace_start_s=args.trace_start_s, seed=args.seed,
-                     step_s=args.step_s, max_cv=args.max_cv)
+                     step_s=args.step_s, max_cv=args.max_cv,
+                     sleep_params=SleepParams() if args.enable_sleep_mode else None)
     i_node = 0
     for model in models:
         for i in range(args.replicas):

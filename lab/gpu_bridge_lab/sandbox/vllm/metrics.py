@@ -20,8 +20,10 @@ from prometheus_client.registry import Collector
 
 from gpu_bridge_lab.sandbox.vllm.model import FINISH_REASONS, STARTING, Replica
 from gpu_bridge_lab.sandbox.vllm.sim import Simulation
+from gpu_bridge_lab.sandbox.vllm.sleep import MIB, SLEEP_STATES
 
 LABELS: tuple[str, ...] = ("model_name", "engine", "pod", "node")
+GPU_MODEL_NAME = "NVIDIA H100 80GB HBM3"  # dcgm-exporter's modelName label
 METRICS_VERSIONS: tuple[str, ...] = ("v1", "v0")
 
 # name -> type, for docs and tests
@@ -86,8 +88,32 @@ class VllmSimCollector(Collector):
         sim_replicas = GaugeMetricFamily("vllm_sim_replicas", "Simulated replicas by state.", labels=["model_name", "state"])
         sim_trace = GaugeMetricFamily("vllm_sim_trace_time_seconds", "Current position in the load trace (seconds since its day-0 midnight).")
 
+        # sleep mode (only with --enable-sleep-mode): vLLM's gauge, and the GPU and host memory
+        # the replica holds, as NVIDIA's dcgm-exporter (MiB, per GPU) and node memory would show
+        sleep_state = GaugeMetricFamily("vllm:engine_sleep_state", "Engine sleep state: 1 for the current state.",
+                                        labels=lab + ["sleep_state"])
+        fb_used = GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
+                                    labels=["gpu", "Hostname", "modelName", "pod"])
+        fb_free = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).",
+                                    labels=["gpu", "Hostname", "modelName", "pod"])
+        host_mem = GaugeMetricFamily("vllm_sim_host_memory_bytes",
+                                     "Host memory the replica's process holds (level-1 sleep keeps the weights there).",
+                                     labels=["pod", "node"])
         sim = self.sim
         with sim.lock:
+            for name, st in sim.sleep.items():
+                r = sim.replicas[name]
+                if r.state == STARTING:
+                    continue
+                current = st.sleep_state()
+                for state in SLEEP_STATES:
+                    sleep_state.add_metric(_labels(r) + [state], 1.0 if state == current else 0.0)
+                used, total = st.gpu_used_mib(), st.params.gpu_total_mib
+                for gpu in range(st.params.gpus):
+                    lv = [str(gpu), r.node or "", GPU_MODEL_NAME, r.name]
+                    fb_used.add_metric(lv, round(used))
+                    fb_free.add_metric(lv, round(total - used))
+                host_mem.add_metric([r.name, r.node or ""], st.host_mib() * MIB)
             sim_trace.add_metric([], sim.trace_time())
             for name, m in sim.models.items():
                 sim_rate.add_metric([name], m.last_rate)
@@ -129,6 +155,8 @@ class VllmSimCollector(Collector):
             yield cpu_kv
         yield from (prompt, gen, success, preempt, ttft, e2e, queue)
         yield from (sim_trace, sim_rate, sim_cv, sim_arrived, sim_rejected, sim_aborted, sim_replicas)
+        if sim.sleep_params is not None:
+            yield from (sleep_state, fb_used, fb_free, host_mem)
 
 
 def _labels(r: Replica) -> list[str]:

@@ -163,6 +163,7 @@ class Replica:
         self.e2e = Hist(REQUEST_LATENCY_BUCKETS_S)
         self.queue_time = Hist(REQUEST_LATENCY_BUCKETS_S)
         self.last_pick = 0  # load-balancer tie-break: least recently picked first
+        self.paused = False  # asleep, or a sleep/wake in progress (sleep mode: the simulation sets it)
 
     # --- observations ------------------------------------------------------------------
     @property
@@ -171,7 +172,7 @@ class Replica:
 
     @property
     def accepting(self) -> bool:
-        return self.state == SERVING
+        return self.state == SERVING and not self.paused
 
     @property
     def exposed(self) -> bool:

@@ -9,12 +9,23 @@
     GET    /load                trace clock, rates, overrides
     PUT    /load                {"model"?, "rate"?, "multiplier"?, "cv"?, "reset"?}
 
+vLLM's sleep-mode dev endpoints, per replica (each replica is one vLLM server; its base URL
+is ``/replicas/{name}``), and at the root when exactly one replica exists. Only with
+``VLLM_SERVER_DEV_MODE=1`` and ``--enable-sleep-mode``; otherwise 404 ``{"detail": "Not Found"}``
+as vLLM answers for a route it did not register. Each call returns when the simulated
+offload/wake completes, like vLLM's:
+
+    POST   [/replicas/{name}]/sleep?level=1|2     -> 200 (empty body)
+    POST   [/replicas/{name}]/wake_up[?tags=weights&tags=kv_cache]   -> 200 (empty body)
+    GET    [/replicas/{name}]/is_sleeping         -> {"is_sleeping": bool}
+
 A ticker thread advances the simulation from the monotonic wall clock every ``tick_s``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +40,7 @@ from gpu_bridge_lab.sandbox.vllm.sim import SimError, Simulation
 
 log = logs.get(__name__)
 
+SLEEP_ACTIONS = ("sleep", "wake_up", "is_sleeping")
 MAX_CATCH_UP_S = 30.0  # after a stall longer than this, simulated time skips instead of racing
 
 
@@ -36,8 +48,10 @@ class SimServer:
     """The simulation, its ticker and its HTTP server. ``start()`` then ``url``; ``stop()``."""
 
     def __init__(self, sim: Simulation, host: str = "127.0.0.1", port: int = 0, *,
-                 metrics_version: str = "v1", tick_s: float = 0.1) -> None:
+                 metrics_version: str = "v1", tick_s: float = 0.1, dev_mode: bool | None = None) -> None:
         self.sim = sim
+        # vLLM registers /sleep, /wake_up, /is_sleeping only with VLLM_SERVER_DEV_MODE=1
+        self.dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1" if dev_mode is None else dev_mode
         self.registry: CollectorRegistry = make_registry(sim, metrics_version)
         self.tick_s = tick_s
         self._stop = threading.Event()
@@ -74,6 +88,13 @@ class SimServer:
         self._httpd.server_close()
         for th in self._threads:
             th.join(timeout=5)
+
+    def wait_until(self, sim_t: float, timeout_s: float = 600.0) -> None:
+        """Block until the simulation clock reaches ``sim_t`` (the ticker advances it), as
+        vLLM's /sleep and /wake_up return only once the copy is done."""
+        deadline = time.monotonic() + timeout_s
+        while self.sim.t < sim_t and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(min(0.02, self.tick_s))
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.tick_s):
@@ -123,12 +144,50 @@ def _make_handler(server: SimServer) -> type[BaseHTTPRequestHandler]:
             except ValueError as exc:
                 raise SimError(f"request body: invalid JSON ({exc})") from exc
 
+        def _sleep_route(self, method: str, path: str, query: dict[str, list[str]]) -> bool:
+            """vLLM's dev endpoints; False when ``path`` is none of them."""
+            name, _, action = path.rpartition("/")
+            if action not in SLEEP_ACTIONS or not (name == "" or name.startswith("/replicas/")):
+                return False
+            if not server.dev_mode or sim.sleep_params is None:
+                self._json(404, {"detail": "Not Found"})
+                return True
+            if (method, action) not in (("POST", "sleep"), ("POST", "wake_up"), ("GET", "is_sleeping")):
+                self._json(405, {"detail": "Method Not Allowed"})
+                return True
+            if name:
+                replica = unquote(name[len("/replicas/"):])
+            else:
+                with sim.lock:
+                    names = list(sim.replicas)
+                if len(names) != 1:
+                    raise SimError(f"{len(names)} replicas here: use /replicas/{{name}}/{action}", 404)
+                replica = names[0]
+            if action == "is_sleeping":
+                self._json(200, {"is_sleeping": sim.is_sleeping(replica)})
+                return True
+            if action == "sleep":
+                raw = query.get("level", ["1"])[0]
+                try:
+                    level = int(raw)
+                except ValueError as exc:
+                    raise SimError(f"level: expected 1 or 2, got {raw!r}", 400) from exc
+                done = sim.sleep_replica(replica, level)
+            else:
+                done = sim.wake_replica(replica, query.get("tags") or None)
+            log.info("replica_sleep_mode", pod=replica, step=action, reason=f"completes at sim t={done:.1f}")
+            server.wait_until(done)
+            self._send(200, b"", "application/json")
+            return True
+
         def _route(self, method: str) -> None:
             parts = urlsplit(self.path)
             path = parts.path.rstrip("/") or "/"
             query = parse_qs(parts.query)
             try:
-                if path == "/metrics" and method in ("GET", "HEAD"):
+                if self._sleep_route(method, path, query):
+                    pass
+                elif path == "/metrics" and method in ("GET", "HEAD"):
                     self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
                 elif path in ("/healthz", "/health") and method in ("GET", "HEAD"):
                     self._json(200, {"ok": True, "sim_time_s": round(sim.t, 3), "replicas": len(sim.replicas)})

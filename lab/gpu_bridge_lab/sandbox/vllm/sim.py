@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from gpu_bridge_lab.sandbox.vllm.arrivals import ArrivalProcess, sample_sizes
-from gpu_bridge_lab.sandbox.vllm.model import DRAINING, GONE, Replica, ReplicaParams, Request
+from gpu_bridge_lab.sandbox.vllm.model import DRAINING, GONE, SERVING, Replica, ReplicaParams, Request
+from gpu_bridge_lab.sandbox.vllm.sleep import SleepParams, SleepState
 from bridge.trace import Trace
 
 DEFAULT_STEP_S = 0.1
@@ -71,6 +72,7 @@ class Simulation:
         seed: int = 0,
         step_s: float = DEFAULT_STEP_S,
         max_cv: float | None = None,
+        sleep_params: SleepParams | None = None,
     ) -> None:
         model_names = list(dict.fromkeys(models))
         if not model_names:
@@ -94,6 +96,9 @@ class Simulation:
             m: ModelLoad(m, ArrivalProcess(np.random.default_rng(children[2 * i]))) for i, m in enumerate(model_names)
         }
         self.replicas: dict[str, Replica] = {}
+        # vLLM's sleep mode (--enable-sleep-mode): None = off, as vLLM's default
+        self.sleep_params = sleep_params
+        self.sleep: dict[str, SleepState] = {}
         self._seq = 0
         self._picks = 0
 
@@ -186,6 +191,8 @@ class Simulation:
                 raise SimError(f"replica.warmup_s: expected a number >= 0, got {warmup_s!r}")
             rep = Replica(name, model, self.params, node=node or "", t=self.t, warmup_s=warmup_s)
             self.replicas[name] = rep
+            if self.sleep_params is not None:
+                self.sleep[name] = SleepState(self.sleep_params)
             return rep
 
     def remove_replica(self, name: str, shutdown_timeout_s: float | None = None) -> Replica:
@@ -208,6 +215,47 @@ class Simulation:
         for name in [n for n, r in self.replicas.items() if r.state == GONE]:
             rep = self.replicas.pop(name)
             self.models[rep.model].aborted_total += rep.aborted_total
+            self.sleep.pop(name, None)
+
+    # --- sleep mode (vLLM's dev endpoints /sleep, /wake_up, /is_sleeping) ---------------------
+    def _sleep_state(self, name: str) -> tuple[Replica, SleepState]:
+        rep = self.replicas.get(name)
+        if rep is None:
+            raise SimError(f"replica {name!r} not found", 404)
+        st = self.sleep.get(name)
+        if st is None:
+            raise SimError("Not Found", 404)  # vLLM without sleep mode: no such route
+        return rep, st
+
+    def sleep_replica(self, name: str, level: int = 1) -> float:
+        """``POST /sleep?level=``: the simulation time the offload completes. Refused while
+        requests are in flight (the caller drains traffic first) or the replica is not serving."""
+        with self.lock:
+            rep, st = self._sleep_state(name)
+            if level not in (1, 2):
+                raise SimError(f"level: expected 1 or 2, got {level!r}", 400)
+            if rep.state != SERVING:
+                raise SimError(f"replica {name!r} is {rep.state}: only a serving engine can sleep", 409)
+            if rep.load and not st.is_sleeping:
+                raise SimError("Cannot put engine to sleep while requests are being processed", 500)
+            done = st.sleep(self.t, level)
+            rep.paused = True
+            return done
+
+    def wake_replica(self, name: str, tags: list[str] | None = None) -> float:
+        """``POST /wake_up[?tags=weights|kv_cache]``: the simulation time the wake completes."""
+        with self.lock:
+            rep, st = self._sleep_state(name)
+            try:
+                done = st.wake(self.t, tags)
+            except ValueError as exc:
+                raise SimError(str(exc), 400) from exc
+            rep.paused = st.serving_blocked(self.t)
+            return done
+
+    def is_sleeping(self, name: str) -> bool:
+        with self.lock:
+            return self._sleep_state(name)[1].is_sleeping
 
     # --- the clock -----------------------------------------------------------------------------
     def advance(self, seconds: float) -> None:
@@ -231,6 +279,10 @@ class Simulation:
             offsets = m.arrivals.arrivals(rate, cv, dt)
             if offsets:
                 self._dispatch(m, t, offsets)
+        for name, st in self.sleep.items():  # a finished wake serves again from this step on
+            rep = self.replicas.get(name)
+            if rep is not None:
+                rep.paused = st.serving_blocked(t)
         for rep in self.replicas.values():
             rep.step(t, dt)
         self.t = t + dt

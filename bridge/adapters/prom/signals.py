@@ -29,13 +29,12 @@ bearer token); there is no switch to turn verification off.
 from __future__ import annotations
 
 import math
-import re
 import threading
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import requests
 from prometheus_api_client import PrometheusConnect
@@ -46,94 +45,13 @@ from bridge import logs
 from bridge.errors import AdapterError
 from bridge.model import LoadSignals
 
-from .protocols import PromReader
+from .history import REQUEST_CHUNK_STEPS, build_daemon_query, build_request_query, parse_daemon_history, parse_request_range
+from .types import (
+    ERROR_CAP, GAUGES, GENERATION, KV_V0, KV_V1, POD_LABEL, PROMPT, RUNNING, TAG, WAITING, DaemonHistory, PromPool,
+    RequestHistory, SignalsReading, _bad, _describe, _escape, _float, _pod_key, _replica_key, _tag, _window, selector,
+)
 
 log = logs.get(__name__)
-
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_V1 = "vllm:kv_cache_usage_perc"
-KV_V0 = "vllm:gpu_cache_usage_perc"
-PROMPT = "vllm:prompt_tokens_total"
-GENERATION = "vllm:generation_tokens_total"
-GAUGES = (RUNNING, WAITING, KV_V1, KV_V0)
-TAG = "bridge_q"
-ENGINE = "engine"
-POD_LABEL = "pod"  # the pod of a series (Kubernetes service discovery relabels __meta_kubernetes_pod_name to it)
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-ERROR_CAP = 300
-
-
-@dataclass(frozen=True, slots=True)
-class PromPool:
-    """What selects one pool's vLLM series: its ``model_name``, extra exact matchers, its
-    ``namespace`` (matched on ``namespace_label``; None = any) and, for the current reading,
-    only the pool's own pods (``own_pods_only``: a series' ``pod`` must be one of the
-    ``live_pods`` given to ``PromAdapter.current``)."""
-
-    name: str
-    model: str
-    matchers: Mapping[str, str] = field(default_factory=dict)
-    namespace: str | None = None
-    namespace_label: str = "namespace"
-    own_pods_only: bool = False
-
-    def __post_init__(self) -> None:
-        if self.namespace is not None and (not _LABEL_NAME.fullmatch(self.namespace_label) or self.namespace_label.startswith("__")):
-            raise ValueError(f"prometheus.namespace_label: {self.namespace_label!r} is not a label name")
-        reserved = ("model_name", TAG, *((self.namespace_label,) if self.namespace is not None else ()))
-        for key in self.matchers:
-            if not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
-                raise ValueError(f"pools[{self.name}].prometheus_matchers: {key!r} is not a label name")
-            if key in reserved:
-                raise ValueError(f"pools[{self.name}].prometheus_matchers: {key!r} is set by gpu-bridge itself")
-
-    @classmethod
-    def from_config(cls, pool: PoolSettings, prometheus: SelectionSettings | None = None) -> PromPool:
-        """From a ``bridge.config.PoolConfig`` (name, model, namespace, prometheus_matchers) and
-        the ``prometheus`` section (``namespace_label``, ``own_pods_only``); without the
-        section, model and matchers only."""
-        if prometheus is None:
-            return cls(name=pool.name, model=pool.model, matchers=dict(pool.prometheus_matchers))
-        label = prometheus.namespace_label
-        return cls(
-            name=pool.name,
-            model=pool.model,
-            matchers=dict(pool.prometheus_matchers),
-            namespace=pool.namespace if label else None,
-            namespace_label=label or "namespace",
-            own_pods_only=prometheus.own_pods_only,
-        )
-
-    def foreign(self, metric: Mapping[str, str]) -> str | None:
-        """Why a returned series is not this pool's (model, namespace), or None."""
-        if metric.get("model_name") != self.model:
-            return f"model_name is not {self.model!r}"
-        if self.namespace is not None and metric.get(self.namespace_label) != self.namespace:
-            return f"{self.namespace_label} is not {self.namespace!r}"
-        return None
-
-
-class PoolSettings(Protocol):
-    """What a pool's Prometheus selection needs of its configuration (``bridge.config.PoolConfig``)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def prometheus_matchers(self) -> Mapping[str, str]: ...
-
-
-class SelectionSettings(Protocol):
-    """What series selection needs of the ``prometheus`` section (``bridge.config.PrometheusConfig``)."""
-
-    @property
-    def namespace_label(self) -> str | None: ...
-    @property
-    def own_pods_only(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,44 +75,7 @@ class PromAccess:
         return s
 
 
-@dataclass(frozen=True, slots=True)
-class SignalsReading:
-    """The signals of one pool at one instant, and why any of them is None."""
-
-    pool: str
-    signals: LoadSignals
-    problems: Mapping[str, str] = field(default_factory=dict)  # signal field -> reason it is None
-    ignored: tuple[str, ...] = ()  # series dropped because they are not the pool's model
-    # pod -> requests running + waiting on it (label ``pod``), to lend the least busy node
-    # first; only when both gauges are valid, and only pods whose series carry a ``pod`` label
-    inflight_by_pod: Mapping[str, float] = field(default_factory=dict)
-
-
 # --- query building ---------------------------------------------------------------------------
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def selector(pool: PromPool) -> str:
-    """The label matchers of a pool, e.g. ``model_name="llama",namespace="serving"``."""
-    parts = [f'model_name="{_escape(pool.model)}"']
-    if pool.namespace is not None:
-        parts.append(f'{pool.namespace_label}="{_escape(pool.namespace)}"')
-    parts += [f'{k}="{_escape(v)}"' for k, v in sorted(pool.matchers.items())]
-    return ",".join(parts)
-
-
-def _tag(expr: str, tag: str) -> str:
-    return f'label_replace({expr}, "{TAG}", "{tag}", "", "")'
-
-
-def _window(seconds: float) -> str:
-    """A PromQL duration: whole seconds when it is one, else milliseconds (``500ms``)."""
-    if seconds >= 1 and abs(seconds - round(seconds)) < 1e-6:
-        return f"{round(seconds)}s"
-    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def build_query(pool: PromPool, *, rate_window_s: float, with_timestamps: bool = True, gauge_window_s: float | None = None) -> str:
@@ -222,39 +103,6 @@ class _Step:
 
     values: dict[str, dict[frozenset[tuple[str, str]], float]] = field(default_factory=dict)
     stamps: dict[str, dict[frozenset[tuple[str, str]], float]] = field(default_factory=dict)
-
-
-def _replica_key(metric: Mapping[str, str]) -> frozenset[tuple[str, str]]:
-    return frozenset((k, v) for k, v in metric.items() if k not in ("__name__", TAG))
-
-
-def _describe(key: frozenset[tuple[str, str]]) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(key)) + "}"
-
-
-def _float(raw: Any) -> float:
-    try:
-        return float(raw)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _bad(value: float, *, upper: float | None = None) -> str | None:
-    if math.isnan(value):
-        return "is NaN"
-    if math.isinf(value):
-        return "is infinite"
-    if value < 0:
-        return f"is negative ({value:g})"
-    if upper is not None and value > upper + 1e-9:
-        return f"is above {upper:g} ({value:g})"
-    return None
-
-
-def _pod_key(key: frozenset[tuple[str, str]]) -> frozenset[tuple[str, str]]:
-    """The serving replica (pod) of a series: its labels without ``engine`` (a vLLM V1 server
-    with data parallelism exports one series per engine)."""
-    return frozenset((k, v) for k, v in key if k != ENGINE)
 
 
 class _Signal:
@@ -442,6 +290,9 @@ def parse_range(result: Sequence[Mapping[str, Any]], *, pool: PromPool, start: f
 # --- the adapter ------------------------------------------------------------------------------
 
 
+# --- the adapter ------------------------------------------------------------------------------
+
+
 class PromAdapter:
     """Queries one Prometheus. ``staleness_s``: a gauge sample older than this is not used.
     ``scrape_interval_s``: history gauge windows span at least two scrapes, so a step shorter
@@ -540,8 +391,24 @@ class PromAdapter:
 
     def request_history(self, pool: PromPool, *, start: float, end: float, step_s: float = 60.0) -> RequestHistory:
         """The pool's request history (completions, requests in the system, KV usage, e2e
-        latency) from ``start`` to ``end`` at ``step_s``; see ``build_request_query``."""
-        return request_history(self, pool, start=start, end=end, step_s=step_s)
+        latency) from ``start`` to ``end`` (unix s, aligned to ``step_s``), in range queries of at
+        most ``REQUEST_CHUNK_STEPS`` steps; see ``build_request_query``."""
+        if not (step_s > 0 and end > start):
+            raise ValueError(f"request_history: need step_s > 0 and end > start, got start={start} end={end} step_s={step_s}")
+        start = math.floor(start / step_s) * step_s
+        steps = int(math.floor((end - start) / step_s + 1e-9)) + 1
+        query = build_request_query(pool, step_s=step_s)
+        results = []
+        i = 0
+        while i < steps:
+            n = min(REQUEST_CHUNK_STEPS, steps - i)
+            a, b = start + i * step_s, start + (i + n - 1) * step_s
+            results.append(self.query_range(query, pool, start=a, end=b, step_s=step_s))
+            i += n
+        try:
+            return parse_request_range(results, pool=pool, start=start, step_s=step_s, steps=steps)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
 
     def daemon_history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> DaemonHistory:
         """The daemon's own metrics for the pool over [start, end] (``gpu-bridge web``'s history):
@@ -550,17 +417,7 @@ class PromAdapter:
         if step_s <= 0 or end < start:
             raise ValueError(f"daemon_history: need step_s > 0 and end >= start, got start={start} end={end} step_s={step_s}")
         start, end = float(round(start)), float(round(end))
-        p = _escape(pool.name)
-        w = _window(step_s)
-        query = " or ".join(
-            _tag(expr, tag)
-            for expr, tag in (
-                (_counter_step(f'gpu_bridge_lends_total{{pool="{p}"}}', w), "lends"),
-                (_counter_step(f'gpu_bridge_reclaims_total{{pool="{p}"}}', w), "reclaims"),
-                (f'max(max_over_time(gpu_bridge_nodes{{pool="{p}",phase="lent"}}[{w}]))', "lent"),
-                (f'max(max_over_time(gpu_bridge_pool_slo_budget_spent_ratio{{pool="{p}"}}[{w}]))', "slo_spent"),
-            )
-        )
+        query = build_daemon_query(pool, step_s=step_s)
         result = self.query_range(query, pool, start=start, end=end, step_s=step_s)
         try:
             return parse_daemon_history(result, start=start, end=end, step_s=step_s)
@@ -596,196 +453,3 @@ class PromAdapter:
     def _fail(self, kind: str) -> None:
         with self._lock:
             self._failures[kind] += 1
-
-
-# --- the daemon's own history (``gpu-bridge web``) ---------------------------------------------
-
-DAEMON_SERIES = ("lends", "reclaims", "lent", "slo_spent")
-
-
-def _counter_step(series: str, window: str) -> str:
-    """What a counter of the daemon's counted in the last ``window``: now minus then, a series
-    absent then counting from 0 (the daemon's counters are born at their first increment,
-    which ``increase()`` cannot see); a restart's reset gives 0, never a negative count."""
-    return f"clamp_min(sum({series}) - (sum({series} offset {window}) or vector(0)), 0)"
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonHistory:
-    """Per step from ``start``: each of ``DAEMON_SERIES`` (NaN where Prometheus has nothing)."""
-
-    start: float
-    step_s: float
-    series: Mapping[str, tuple[float, ...]]
-
-    def t(self, i: int) -> float:
-        return self.start + i * self.step_s
-
-
-def parse_daemon_history(result: Sequence[Mapping[str, Any]], *, start: float, end: float, step_s: float) -> DaemonHistory:
-    """A ``daemon_history`` answer on a regular grid (pure)."""
-    n = int(math.floor((end - start) / step_s + 1e-9)) + 1
-    out = {k: [math.nan] * n for k in DAEMON_SERIES}
-    for series in result:
-        tag = series["metric"].get(TAG)
-        if tag not in out:
-            continue
-        for t_raw, v_raw in series["values"]:
-            i = int(round((float(t_raw) - start) / step_s))
-            if 0 <= i < n:
-                out[tag][i] = float(v_raw)
-    return DaemonHistory(start=start, step_s=step_s, series={k: tuple(v) for k, v in out.items()})
-
-
-# --- request history (``gpu-bridge simulate --prometheus``) ------------------------------------
-
-SUCCESS = "vllm:request_success_total"
-E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
-E2E_COUNT = "vllm:e2e_request_latency_seconds_count"
-# Prometheus refuses a range query of more than 11,000 points per series.
-MAX_RANGE_POINTS = 10_000
-# A day of minutes per query: a large pool returns (replicas x finished reasons x signals)
-# series per step, so shorter queries keep each answer a few tens of MB at most.
-REQUEST_CHUNK_STEPS = 1440
-REQUEST_SIGNALS = ("completed", "running", "waiting", "kv", "e2e_sum", "e2e_count")
-
-
-def build_request_query(pool: PromPool, *, step_s: float) -> str:
-    """One range query of a pool's request history, each term tagged with ``bridge_q``, every
-    one the last sample of the step (``last_over_time(...[step])``: a series not scraped
-    during the step is missing there, not its old value for Prometheus' 5-minute lookback):
-
-    - ``completed``: the request counter of each series (every ``finished_reason``), whose
-      differences from step to step are the completions (``parse_request_range``; a drop is a
-      counter restart, counted from 0 as PromQL's ``increase`` does, but without its
-      extrapolation, so consecutive steps add up exactly);
-    - ``running``, ``waiting``: the gauges (requests in the system);
-    - ``kv``: KV-cache usage, V1 name, and ``kv0`` the V0 name (a replica exports one of them);
-    - ``e2e_sum`` / ``e2e_count``: the end-to-end latency histogram's sum and count counters.
-    """
-    sel = selector(pool)
-    w = _window(step_s)
-
-    def last(metric: str) -> str:
-        return f"last_over_time({metric}{{{sel}}}[{w}])"
-
-    terms = [
-        _tag(last(SUCCESS), "completed"),
-        _tag(last(RUNNING), "running"),
-        _tag(last(WAITING), "waiting"),
-        _tag(last(KV_V1), "kv"),
-        _tag(last(KV_V0), "kv0"),
-        _tag(last(E2E_SUM), "e2e_sum"),
-        _tag(last(E2E_COUNT), "e2e_count"),
-    ]
-    return "\n  or ".join(terms)
-
-
-@dataclass(frozen=True, slots=True)
-class RequestHistory:
-    """A pool's request history at a fixed step, per replica (pure data).
-
-    ``series[signal][replica][i]`` is the value at ``start + i * step_s`` (signals in
-    ``REQUEST_SIGNALS``; ``kv`` holds the V1 name, or V0 where a replica has no V1 series).
-    A step missing from a replica's mapping had no sample: missing, never zero."""
-
-    pool: str
-    start: float
-    step_s: float
-    steps: int
-    series: Mapping[str, Mapping[str, Mapping[int, float]]]
-    ignored: tuple[str, ...] = ()
-
-    def t(self, i: int) -> float:
-        return self.start + i * self.step_s
-
-
-COUNTERS = ("completed", "e2e_sum", "e2e_count")
-
-
-def parse_request_range(
-    results: Iterable[Sequence[Mapping[str, Any]]], *, pool: PromPool, start: float, step_s: float, steps: int
-) -> RequestHistory:
-    """Range-query results (matrices, one per chunk) -> RequestHistory (pure).
-
-    Gauges are summed per replica (its engines). Counters are differenced per series first:
-    the increase at step i needs the series' value at i - 1 (else it is missing there); a
-    drop is a restart and counts the new value. Values that are NaN, infinite or negative
-    are dropped (missing); series of another model are ignored."""
-    out: dict[str, dict[str, dict[int, float]]] = {s: {} for s in REQUEST_SIGNALS}
-    kv0: dict[str, dict[int, float]] = {}
-    raw: dict[tuple[str, str, frozenset[tuple[str, str]]], dict[int, float]] = {}
-    ignored: set[str] = set()
-    for result in results:
-        for item in result:
-            metric = item.get("metric") or {}
-            tag = metric.get(TAG, "")
-            full = _replica_key(metric)
-            key = _pod_key(frozenset((k, v) for k, v in full if k != "finished_reason"))
-            why = pool.foreign(metric)
-            if why is not None:
-                ignored.add(f"{tag} {_describe(key)}: {why}")
-                continue
-            if tag not in REQUEST_SIGNALS and tag != "kv0":
-                continue
-            rep = _describe(key)
-            if tag in COUNTERS:
-                dest = raw.setdefault((tag, rep, full), {})
-            else:
-                dest = (kv0 if tag == "kv0" else out[tag]).setdefault(rep, {})
-            for ts, rv in item.get("values") or ():
-                i = round((float(ts) - start) / step_s)
-                v = _float(rv)
-                if not (0 <= i < steps and _bad(v) is None):
-                    continue
-                if tag in COUNTERS:
-                    dest[i] = v
-                elif tag in ("kv", "kv0"):  # a fraction per engine: the fullest engine's
-                    dest[i] = max(dest.get(i, 0.0), v)
-                else:  # engines of one replica (data parallelism) add up
-                    dest[i] = dest.get(i, 0.0) + v
-    for (tag, rep, _), vals in raw.items():
-        dest = out[tag].setdefault(rep, {})
-        for i, v in vals.items():
-            prev = vals.get(i - 1)
-            if prev is None:
-                continue
-            dest[i] = dest.get(i, 0.0) + (v - prev if v >= prev else v)
-    for rep, vals in kv0.items():
-        out["kv"].setdefault(rep, vals)
-    return RequestHistory(pool.name, start, step_s, steps, out, tuple(sorted(ignored)))
-
-
-def request_history(
-    adapter: PromAdapter, pool: PromPool, *, start: float, end: float, step_s: float = 60.0
-) -> RequestHistory:
-    """The pool's request history from ``start`` to ``end`` (unix s, aligned to ``step_s``),
-    in range queries of at most ``REQUEST_CHUNK_STEPS`` steps. A failed query raises AdapterError."""
-    if not (step_s > 0 and end > start):
-        raise ValueError(f"request_history: need step_s > 0 and end > start, got start={start} end={end} step_s={step_s}")
-    start = math.floor(start / step_s) * step_s
-    steps = int(math.floor((end - start) / step_s + 1e-9)) + 1
-    query = build_request_query(pool, step_s=step_s)
-    results = []
-    i = 0
-    while i < steps:
-        n = min(REQUEST_CHUNK_STEPS, steps - i)
-        a, b = start + i * step_s, start + (i + n - 1) * step_s
-        results.append(adapter.query_range(query, pool, start=a, end=b, step_s=step_s))
-        i += n
-    try:
-        return parse_request_range(results, pool=pool, start=start, step_s=step_s, steps=steps)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-        raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
-
-
-def history_chunked(reader: PromReader, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
-    """``reader.history`` over [start, end] in range queries of at most ``MAX_RANGE_POINTS``
-    steps (the policy's signals, peaks per step)."""
-    out: list[LoadSignals] = []
-    a = start
-    while a <= end:
-        b = min(end, a + (MAX_RANGE_POINTS - 1) * step_s)
-        out.extend(reader.history(pool, start=a, end=b, step_s=step_s))
-        a = b + step_s
-    return tuple(out)

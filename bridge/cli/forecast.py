@@ -101,7 +101,8 @@ def read_outlook(
     """The pool's lendable outlook from Prometheus' history (read-only): the history read the
     way the daemon reads it, then ``lendable_outlook`` with ``outlook_calibration``. Raises
     AdapterError (Prometheus) or NoHistoryError."""
-    from bridge.adapters.prom import PromPool, history_chunked, selector
+    from bridge.adapters.prom.history import history_chunked
+    from bridge.adapters.prom.types import PromPool, selector
     from bridge.policy.demand import replicas_needed
     from bridge.policy.outlook import OUTLOOK_STEP_S, lendable_outlook, outlook_calibration, outlook_span_s
 
@@ -174,7 +175,7 @@ def outlook_doc(got: PoolOutlook, answer: str | None = None) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from bridge.policy.outlook import OUTLOOK_LAGS_S
-    from bridge.simulate.cli import parse_duration, parse_time
+    from bridge.cli.simulate import parse_duration, parse_time
 
     def fail(code: int, lines: list[str]) -> int:
         for line in lines:

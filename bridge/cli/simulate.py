@@ -316,7 +316,7 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
     """``simulate --prometheus``: the pool's own vLLM history through the same comparison."""
     import time as _time
 
-    from bridge.adapters.prom import PromPool, selector
+    from bridge.adapters.prom.types import PromPool, selector
     from bridge.wiring import prom_adapter
     from bridge.simulate.baselines import POLICIES, make_controller
     from bridge.simulate.engine import Setup, simulate

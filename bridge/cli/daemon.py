@@ -18,7 +18,7 @@ from bridge.adapters.kube.objects import NodeInfo
 from bridge.adapters.protocols import Leader
 from bridge.daemon import Daemon, TickResult, with_slurm_grace
 from bridge.errors import BridgeError, ConfigError
-from bridge.leader import LeaderElector, LeaseKeeper
+from bridge.adapters.kube.lease import LeaderElector, LeaseKeeper
 from bridge.metrics import BridgeMetrics, serve
 from bridge.model import Phase, Pin, PoolState
 from bridge.observe import Observation

@@ -23,7 +23,7 @@ def register_cli(subparsers: Any) -> None:
         help="check the running Slurm's settings and partitions against gpu-bridge's design (read-only)",
         description="Read `scontrol show config` and the partitions of the running slurmctld and print what "
         "gpu-bridge needs and does not find (preemption type and signal, RequeueExit, the Lua plugins, the two "
-        "partitions, nodes shared with other partitions). Exit 0 if everything fits, 1 if not.",
+        "partitions, nodes shared with other partitions; the fast-grace partition when slurm.fast_partition is set). Exit 0 if everything fits, 1 if not.",
     )
     p.add_argument("--config", required=True, help="the gpu-bridge YAML config (partition names, grace, Slurm access)")
     p.set_defaults(func=run)
@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         n = len(findings)
         print(f"{n} problem{'s' if n != 1 else ''}: slurm_conf/README.md says what each setting does", file=sys.stderr)
         return 1
+    fast = config.slurm.fast_partition
+    tier = f", fast tier {fast} (GraceTime {config.slurm.fast_grace_s:g} s)" if fast is not None else ""
     print(f"Slurm fits gpu-bridge: partitions {config.slurm.preempt_partition} and {config.slurm.hold_partition}, "
-          f"preemption with requeue, GraceTime {config.slurm.grace_s:g} s")
+          f"preemption with requeue, GraceTime {config.slurm.grace_s:g} s{tier}")
     return 0

@@ -1,4 +1,4 @@
-"""Command-line entry point: argparse only; each command lives in the module that owns it.
+"""Command-line entry point: argparse only; each command lives in its module of this package.
 
 Every module in COMMAND_MODULES (and every entry point of the ``gpu_bridge.commands`` group)
 defines ``register_cli(subparsers)``, which adds its subcommand(s) and sets ``func``
@@ -17,12 +17,12 @@ from bridge import __version__
 
 # The product's commands, in the order shown in --help.
 COMMAND_MODULES: tuple[str, ...] = (
-    "bridge.simulate.cli",
-    "bridge.forecast_cli",
-    "bridge.config_cli",
-    "bridge.slurm_check_cli",
-    "bridge.daemon_cli",
-    "bridge.web.cli",
+    "bridge.cli.simulate",
+    "bridge.cli.forecast",
+    "bridge.cli.check_config",
+    "bridge.cli.check_slurm",
+    "bridge.cli.daemon",
+    "bridge.cli.web",
 )
 # Commands of other installed distributions (the lab's ``sandbox`` and ``demo``): each entry
 # point names a ``register_cli(subparsers)``. None on a production host.

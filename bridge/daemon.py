@@ -1,17 +1,11 @@
-"""The daemon's loop, as the Lease holder: read, reconcile, apply, remember.
-
-A tick is one pass: ``Observer.read`` (the Kubernetes watch cache, one sinfo/squeue, one
-Prometheus query per pool) -> ``bridge.reconcile`` (the policy every ``policy.tick_s``, the
-same ``plan`` as ``gpu-bridge simulate``; operators' requests; each node's lifecycle step)
--> ``Actuator.apply`` (skipped by ``--dry-run``) -> ``bridge.ledger`` feeds what it did to the
-policy memory, the metrics and the reclaim timings. ``iterate`` ticks again at once while a pass changed
-something, so immediate steps chain and the daemon adds little latency of its own. While
-anything is in transit it iterates every ``transit_poll_s``; otherwise it waits for the next
-policy tick or a watch event.
-
-The daemon keeps no state it cannot rebuild: phases live on the nodes, the load history is
-refilled from Prometheus at start (``bridge.wiring.policy_memory``). What it keeps in memory
-only makes it faster or better informed.
+"""The daemon, as the Lease holder: leadership, watch-cache freshness and scheduling around one
+pass: ``Observer.read`` (the watch cache, one sinfo/squeue, one Prometheus query per pool) ->
+``bridge.reconcile`` (policy, operators' requests, lifecycle steps and scales, as data) ->
+``Actuator.apply`` (skipped by ``--dry-run``) -> ``bridge.ledger`` (memory, metrics, reclaim
+timings). ``iterate`` ticks again at once while a pass changed something; while anything is in
+transit it iterates every ``transit_poll_s``, else it waits for the next policy tick or a watch
+event. Nothing here cannot be rebuilt: phases live on the nodes, the load history is refilled
+from Prometheus at start (``bridge.wiring.policy_memory``).
 """
 
 from __future__ import annotations
@@ -77,12 +71,8 @@ class Daemon:
         after_write: Callable[[str], None] | None = None,
         memory: Mapping[str, PoolMemory] | None = None,
     ) -> None:
-        self.config = config
-        self.kube = kube
-        self.leader = leader
-        self.clock = clock
+        self.config, self.kube, self.leader, self.clock, self.transit_poll_s = config, kube, leader, clock, transit_poll_s
         self.dry_run = dry_run  # reconcile and log, never apply
-        self.transit_poll_s = transit_poll_s
         self.max_cache_age_s = max_cache_age_s  # watch timeout (60 s) + request timeout + slack
         self.observer = Observer(config, kube, slurm, prom, prom_pools)
         targets = {p.name: PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools}
@@ -104,8 +94,6 @@ class Daemon:
         """The loop started a pass within ``stall_s``: a slow pass is alive, a wedged one is
         not (the LeaseKeeper then lets the Lease lapse)."""
         return time.monotonic() - self._progress_mono < stall_s
-
-    # --- one pass -------------------------------------------------------------------------------
 
     def tick(self) -> TickResult:
         self._progress_mono = time.monotonic()
@@ -148,8 +136,6 @@ class Daemon:
             return "kubernetes watch cache not synced or stale"
         return None
 
-    # --- running ------------------------------------------------------------------------------
-
     def run(self, stop: threading.Event, *, on_tick: Callable[[TickResult], None] | None = None) -> None:
         """Iterate until ``stop`` is set; an iteration is never cut in half."""
         while not stop.is_set():
@@ -162,8 +148,7 @@ class Daemon:
                 result = TickResult(observed=False, error=str(exc))
             if on_tick is not None:
                 on_tick(result)
-            busy = result.in_transit > 0
-            interval = self.transit_poll_s if busy else min(self.config.policy.tick_s, 5.0)
+            interval = self.transit_poll_s if result.in_transit > 0 else min(self.config.policy.tick_s, 5.0)
             delay = max(0.0, interval - (self.clock() - started))
             self.wake.clear()
             if stop.wait(0) or self.wake.wait(delay):

@@ -33,9 +33,7 @@ class ReclaimTimes:
     pool: str
     decided: float
     signal_t: float | None  # time of the load sample that called for it
-    hold_submitted: float | None = None
     slurm_released: float | None = None  # hold job running / node drained
-    unfenced: float | None = None
     ready: float | None = None
 
     def breakdown(self) -> dict[str, float]:
@@ -155,12 +153,8 @@ class Ledger:
         times = self._reclaims.get(record.node)
         if times is None:
             return
-        if record.step is Step.SUBMIT_HOLD and times.hold_submitted is None:
-            times.hold_submitted = record.at
-        elif record.step is Step.DRAIN and times.slurm_released is None:
+        if record.step is Step.DRAIN and times.slurm_released is None:
             times.slurm_released = record.at
-        elif record.step is Step.UNFENCE:
-            times.unfenced = record.at
         elif record.step is Step.MARK_SERVING:
             times.ready = record.at
             del self._reclaims[record.node]
@@ -172,8 +166,7 @@ class Ledger:
                              **{k: max(0.0, b.get(k, 0.0)) for k in ("detection_s", "slurm_release_s", "kubernetes_ready_s")})
 
     def _refresh_outlook(self, now: float, obs: Observation) -> None:
-        """Each pool's outlook metric, every ``OUTLOOK_STEP_S``; not read for unserved metrics.
-        A failed read sets NaN (never 0) and never fails the tick."""
+        """Each pool's outlook metric every ``OUTLOOK_STEP_S`` (NaN when unreadable), if served."""
         for pool in self.config.pools:
             last = self._outlook_at.get(pool.name)
             if isinstance(self.metrics, NullMetrics) or (last is not None and now - last < OUTLOOK_STEP_S):

@@ -61,11 +61,11 @@ class Observer:
                 # during a Prometheus outage is then dropped instead of blocking lending
                 r = self.prom.current(self.prom_pools[p.name], live_pods={pod.name for pod in pods[p.name]})
                 problem = "; ".join(f"{k}: {v}" for k, v in r.problems.items()) or None
-                readings[p.name] = Readings(r.signals, (), problem, r.inflight_by_pod)
+                readings[p.name] = Readings(r.signals, problem, r.inflight_by_pod)
             except AdapterError as exc:
                 errors.append("prometheus")
                 log.warning("prometheus_unavailable", pool=p.name, error=str(exc))
-                readings[p.name] = Readings(None, (), str(exc), {})
+                readings[p.name] = Readings(None, str(exc), {})
         return Snapshot(now, kube_nodes, pods, desired, pool_problems, slurm_nodes, slurm_jobs, slurm_now,
                         readings, tuple(errors))
 

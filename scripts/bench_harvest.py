@@ -644,7 +644,8 @@ def latency_grid(args: argparse.Namespace) -> int:
         def on_cell(c: Any) -> None:
             done.append(c)
             print(f"  {c.trace:<20} seed {c.seed} grace {c.grace_s:5g} cold {c.cold_start_s:5g}: {c.frac:6.1%} of oracle, "
-                  f"viol {c.viol} vs bound {c.bound:.1f}", flush=True)
+                  f"viol {c.viol} (worst window {c.worst_window} avoidable vs budget {c.budget:.1f}: "
+                  f"{'ok' if c.ok else 'BROKEN'}; target {c.target:.1f}: {'ok' if c.on_target else 'over'})", flush=True)
             if args.grid_json:
                 lg.save(done, args.grid_json, meta)
 

@@ -458,6 +458,11 @@ class PolicyConfig:
         default=300.0, gt=0, description="after this long without a valid sample, reclaim toward pools[].blind_serving"
     )
     require_pending_jobs: Bool = Field(default=False, description="lend only while research jobs wait in the preempt partition")
+    relend_dwell: Bool = Field(
+        default=False,
+        description="no thrash: after a node of the pool returns to serving, lend none of its nodes for one reclaim horizon "
+        "(the measured one when known); reclaims are never delayed",
+    )
     victims: VictimRule = Field(default=VictimRule.LEAST_LOST_WORK, description="least_lost_work | newest_first (baseline)")
     forecast: ForecastConfig = Field(default_factory=ForecastConfig, description="forecast settings")
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="calibration of the safety margin")

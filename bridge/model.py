@@ -64,6 +64,7 @@ class Reason(enum.StrEnum):
     MAX_LENT = "max_lent"  # the pool's max_lent is reached
     NO_RESEARCH_DEMAND = "no_research_demand"  # require_pending_jobs and nothing waits
     CAPACITY_IN_TRANSIT = "capacity_in_transit"  # nodes of the pool are being reclaimed/returned
+    RECENT_RETURN = "recent_return"  # a node returned to serving less than one reclaim horizon ago (policy.relend_dwell)
     MIN_LEND_DURATION = "min_lend_duration"  # reclaim wanted, every lent node is too recently lent
     MIN_RUNTIME = "min_runtime"  # reclaim wanted, remaining victims run jobs younger than min_runtime_s
     NO_CANDIDATES = "no_candidates"  # nothing that may be moved

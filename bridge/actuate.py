@@ -10,17 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from bridge import logs
 from bridge.adapters.protocols import KubeWriter, PoolTarget, SlurmWriter
 from bridge.errors import AdapterError
-from bridge.lifecycle import LENDING_POD_DELETION_COST, NodeFacts, Step, past_grace
-from bridge.model import Action, ActionKind, Phase
+from bridge.lifecycle import LENDING_POD_DELETION_COST, WAITS, NodeFacts, Step, past_grace
+from bridge.model import Action, ActionKind, Phase, SlurmJob
+from bridge.observe import LAUNCH_FAILED_HELD
+from bridge.policy.victims import job_loss_gpu_hours
+from bridge.preemption import EVENT_REASON as PREEMPTION_EVENT
+from bridge.preemption import preemption_message
+from bridge.reconcile import Intents
 
 log = logs.get(__name__)
 
 # Write points reported to ``Actuator.after_write`` besides the lifecycle's own step names.
 SCALE_POINT = "scale"  # a pool's Deployment scale
+RELEASE_POINT = "release_job"  # a research job Slurm held, released
+REQUEST_POINT = "request"  # an operator's request, carried out or refused
 START_POINTS = {ActionKind.LEND: "start_lending", ActionKind.RECLAIM: "start_reclaiming"}  # a policy action's first mark
 
 
@@ -54,13 +62,18 @@ _MARKS: Mapping[Step, Phase] = {
 
 @dataclass(slots=True)
 class StepRecord:
-    """What one executed step did (for logs, metrics and the latency breakdown)."""
+    """What one write did (for logs, metrics and the latency breakdown): a lifecycle step, or
+    a write point (``START_POINTS``, ``REQUEST_POINT``, ``SCALE_POINT``, ``RELEASE_POINT``)."""
 
-    node: str
-    step: Step
+    node: str  # the node (a pool for a scale)
+    step: Step | str
     changed: bool
     at: float
     detail: str = ""
+    error: AdapterError | None = None  # the write failed (nothing is known to have changed)
+
+
+Handler = Callable[["Actuator", Step, NodeFacts, PoolTarget, float], tuple[bool, str]]
 
 
 @dataclass
@@ -68,7 +81,7 @@ class Actuator:
     kube: KubeWriter
     slurm: SlurmWriter
     clock: Callable[[], float]
-    on_step: Callable[[StepRecord], None] = field(default=lambda record: None)
+    targets: Mapping[str, PoolTarget] = field(default_factory=dict)  # pool -> its Deployment
     # Called with the write point (a Step value, SCALE_POINT or a START_POINTS value) after each
     # write that changed something: the lab's crash injection hooks in here; nothing by default.
     after_write: Callable[[str], None] = field(default=_no_hook)
@@ -76,106 +89,72 @@ class Actuator:
     # whose grace is over are requeued; None = none ever is
     grace_s: float | None = None
 
-    def start(self, action: Action, *, now: float) -> None:
-        """Begin a policy action: record the first transit phase on the node."""
-        phase = Phase.LENDING if action.kind is ActionKind.LEND else Phase.RECLAIMING
-        if self._mark(action.node, phase, action.detail, now):
-            self.after_write(START_POINTS[action.kind])
-        log.info(
-            "node_transition_started",
-            node=action.node,
-            pool=action.pool,
-            phase=str(phase),
-            reason=str(action.reason),
-            detail=action.detail,
-            jobs=list(action.jobs),
-        )
+    def apply(self, intents: Intents) -> list[StepRecord]:
+        """Carry out what ``bridge.reconcile`` decided, in its order. A write that fails is
+        logged (the event names are stable) and recorded with its error; the rest go on."""
+        obs, now = intents.observation, intents.observation.view.now
+        for node, why in intents.stuck:
+            self.report(node, "GpuBridgeNotReady", why)
+        out = [self._try("action_not_started", a.node, START_POINTS[a.kind], partial(self.start, a, now=now, jobs=obs.view.jobs))
+               for a in intents.starts]
+        out += [self._try("request_failed", n, REQUEST_POINT, partial(self.request, n, r, o, now=now), request=r)
+                for n, r, o in intents.requests]
+        out += [self._try("step_failed", f.name, s, partial(self.execute, s, f, self.targets[p], now=now if s is Step.BLOCKED else None),
+                          phase=str(f.phase)) for s, f, p in intents.steps]
+        out += [self._try("scale_failed", p, SCALE_POINT, partial(self.scale_pool, self.targets[p], n), replicas=n)
+                for p, n in intents.scales]
+        out += [self._try("slurm_release_failed", j, RELEASE_POINT, partial(self.release_job, j, LAUNCH_FAILED_HELD, n))
+                for j, n in intents.releases]
+        return out
 
-    def execute(self, step: Step, facts: NodeFacts, pool: PoolTarget, *, now: float) -> bool:
-        """Run one step for a node; True if something was written."""
-        node = facts.name
-        changed = False
-        detail = ""
-        if step in _MARKS:
-            phase = _MARKS[step]
-            detail = _mark_reason(step, facts)
-            changed = self._mark(node, phase, detail, now)
-        elif step in (Step.ENSURE_DRAINED, Step.DRAIN):
-            changed = self.slurm.drain(node, f"serving (pool {pool.name})")
-        elif step in (Step.ENSURE_HOLD, Step.SUBMIT_HOLD):
-            detail = self.slurm.submit_hold(node)
-            changed = True
-        elif step is Step.FENCE:
-            changed = self.kube.fence(node)
-        elif step is Step.UNFENCE:
-            changed = self.kube.unfence(node)
-        elif step is Step.MARK_POD:
-            for pod in facts.pods:
-                if not pod.terminating and pod.deletion_cost != LENDING_POD_DELETION_COST:
-                    changed |= self.kube.set_pod_deletion_cost(pool.namespace, pod.name, LENDING_POD_DELETION_COST)
-        elif step is Step.EVICT_POD:
-            outcomes = []
-            for pod in facts.pods:
-                if not pod.terminating:
-                    outcomes.append((pod.name, str(self.kube.evict(pool.namespace, pod.name))))
-            detail = ", ".join(f"{name}: {outcome}" for name, outcome in outcomes)
-            # A PDB-blocked eviction wrote nothing: not "changed", so the loop does not chain
-            # it again at once (it hammered the API ~50 evictions/s with an Event each).
-            changed = any(outcome != "blocked" for _, outcome in outcomes)
-            if changed:
-                self._event(node, EVENT_REASONS[Step.EVICT_POD], f"evicting serving pod(s) left after scale-down: {detail}")
-        elif step is Step.ABORT_LEND:
-            live = [p.name for p in facts.pods if not p.terminating]
-            detail = (
-                f"lend abandoned: serving pod(s) {', '.join(live)} still running after "
-                f"{now - facts.phase_since:.0f} s (a PodDisruptionBudget refusing the eviction?); serving again"
-            )
-            changed = self.kube.set_phase(node, Phase.SERVING, detail, now)
-            if changed:
-                log.warning("lend_abandoned", node=node, pool=pool.name, phase=str(Phase.SERVING), detail=detail)
-                self._event(node, EVENT_REASONS[Step.ABORT_LEND], detail, "Warning")
-        elif step is Step.UNMARK_POD:
-            for pod in facts.pods:
-                if not pod.terminating and pod.deletion_cost == LENDING_POD_DELETION_COST:
-                    changed |= self.kube.set_pod_deletion_cost(pool.namespace, pod.name, 0)
-        elif step is Step.CANCEL_HOLD:
-            cancelled = self.slurm.cancel_hold(node)
-            changed = bool(cancelled)
-            detail = f"cancelled {', '.join(cancelled)}" if cancelled else ""
-        elif step is Step.REQUEUE_JOBS:
-            due = past_grace(facts, self.grace_s)
-            requeued = [j.job_id for j in due if self.slurm.requeue(j.job_id, restart_count=j.restart_count)]
-            changed = bool(requeued)
-            detail = _requeue_detail(requeued, [j.job_id for j in due if j.job_id not in requeued])
-            if changed:
-                self._event(node, EVENT_REASONS[Step.REQUEUE_JOBS], detail)
-        elif step is Step.RESUME:
-            changed = self.slurm.resume(node)
-        elif step in (Step.CLEAR_SLURM_DRAIN, Step.TAKE_OVER_DRAIN) and facts.slurm_own_drain is not None:
-            own = facts.slurm_own_drain
-            if step is Step.CLEAR_SLURM_DRAIN:
-                changed = self.slurm.clear_own_drain(node, own)
-                detail = f"Slurm's own drain {own!r} lifted: nothing runs on the node any more; lent again"
-            else:
-                changed = self.slurm.take_over_drain(node, own, f"serving (pool {pool.name})")
-                detail = f"Slurm's own drain {own!r} replaced by gpu-bridge's: the node stays drained"
-            if changed:
-                log.warning("slurm_own_drain_handled", node=node, pool=pool.name, phase=str(facts.phase),
-                            step=str(step), slurm_reason=own)
-                self._event(node, EVENT_REASONS[step], detail, "Warning")
-            else:
-                detail = f"Slurm's own drain {own!r} not handled: the node changed since it was read"
-        elif step is Step.BLOCKED:
-            detail = _blocked_reason(facts)
-        record = StepRecord(node, step, changed, self.clock(), detail)
-        if step not in (Step.WAIT_HOLD, Step.WAIT_PODS_GONE, Step.WAIT_DRAIN_SAVED, Step.WAIT_READY):
-            log.info("node_step", node=node, pool=pool.name, phase=str(facts.phase), step=str(step), changed=changed, detail=detail)
-        self.on_step(record)
+    def _try(self, failed: str, node: str, point: Step | str, write: Callable[[], StepRecord | bool], **kw: str | int) -> StepRecord:
+        try:
+            got = write()
+        except AdapterError as exc:
+            log.warning(failed, node=node, step=str(point), error=str(exc), **kw)
+            return StepRecord(node, point, False, self.clock(), error=exc)
+        return got if isinstance(got, StepRecord) else StepRecord(node, point, got, self.clock())
+
+    def start(self, action: Action, *, now: float, jobs: Mapping[str, SlurmJob] | None = None) -> bool:
+        """Begin a policy action: record the first transit phase on the node, and tell each
+        job a reclaim preempts on the node, with the work it loses (``gpu-bridge web`` reads it)."""
+        phase = Phase.LENDING if action.kind is ActionKind.LEND else Phase.RECLAIMING
+        changed = self._mark(action.node, phase, action.detail, now)
         if changed:
-            self.after_write(str(step))
+            self.after_write(START_POINTS[action.kind])
+        log.info("node_transition_started", node=action.node, pool=action.pool, phase=str(phase),
+                 reason=str(action.reason), detail=action.detail, jobs=list(action.jobs))
+        for job in (jobs[j] for j in action.jobs if jobs is not None and j in jobs):
+            grace_s = self.grace_s or 0.0
+            self.note(action.node, PREEMPTION_EVENT, preemption_message(job_id=job.job_id, node=action.node, grace_s=grace_s,
+                                                                        lost_gpu_hours=job_loss_gpu_hours(job, now, grace_s),
+                                                                        checkpoint_time=job.checkpoint_time))
         return changed
 
-    def release_job(self, job_id: str, reason: str, node: str | None) -> bool:
+    def request(self, node: str, request: str, outcome: Action | str, *, now: float) -> bool:
+        """Carry out an operator's request that passed the safety checks, or say why not;
+        either way the request is removed from the node."""
+        if isinstance(outcome, Action):
+            log.info("request_accepted", node=node, request=request)
+            self.start(outcome, now=now)
+        else:
+            log.warning("request_refused", node=node, request=request, reason=outcome)
+            self.refuse(node, request, outcome)
+        self.kube.set_request(node, None)
+        return True
+
+    def execute(self, step: Step, facts: NodeFacts, pool: PoolTarget, *, now: float | None = None) -> StepRecord:
+        """Run one step for a node (``_STEPS``: each step's write) at ``now`` (default: the clock's)."""
+        now = self.clock() if now is None else now
+        handler = _STEPS.get(step)
+        changed, detail = handler(self, step, facts, pool, now) if handler is not None else (False, "")
+        if step not in WAITS or step is Step.BLOCKED:
+            log.info("node_step", node=facts.name, pool=pool.name, phase=str(facts.phase), step=str(step), changed=changed, detail=detail)
+        if changed:
+            self.after_write(str(step))
+        return StepRecord(facts.name, step, changed, self.clock(), detail)
+
+    def release_job(self, job_id: str, reason: str, node: str | None) -> StepRecord:
         """Release a research job Slurm itself held (``reason``), logged and, when the node
         it last ran on is known and ours, shown as an Event there."""
         changed = self.slurm.release(job_id, reason)
@@ -184,8 +163,8 @@ class Actuator:
             log.warning("slurm_job_released", job=job_id, node=node or "", reason=reason)
             if node:
                 self._event(node, "GpuBridgeJobReleased", msg, "Warning")
-            self.after_write("release_job")
-        return changed
+            self.after_write(RELEASE_POINT)
+        return StepRecord(node or "", RELEASE_POINT, changed, self.clock(), job_id)
 
     def report(self, node: str, reason: str, message: str) -> None:
         """A Warning Event on the node, for what an operator must look at."""
@@ -247,3 +226,97 @@ def _blocked_reason(facts: NodeFacts) -> str:
     if facts.research_jobs:
         return f"research jobs {', '.join(facts.research_jobs)} still on a node returning to serving"
     return "blocked"
+
+
+# --- each step's write: (changed, detail) ------------------------------------------------------
+
+def _mark_step(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    detail = _mark_reason(step, f)
+    return a._mark(f.name, _MARKS[step], detail, now), detail
+
+
+def _drain(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    return a.slurm.drain(f.name, f"serving (pool {pool.name})"), ""
+
+
+def _hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    return True, a.slurm.submit_hold(f.name)
+
+
+def _deletion_cost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    """MARK_POD: the lending node's replica is the one the scale-down removes; UNMARK_POD undoes it."""
+    marking, changed = step is Step.MARK_POD, False
+    for pod in f.pods:
+        if not pod.terminating and (pod.deletion_cost == LENDING_POD_DELETION_COST) is not marking:
+            changed |= a.kube.set_pod_deletion_cost(pool.namespace, pod.name, LENDING_POD_DELETION_COST if marking else 0)
+    return changed, ""
+
+
+def _evict(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    outcomes = [(pod.name, str(a.kube.evict(pool.namespace, pod.name))) for pod in f.pods if not pod.terminating]
+    detail = ", ".join(f"{name}: {outcome}" for name, outcome in outcomes)
+    # A PDB-blocked eviction wrote nothing: not "changed", so the loop does not chain
+    # it again at once (it hammered the API ~50 evictions/s with an Event each).
+    changed = any(outcome != "blocked" for _, outcome in outcomes)
+    if changed:
+        a._event(f.name, EVENT_REASONS[Step.EVICT_POD], f"evicting serving pod(s) left after scale-down: {detail}")
+    return changed, detail
+
+
+def _abort_lend(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    live = [p.name for p in f.pods if not p.terminating]
+    detail = (f"lend abandoned: serving pod(s) {', '.join(live)} still running after {now - f.phase_since:.0f} s "
+              "(a PodDisruptionBudget refusing the eviction?); serving again")
+    changed = a.kube.set_phase(f.name, Phase.SERVING, detail, now)
+    if changed:
+        log.warning("lend_abandoned", node=f.name, pool=pool.name, phase=str(Phase.SERVING), detail=detail)
+        a._event(f.name, EVENT_REASONS[Step.ABORT_LEND], detail, "Warning")
+    return changed, detail
+
+
+def _cancel_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    cancelled = a.slurm.cancel_hold(f.name)
+    return bool(cancelled), f"cancelled {', '.join(cancelled)}" if cancelled else ""
+
+
+def _requeue(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    due = past_grace(f, a.grace_s)
+    requeued = [j.job_id for j in due if a.slurm.requeue(j.job_id, restart_count=j.restart_count)]
+    detail = _requeue_detail(requeued, [j.job_id for j in due if j.job_id not in requeued])
+    if requeued:
+        a._event(f.name, EVENT_REASONS[Step.REQUEUE_JOBS], detail)
+    return bool(requeued), detail
+
+
+def _own_drain(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    own = f.slurm_own_drain
+    if own is None:
+        return False, ""
+    if step is Step.CLEAR_SLURM_DRAIN:
+        changed = a.slurm.clear_own_drain(f.name, own)
+        detail = f"Slurm's own drain {own!r} lifted: nothing runs on the node any more; lent again"
+    else:
+        changed = a.slurm.take_over_drain(f.name, own, f"serving (pool {pool.name})")
+        detail = f"Slurm's own drain {own!r} replaced by gpu-bridge's: the node stays drained"
+    if not changed:
+        return False, f"Slurm's own drain {own!r} not handled: the node changed since it was read"
+    log.warning("slurm_own_drain_handled", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), slurm_reason=own)
+    a._event(f.name, EVENT_REASONS[step], detail, "Warning")
+    return True, detail
+
+
+_STEPS: Mapping[Step, Handler] = {
+    **{s: _mark_step for s in _MARKS},
+    Step.ENSURE_DRAINED: _drain, Step.DRAIN: _drain,
+    Step.ENSURE_HOLD: _hold, Step.SUBMIT_HOLD: _hold,
+    Step.FENCE: lambda a, s, f, p, now: (a.kube.fence(f.name), ""),
+    Step.UNFENCE: lambda a, s, f, p, now: (a.kube.unfence(f.name), ""),
+    Step.MARK_POD: _deletion_cost, Step.UNMARK_POD: _deletion_cost,
+    Step.EVICT_POD: _evict,
+    Step.ABORT_LEND: _abort_lend,
+    Step.CANCEL_HOLD: _cancel_hold,
+    Step.REQUEUE_JOBS: _requeue,
+    Step.RESUME: lambda a, s, f, p, now: (a.slurm.resume(f.name), ""),
+    Step.CLEAR_SLURM_DRAIN: _own_drain, Step.TAKE_OVER_DRAIN: _own_drain,
+    Step.BLOCKED: lambda a, s, f, p, now: (False, _blocked_reason(f)),
+}

@@ -9,9 +9,7 @@ the same lifecycle.
 from __future__ import annotations
 
 from bridge.config import Config
-from bridge.model import Action, ActionKind, ClusterView, Phase
-
-REASON_MANUAL = "manual"
+from bridge.model import Action, ActionKind, ClusterView, Phase, Reason
 
 
 def check_request(view: ClusterView, config: Config, node: str, request: str) -> Action | str:
@@ -29,11 +27,11 @@ def check_request(view: ClusterView, config: Config, node: str, request: str) ->
         ready_after = sum(1 for m in view.nodes if m.pool == n.pool and m.serving_ready and m.name != node)
         if ready_after < pool.min_serving:
             return f"lending {node} would leave {ready_after} Ready serving nodes < min_serving {pool.min_serving}"
-        return Action(ActionKind.LEND, node, n.pool, REASON_MANUAL, f"lend {node}: requested by an operator")
+        return Action(ActionKind.LEND, node, n.pool, Reason.MANUAL, f"lend {node}: requested by an operator")
     if request == "reclaim":
         if n.phase is not Phase.LENT:
             return f"{node} is {n.phase}, only a lent node can be reclaimed"
         return Action(
-            ActionKind.RECLAIM, node, n.pool, REASON_MANUAL, f"reclaim {node}: requested by an operator", jobs=n.jobs
+            ActionKind.RECLAIM, node, n.pool, Reason.MANUAL, f"reclaim {node}: requested by an operator", jobs=n.jobs
         )
     return f"unknown request {request!r}: expected lend or reclaim"

@@ -70,6 +70,7 @@ class Reason(enum.StrEnum):
     NO_CANDIDATES = "no_candidates"  # nothing that may be moved
     RATE_LIMITED = "rate_limited"  # max lends/reclaims per tick spent
     CALIBRATING = "calibrating"  # too little history to calibrate the safety margin: no lending yet
+    MANUAL = "manual"  # an operator's request (gpu-bridge lend/reclaim)
     SLO_BUDGET = "slo_budget"  # the budget left cannot absorb one more incident: nothing lent, lent nodes reclaimed
 
 
@@ -280,7 +281,7 @@ class Action:
     kind: ActionKind
     node: str
     pool: str
-    reason: str  # a stable code, e.g. "low_forecast", "spike", "forecast_rise"
+    reason: Reason  # a stable code, e.g. Reason.LOW_FORECAST
     detail: str  # "lend gpu-node-07: forecast peak 11.2 replicas over next 14 min < 13 serving - 1"
     urgent: bool = False  # a reclaim for load that exceeds Ready capacity now
     jobs: tuple[str, ...] = ()  # research jobs the reclaim preempts (all nodes of each)
@@ -298,7 +299,7 @@ class PoolDecision:
     horizon_s: float
     serving_now: int  # nodes serving or on their way back (returning, reclaiming)
     desired_serving: int
-    reason: str
+    reason: Reason
     detail: str
     ready_now: int = 0  # nodes with a Ready serving replica
 
@@ -309,4 +310,4 @@ class Plan:
     actions: tuple[Action, ...]
     pools: tuple[PoolDecision, ...]
     held: Mapping[str, str] = field(default_factory=dict)  # node -> why it is not moved (a sentence)
-    hold_reasons: Mapping[str, str] = field(default_factory=dict)  # node -> HoldReason code
+    hold_reasons: Mapping[str, HoldReason] = field(default_factory=dict)  # node -> why it is not moved (a code)

@@ -100,6 +100,22 @@ class Observation:
     slurm_held: Mapping[str, str] = field(default_factory=dict)  # job id -> the node it last ran on ("" unknown)
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What one read saw; ``readings`` carry no history (the policy memory adds it)."""
+
+    now: float
+    kube_nodes: Sequence[KubeNode]
+    pods: Mapping[str, Sequence[KubePod]]
+    desired: Mapping[str, int]  # pool -> its Deployment's replicas
+    pool_problems: Mapping[str, str]  # pool -> why its Deployment cannot be trusted
+    slurm_nodes: Sequence[SlurmNodeLike] | None  # None: Slurm could not be read
+    slurm_jobs: Sequence[SlurmJob] | None
+    slurm_now: float | None  # slurmctld's clock, after both reads
+    readings: Mapping[str, Readings]
+    errors: tuple[str, ...] = ()  # the systems a read failed on
+
+
 # The reason Slurm (22.05 .. 24.11) gives a job it requeued held after its launch failed
 # (e.g. a second start of a job whose first run still goes on: "Duplicate jobid").
 LAUNCH_FAILED_HELD = "launch_failed_requeued_held"
@@ -158,53 +174,13 @@ def join(
     ``pool_problems``: pool -> why its Deployment cannot be trusted (its nodes are held).
     ``slurm_now``: slurmctld's clock when Slurm was read (its times are compared with it)."""
     slurm_by_name = {n.name: n for n in slurm_nodes} if slurm_nodes is not None else None
-    jobs = list(slurm_jobs) if slurm_jobs is not None else []
-    holds: dict[str, HoldFacts] = {}
-    research_on: dict[str, list[str]] = {}
-    preempted_on: dict[str, list[PreemptedJob]] = {}
-    allocated: set[str] = set()
-    research_jobs: dict[str, SlurmJob] = {}
-    pending_nodes = 0
-    slurm_held: dict[str, str] = {}
-    for job in jobs:
-        if is_hold_job(job, config):
-            target = hold_job_node(job)
-            if job.state == "completing":  # cancelled, on its way out: not a hold any more
-                if target in job.nodes:
-                    allocated.add(target)
-                continue
-            running = job.state in JOB_STATES_HOLDING_NODES and target in job.nodes
-            if job.state == "pending" or running:
-                holds[target] = HoldFacts(job.job_id, running=running)
-            if running:
-                allocated.add(target)
-            continue
-        if job.state in JOB_STATES_HOLDING_NODES:
-            research_jobs[job.job_id] = job
-            preempt_time = getattr(job, "preempt_time", None)
-            for n in job.nodes:
-                research_on.setdefault(n, []).append(job.job_id)
-                allocated.add(n)
-                if preempt_time is not None and job.partition == config.slurm.preempt_partition:
-                    preempted_on.setdefault(n, []).append(PreemptedJob(job.job_id, preempt_time, job.restart_count))
-        elif job.state == "pending" and job.partition == config.slurm.preempt_partition:
-            held_for = getattr(job, "held_for", None)
-            if held_for is not None and held_for(LAUNCH_FAILED_HELD):
-                # held by Slurm (priority 0): it never starts on its own; pending means the
-                # failed run's kill has completed on its node (COMPLETING is over)
-                if config.slurm.release_launch_failed:
-                    slurm_held[job.job_id] = getattr(job, "batch_host", "")
-                continue
-            pending_nodes += max(1, len(job.nodes) or 1)
-
+    jobs = _JobsByNode.of(slurm_jobs or (), config)
     inflight_by_pod: dict[str, float] = {}
     for r in readings.values():
         inflight_by_pod.update(r.inflight_by_pod)
     pods_on: dict[str, list[KubePod]] = {}
-    for pool_pods in pods.values():
-        for pod in pool_pods:
-            if pod.node:
-                pods_on.setdefault(pod.node, []).append(pod)
+    for pod in (p for pool_pods in pods.values() for p in pool_pods if p.node):
+        pods_on.setdefault(pod.node or "", []).append(pod)
 
     facts: dict[str, NodeFacts] = {}
     states: list[NodeState] = []
@@ -216,62 +192,32 @@ def join(
         if pool is None:
             continue  # not ours: never touched
         pool_of[kn.name] = pool.name
-        request = kn.annotations.get(wk.ANNOTATION_REQUEST)
-        if request is not None:
+        if (request := kn.annotations.get(wk.ANNOTATION_REQUEST)) is not None:
             requests[kn.name] = request
-        problem = kn.problem
-        try:  # a name that cannot go into Slurm's argv: a transition could never finish
-            validate_node_name(kn.name)
-        except AdapterError as exc:
-            problem = problem or f"{exc}; never lent or reclaimed"
         sn = slurm_by_name.get(kn.name) if slurm_by_name is not None else None
-        if slurm_by_name is None:
-            problem = problem or "Slurm state unknown (lookup failed)"
-        elif sn is None:
-            problem = problem or "node unknown to Slurm"
-        elif sn.drained and not sn.reason_ours:
-            own = own_drain_reason(getattr(sn, "reason", ""), config)
-            if own is not None:
-                problem = problem or (f"drained in Slurm by Slurm itself ({getattr(sn, 'reason', '')!r}): gpu-bridge "
-                                      "clears it (lent) or takes it over once nothing is allocated there")
-            else:
-                problem = problem or "drained in Slurm by someone else (never undone by gpu-bridge)"
         node_pods = pods_on.get(kn.name, [])
-        bad_pod = next((p for p in node_pods if getattr(p, "problem", None)), None)
-        if bad_pod is not None:  # a serving pod we cannot read properly: never guess around it
-            problem = problem or f"serving pod {bad_pod.name}: {getattr(bad_pod, 'problem')}"
-        if pool_problems and pool.name in pool_problems:
-            problem = problem or pool_problems[pool.name]
-        if kn.phase is Phase.RETURNING and kn.phase_since is not None:
-            limit = ready_timeout_s(pool)
-            if now - kn.phase_since > limit and not any(p.ready and not p.terminating for p in node_pods):
-                problem = problem or (
-                    f"returning for {now - kn.phase_since:.0f} s without a Ready serving replica (timeout {limit:.0f} s)"
-                )
-        pod_facts = tuple(
-            PodFacts(p.name, ready=p.ready, terminating=p.terminating, deletion_cost=p.deletion_cost)
-            for p in sorted(node_pods, key=lambda p: p.name)
-        )
+        problem = _problem(kn, sn, slurm_by_name is not None, node_pods, (pool_problems or {}).get(pool.name), pool, now, config)
         since = kn.phase_since if kn.phase_since is not None else now
-        on_node = tuple(sorted(research_on.get(kn.name, ())))
+        on_node = tuple(sorted(jobs.research_on.get(kn.name, ())))
+        held = kn.name in jobs.holds and jobs.holds[kn.name].running
         if sn is not None:
             facts[kn.name] = NodeFacts(
                 name=kn.name,
                 phase=kn.phase,
                 phase_since=since,
                 fenced=kn.fenced,
-                pods=pod_facts,
+                pods=tuple(PodFacts(p.name, ready=p.ready, terminating=p.terminating, deletion_cost=p.deletion_cost)
+                           for p in sorted(node_pods, key=lambda p: p.name)),
                 slurm_drained_by_us=sn.drained and sn.reason_ours,
                 slurm_drained_by_other=sn.drained and not sn.reason_ours,
                 slurm_down=sn.down,
-                slurm_allocated=kn.name in allocated,
-                hold=holds.get(kn.name),
+                slurm_allocated=kn.name in jobs.allocated,
+                hold=jobs.holds.get(kn.name),
                 research_jobs=on_node,
                 slurm_drained_at=getattr(sn, "reason_time", None) if sn.drained and sn.reason_ours else None,
-                research_preempted=tuple(preempted_on.get(kn.name, ())),
+                research_preempted=tuple(jobs.preempted_on.get(kn.name, ())),
                 slurm_now=slurm_now,
-                slurm_own_drain=_own_drain(sn, config, busy=bool(on_node) or (
-                    kn.name in allocated and not (kn.name in holds and holds[kn.name].running))),
+                slurm_own_drain=_own_drain(sn, config, busy=bool(on_node) or (kn.name in jobs.allocated and not held)),
             )
         if problem:
             problems[kn.name] = problem
@@ -284,7 +230,7 @@ def join(
                 pin=kn.pin,
                 serving_pods=sum(1 for p in node_pods if not p.terminating),
                 serving_ready=any(p.ready and not p.terminating for p in node_pods),
-                slurm_state=_slurm_state(sn, kn.name in allocated, held=kn.name in holds and holds[kn.name].running),
+                slurm_state=_slurm_state(sn, kn.name in jobs.allocated, held=held),
                 jobs=on_node,
                 problem=problem,
                 reason=kn.reason or "",
@@ -292,27 +238,100 @@ def join(
             )
         )
 
-    pools: dict[str, PoolState] = {}
-    for pool in config.pools:
-        r = readings.get(pool.name, Readings(None))
-        members = [s for s in states if s.pool == pool.name]
-        pools[pool.name] = PoolState(
+    pools = {
+        pool.name: PoolState(
             name=pool.name,
-            signals=r.current,
-            history=r.history,
-            ready_replicas=sum(1 for s in members if s.serving_ready),
+            signals=readings.get(pool.name, Readings(None)).current,
+            history=readings.get(pool.name, Readings(None)).history,
+            ready_replicas=sum(1 for s in states if s.pool == pool.name and s.serving_ready),
             desired_replicas=desired_replicas.get(pool.name, 0),
         )
-    view = ClusterView(
-        now=now,
-        nodes=tuple(states),
-        pools=pools,
-        jobs=research_jobs,
-        pending_research_nodes=pending_nodes,
-    )
+        for pool in config.pools
+    }
+    view = ClusterView(now=now, nodes=tuple(states), pools=pools, jobs=jobs.research, pending_research_nodes=jobs.pending_nodes)
     return Observation(
-        view=view, facts=facts, pool_of=pool_of, problems=problems, requests=requests, slurm_held=slurm_held
+        view=view, facts=facts, pool_of=pool_of, problems=problems, requests=requests, slurm_held=jobs.slurm_held
     )
+
+
+@dataclass
+class _JobsByNode:
+    """What Slurm's job list says about each node."""
+
+    holds: dict[str, HoldFacts] = field(default_factory=dict)  # node -> our hold job for it
+    research_on: dict[str, list[str]] = field(default_factory=dict)  # node -> research jobs holding it
+    preempted_on: dict[str, list[PreemptedJob]] = field(default_factory=dict)
+    allocated: set[str] = field(default_factory=set)  # nodes any job holds
+    research: dict[str, SlurmJob] = field(default_factory=dict)
+    pending_nodes: int = 0  # nodes' worth of research waiting in the preempt partition
+    slurm_held: dict[str, str] = field(default_factory=dict)  # see Observation.slurm_held
+
+    @classmethod
+    def of(cls, jobs: Sequence[SlurmJob], config: Config) -> _JobsByNode:
+        out = cls()
+        for job in jobs:
+            if is_hold_job(job, config):
+                target = hold_job_node(job)
+                if job.state == "completing":  # cancelled, on its way out: not a hold any more
+                    if target in job.nodes:
+                        out.allocated.add(target)
+                    continue
+                running = job.state in JOB_STATES_HOLDING_NODES and target in job.nodes
+                if job.state == "pending" or running:
+                    out.holds[target] = HoldFacts(job.job_id, running=running)
+                if running:
+                    out.allocated.add(target)
+            elif job.state in JOB_STATES_HOLDING_NODES:
+                out.research[job.job_id] = job
+                preempt_time = getattr(job, "preempt_time", None)
+                for n in job.nodes:
+                    out.research_on.setdefault(n, []).append(job.job_id)
+                    out.allocated.add(n)
+                    if preempt_time is not None and job.partition == config.slurm.preempt_partition:
+                        out.preempted_on.setdefault(n, []).append(PreemptedJob(job.job_id, preempt_time, job.restart_count))
+            elif job.state == "pending" and job.partition == config.slurm.preempt_partition:
+                held_for = getattr(job, "held_for", None)
+                if held_for is not None and held_for(LAUNCH_FAILED_HELD):
+                    # held by Slurm (priority 0): it never starts on its own; pending means the
+                    # failed run's kill has completed on its node (COMPLETING is over)
+                    if config.slurm.release_launch_failed:
+                        out.slurm_held[job.job_id] = getattr(job, "batch_host", "")
+                    continue
+                out.pending_nodes += max(1, len(job.nodes) or 1)
+        return out
+
+
+def _problem(kn: KubeNode, sn: SlurmNodeLike | None, slurm_read: bool, node_pods: Sequence[KubePod],
+             pool_problem: str | None, pool: PoolConfig, now: float, config: Config) -> str | None:
+    """Why a node is held where it is (the first reason found), or None."""
+    problem = kn.problem
+    try:  # a name that cannot go into Slurm's argv: a transition could never finish
+        validate_node_name(kn.name)
+    except AdapterError as exc:
+        problem = problem or f"{exc}; never lent or reclaimed"
+    if not slurm_read:
+        problem = problem or "Slurm state unknown (lookup failed)"
+    elif sn is None:
+        problem = problem or "node unknown to Slurm"
+    elif sn.drained and not sn.reason_ours:
+        own = own_drain_reason(getattr(sn, "reason", ""), config)
+        if own is not None:
+            problem = problem or (f"drained in Slurm by Slurm itself ({getattr(sn, 'reason', '')!r}): gpu-bridge "
+                                  "clears it (lent) or takes it over once nothing is allocated there")
+        else:
+            problem = problem or "drained in Slurm by someone else (never undone by gpu-bridge)"
+    bad_pod = next((p for p in node_pods if getattr(p, "problem", None)), None)
+    if bad_pod is not None:  # a serving pod we cannot read properly: never guess around it
+        problem = problem or f"serving pod {bad_pod.name}: {getattr(bad_pod, 'problem')}"
+    if pool_problem:
+        problem = problem or pool_problem
+    if kn.phase is Phase.RETURNING and kn.phase_since is not None:
+        limit = ready_timeout_s(pool)
+        if now - kn.phase_since > limit and not any(p.ready and not p.terminating for p in node_pods):
+            problem = problem or (
+                f"returning for {now - kn.phase_since:.0f} s without a Ready serving replica (timeout {limit:.0f} s)"
+            )
+    return problem
 
 
 def _own_drain(sn: SlurmNodeLike, config: Config, *, busy: bool) -> str | None:

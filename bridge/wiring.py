@@ -1,14 +1,11 @@
-"""Builds the real adapters from a config: the one place that knows which class talks to what.
-
-``dry_run`` swaps in write sides that log what they would do and write nothing (reads are
-real), so ``--dry-run`` runs the very same loop and policy as the daemon.
-"""
+"""Builds the real adapters from a config: the one place that knows which class talks to what,
+and the policy memory back-filled from Prometheus at start."""
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,12 +13,15 @@ from bridge import logs
 from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
 from bridge.adapters.prom.signals import PromAccess, PromAdapter
 from bridge.adapters.prom.types import PromPool
-from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, SlurmAdapterProtocol
+from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, PromReader, SlurmAdapterProtocol
 from bridge.adapters.slurm.cli import CliSlurm
-from bridge.adapters.wrappers import DryRunKube, DryRunSlurm, FencedKube, FencedSlurm, lease_fence
+from bridge.adapters.wrappers import FencedKube, FencedSlurm, lease_fence
 from bridge.config import Config
-from bridge.errors import ConfigError
+from bridge.errors import AdapterError, ConfigError
 from bridge.adapters.kube.lease import LeaderElector, default_identity
+from bridge.model import LoadSignals
+from bridge.policy.forecast import history_windows
+from bridge.policy.memory import PoolMemory
 
 log = logs.get(__name__)
 
@@ -162,10 +162,9 @@ def slurm_adapter(config: Config) -> CliSlurm:
     )
 
 
-def build_adapters(
-    config: Config, *, dry_run: bool = False, leader: bool = True, identity: str | None = None, start_watches: bool = True
-) -> Adapters:
-    """Real adapters for ``config``; the Kubernetes watches are started (and must sync)."""
+def build_adapters(config: Config, *, leader: bool = True, identity: str | None = None, start_watches: bool = True) -> Adapters:
+    """Real adapters for ``config``; the Kubernetes watches are started (and must sync).
+    ``leader``: with the Lease, and every write fenced by it (a dry run has neither)."""
     identity = identity or default_identity()
     k = config.kubernetes
     for path in kubeconfig_paths(config):
@@ -191,9 +190,9 @@ def build_adapters(
         elector = LeaderElector(
             api, namespace=d.lease_namespace, identity=identity, name=d.lease_name, lease_duration_s=d.lease_duration_s
         )
-    kube: KubeAdapterProtocol = DryRunKube(real_kube, identity=identity) if dry_run else real_kube
-    slurm_side: SlurmAdapterProtocol = DryRunSlurm(slurm) if dry_run else slurm
-    if elector is not None and not dry_run:
+    kube: KubeAdapterProtocol = real_kube
+    slurm_side: SlurmAdapterProtocol = slurm
+    if elector is not None:
         # Every write checks the Lease right before it is made, not once per tick; each Slurm
         # command that changes something, only if the leadership outlasts its timeout.
         kube = FencedKube(kube, elector)
@@ -209,3 +208,35 @@ def build_adapters(
         identity=identity,
         _closers=closers,
     )
+
+
+def policy_memory(config: Config, prom: PromReader, pools: Mapping[str, PromPool], now: float) -> dict[str, PoolMemory]:
+    """Each pool's policy memory as a restart lost it, rebuilt from Prometheus once at start:
+    the history windows (oldest first) and the calibration's window (``query_range`` in
+    chunks: Prometheus answers at most 11 000 points per series and query). Day one is not
+    blind when Prometheus already holds the pool's vLLM history; a failed read is logged."""
+    out = {}
+    for pool in config.pools:
+        mem = out[pool.name] = PoolMemory(config, pool)
+        samples: list[LoadSignals] = []
+        for w in history_windows(config, pool):
+            try:
+                samples += prom.history(pools[pool.name], start=now + w.start_s, end=min(now, now + w.end_s), step_s=w.step_s)
+            except AdapterError as exc:
+                log.warning("history_unavailable", pool=pool.name, error=str(exc))
+        for sample in sorted(samples, key=lambda s: s.t):
+            mem.add(sample, calibration=False)
+        if mem.calibrator is None:
+            continue
+        step, start, got = config.policy.calibration.step_s, now - mem.calibrator.span_s, 0
+        while start < now:
+            end = min(now, start + 10_000 * step)
+            try:
+                for sample in prom.history(pools[pool.name], start=start, end=end, step_s=step):
+                    mem.add(sample, history=False)
+                    got += 1
+            except AdapterError as exc:
+                log.warning("calibration_history_unavailable", pool=pool.name, error=str(exc))
+            start = end + step
+        log.info("calibration_history", pool=pool.name, samples=got, window_s=mem.calibrator.span_s)
+    return out

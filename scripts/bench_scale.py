@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """The daemon at scale: 2,000 nodes and 10,000 pods on a real Kubernetes control plane,
-Slurm output of the same size, the real ``Daemon.tick()``. Prints numbers, asserts nothing.
+Slurm output of the same size, the real ``Daemon.iterate()`` (its passes, chained). Prints numbers, asserts nothing.
 
     .venv/bin/python scripts/bench_scale.py [--nodes 2000] [--pods 10000] [--lent 200] [--ticks 40]
+    .venv/bin/python scripts/bench_scale.py --fake-kube --nodes 10000 --lent 1000 --ticks 10
+
+``--fake-kube``: the lab's in-memory FakeKube instead of the control plane (no other pods; its
+reads parse every object on each call, so its CPU per tick is the fake's as much as the daemon's).
 
 - Kubernetes: a real control plane (gpu_bridge_lab.sandbox.realkube: etcd, kube-apiserver,
   controllers, scheduler, kwok as the kubelets, heartbeats every 60 s), seeded through its API:
@@ -66,6 +70,7 @@ from gpu_bridge_lab.sandbox.realkube.serving_model import ServingModel, deployme
 POOL = "bench"
 NS = "serving"
 FIX = ROOT / "tests" / "fixtures" / "slurm"
+PROMQ = "prometheus queries"  # counted beside the Slurm commands, not in their total
 TARGET_PER_REPLICA = 24.0  # default concurrency_per_replica
 
 
@@ -186,13 +191,19 @@ class Load:
 
     def __init__(self, clock: Any, replicas: float, reporting: int) -> None:
         self.clock, self.replicas, self.reporting = clock, replicas, reporting
+        self.queries = 0  # Prometheus queries the daemon made (current + history)
+
+    def __call__(self) -> int:
+        return self.queries
 
     def current(self, pool: PromPool, *, at: float | None = None, live_pods: Any = None) -> SignalsReading:
+        self.queries += 1
         s = LoadSignals(t=self.clock(), running=self.replicas * TARGET_PER_REPLICA, waiting=0.0,
                         kv_cache_usage_sum=0.05 * self.reporting, tokens_per_s=None, replicas_reporting=self.reporting)
         return SignalsReading(pool=pool.name, signals=s)
 
     def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
+        self.queries += 1
         return ()
 
 
@@ -283,6 +294,8 @@ def main() -> int:
     ap.add_argument("--profile-ticks", type=int, default=15)
     ap.add_argument("--top", type=int, default=18, help="cProfile entries shown")
     ap.add_argument("--pending-jobs", type=int, default=300, help="research jobs waiting in the preempt partition")
+    ap.add_argument("--fake-kube", action="store_true",
+                    help="the lab's in-memory FakeKube instead of a real control plane (10,000 nodes)")
     ap.add_argument("--no-freeze", action="store_true",
                     help="do not gc.freeze() after seeding (the watch cache's objects are then scanned by "
                          "every full collection the daemon's allocations trigger)")
@@ -305,6 +318,8 @@ def main() -> int:
     for i in range(args.pending_jobs):
         slurm_model.add_job(f"sweep-{i}", "bob", wk.SLURM_PREEMPT_PARTITION, None, None)
 
+    if args.fake_kube:
+        return run_fake(args, now, clock, names, lent, serving, slurm_model)
     with contextlib.ExitStack() as stack:
         from gpu_bridge_lab.sandbox.realkube import control_plane
 
@@ -331,19 +346,69 @@ def main() -> int:
             gc.freeze()  # the watch cache's objects: long-lived, as in the daemon after its first list
             print(f"gc.freeze() after seeding: {gc.get_freeze_count()} objects (the watch cache's) "
                   "kept out of the collector's scans")
-        config = default_config(POOL, namespace=NS, min_serving=1)
-        import dataclasses as dc
-        config = dc.replace(config, policy=dc.replace(config.policy, max_reclaims_per_tick=max(8, args.lent)))
-        slurm = CliSlurm(runner=slurm_model)
-        # steady: the load needs exactly the serving nodes (ceil(d * 1.15 + 0.5) == serving)
-        steady_replicas = (len(serving) - 0.5) / 1.15 - 0.2
-        prom = Load(clock, steady_replicas, len(serving))
-        daemon = Daemon(config, kube=kube, slurm=slurm, prom=prom, prom_pools={POOL: PromPool(POOL, POOL)}, clock=clock)
+        daemon, prom = make_daemon(args, kube, slurm_model, clock, serving)
         try:
             return run(args, daemon, kube, slurm_model, prom, clock, names, lent)
         finally:
             kube.stop()
             api.close()
+
+
+def make_daemon(args: Any, kube: Any, slurm_model: SlurmModel, clock: Clock, serving: list[str]) -> tuple[Daemon, Load]:
+    config = default_config(POOL, namespace=NS, min_serving=1)
+    import dataclasses as dc
+    config = dc.replace(config, policy=dc.replace(config.policy, max_reclaims_per_tick=max(8, args.lent)))
+    slurm = CliSlurm(runner=slurm_model)
+    # steady: the load needs exactly the serving nodes (ceil(d * 1.15 + 0.5) == serving)
+    steady_replicas = (len(serving) - 0.5) / 1.15 - 0.2
+    prom = Load(clock, steady_replicas, len(serving))
+    daemon = Daemon(config, kube=kube, slurm=slurm, prom=prom, prom_pools={POOL: PromPool(POOL, POOL)}, clock=clock)
+    return daemon, prom
+
+
+class _FakeCalls:
+    """FakeKube's call Counter behind the real adapter's ``calls.snapshot()``."""
+
+    def __init__(self, calls: Counter[tuple[str, str]]) -> None:
+        self._calls = calls
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        return dict(self._calls)
+
+
+def run_fake(args: Any, now: float, clock: Clock, names: list[str], lent: set[str], serving: list[str],
+             slurm_model: SlurmModel) -> int:
+    """The same world in the lab's FakeKube (pool nodes and vLLM pods only)."""
+    from bridge.adapters.protocols import PoolTarget as Target
+    from gpu_bridge_lab.fakes.kube import FakeKube
+
+    t0 = time.perf_counter()
+    fake = FakeKube(identity="bench", now=now)
+    for n in names:
+        ann = {wk.ANNOTATION_PHASE_SINCE: f"{now - 86400:.3f}", wk.ANNOTATION_REASON: "bench", wk.ANNOTATION_OWNER: "bench"}
+        if n in lent:
+            ann[wk.ANNOTATION_CORDONED] = "true"
+        fake.add_node(n, POOL, labels={wk.LABEL_PHASE: "lent" if n in lent else "serving"}, annotations=ann,
+                      unschedulable=n in lent,
+                      taints=[{"key": wk.TAINT_KEY, "effect": wk.TAINT_EFFECT}] if n in lent else ())
+    fake.add_pool(Target(POOL, NS, "vllm"), replicas=0, start_delay_s=0.2, grace_s=1.0)
+    fake._pools[POOL].replicas = len(serving)
+    for n in serving:  # one Ready replica per serving node, placed directly (no scheduler pass per pod)
+        fake._create_pod(POOL, n, ready=True)
+    print(f"world (FakeKube): {len(names)} pool nodes ({len(serving)} serving, {len(lent)} lent), "
+          f"{len(serving)} vLLM pods, {len(slurm_model.jobs)} Slurm jobs; seeded in {time.perf_counter() - t0:.1f} s")
+    print(f"slurm output per read: sinfo --json {len(slurm_model._render('sinfo')) / 1024:.0f} KiB, "
+          f"squeue --json {len(slurm_model._render('squeue')) / 1024:.0f} KiB")
+    fake.calls_view = _FakeCalls(fake.calls)  # type: ignore[attr-defined]
+    if not args.no_freeze:
+        gc.collect()
+        gc.freeze()
+    daemon, prom = make_daemon(args, fake, slurm_model, clock, serving)
+    return run(args, daemon, fake, slurm_model, prom, clock, names, lent)
+
+
+def _calls(kube: Any) -> dict[tuple[str, str], int]:
+    return kube.calls_view.snapshot() if hasattr(kube, "calls_view") else kube.calls.snapshot()
 
 
 def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, prom: Load, clock: Clock,
@@ -364,15 +429,20 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
     def one_tick(step_s: float | None = None) -> tuple[float, float, dict[str, int], Counter[str], Any]:
         clock.t += tick_s if step_s is None else step_s
         slurm_model.now = clock.t
-        k0, s0, r0 = kube.calls.snapshot(), Counter(slurm_model.commands), slurm_model.render_cpu_s
+        if hasattr(kube, "step"):  # FakeKube: its controllers move only when stepped
+            kube.step(clock.t)
+        k0, s0, r0 = _calls(kube), Counter(slurm_model.commands), slurm_model.render_cpu_s
+        q0 = prom.queries
         c0, p0 = time.thread_time(), time.process_time()
-        result = daemon.tick()
+        result = daemon.iterate()
         c1, p1 = time.thread_time(), time.process_time()
         render = slurm_model.render_cpu_s - r0
-        k1 = kube.calls.snapshot()
+        k1 = _calls(kube)
         kd = {f"{v} {r}": k1[(v, r)] - k0.get((v, r), 0) for (v, r) in k1 if k1[(v, r)] - k0.get((v, r), 0)}
         sd = Counter(slurm_model.commands)
         sd.subtract(s0)
+        if prom.queries - q0:
+            sd[PROMQ] = prom.queries - q0
         return c1 - c0 - render, p1 - p0 - render, kd, +sd, result
 
     for _ in range(3):  # warm up: first plan, history recorder
@@ -394,7 +464,7 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
           f"p95 {pct(proc, 0.95) * 1000:7.1f} ms")
     print(f"  of which cyclic GC pauses (any thread):     mean {gc_time[0] / args.ticks * 1000:7.1f} ms")
     print(f"  Kubernetes API calls per tick: {sum(kube_calls.values()) / args.ticks:.2f} {dict(kube_calls) or ''}")
-    print(f"  Slurm commands per tick:       {sum(slurm_cmds.values()) / args.ticks:.2f} "
+    print(f"  Slurm commands per tick:       {(sum(slurm_cmds.values()) - slurm_cmds[PROMQ]) / args.ticks:.2f} "
           f"{ {k: round(v / args.ticks, 2) for k, v in slurm_cmds.items()} }")
 
     # --- mass reclaim ---------------------------------------------------------------------------
@@ -417,7 +487,7 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
         phases = {n.name: n.phase for n in kube.nodes() if n.name in lent}
         changes = sum(1 for n in lent if phases.get(n) != prev.get(n))
         prev = phases
-        k, s = sum(kd.values()), sum(sd.values())
+        k, s = sum(kd.values()), sum(sd.values()) - sd[PROMQ]
         tot_changes, tot_k, tot_s = tot_changes + changes, tot_k + k, tot_s + s
         reclaim_cpu.append(c)
         summary = dict(sorted(Counter(str(v) for v in phases.values()).items()))

@@ -36,7 +36,7 @@ class PdbWorld:
         self.slurm.advance(0.25)
         self.prom.set("default", LoadSignals(self.t[0], running=100.0, waiting=0.0, kv_cache_usage_sum=None,
                                              tokens_per_s=None, replicas_reporting=3))
-        self.daemon.tick()
+        self.daemon.iterate()
         self.t[0] += 0.25
 
     def start_stuck_lend(self) -> None:

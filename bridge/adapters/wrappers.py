@@ -1,10 +1,9 @@
 """The wrappers the daemon puts around its adapters, both systems side by side.
 
-- ``DryRunKube`` / ``DryRunSlurm`` (``--dry-run``): reads pass through, writes are logged and
-  never made, so a dry run runs the very same loop and policy as the daemon.
-- ``FencedKube`` / ``FencedSlurm``: reads pass through, every write first checks that this
-  instance still holds the Lease: a daemon whose Lease lapsed in the middle of a step
-  (renewals failing past the renew deadline) cannot write even if its loop has not noticed yet.
+``FencedKube`` / ``FencedSlurm``: reads pass through, every write first checks that this
+instance still holds the Lease: a daemon whose Lease lapsed in the middle of a step (renewals
+failing past the renew deadline) cannot write even if its loop has not noticed yet. (A dry run
+needs no wrapper: the daemon never applies what it decides.)
 
 Each implements the same Protocols (``bridge.adapters.protocols``) as what it wraps.
 """
@@ -17,7 +16,6 @@ from bridge import logs
 from bridge.errors import AdapterError
 from bridge.model import Phase, Pin
 
-from .kube import patches
 from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
 from .protocols import CacheStatus, KubeAdapterProtocol, LeaseHolder, SlurmAdapterProtocol
 from .slurm.types import SlurmJobInfo, SlurmNode
@@ -100,97 +98,6 @@ class SlurmReadThrough:
 
     def holds(self) -> dict[str, SlurmJobInfo]:
         return self._inner.holds()
-
-
-# --- dry run --------------------------------------------------------------------------------
-
-
-class DryRunKube(KubeReadThrough):
-    """Each write reports what it *would* do from the cached object, with the same patch
-    builders as the real writes, so a dry run logs exactly the changes a real run would make."""
-
-    def __init__(self, inner: KubeAdapterProtocol, *, identity: str = "dry-run") -> None:
-        super().__init__(inner)
-        self._identity = identity
-
-    def _would(self, what: str, changed: bool, **kw: object) -> bool:
-        log.info("dry_run_write", system="kubernetes", write=what, would_change=changed, **kw)
-        return changed
-
-    def set_phase(self, node: str, phase: Phase, reason: str, since: float) -> bool:
-        n = self._inner.node(node)
-        changed = n is None or patches.phase_patch(n, Phase(phase), reason, since, self._identity) is not None
-        return self._would("set_phase", changed, node=node, phase=str(phase), reason=patches.clean_reason(reason))
-
-    def set_request(self, node: str, request: str | None) -> bool:
-        n = self._inner.node(node)
-        return self._would("set_request", n is None or patches.request_patch(n, request) is not None, node=node, request=request)
-
-    def set_pin(self, node: str, pin: Pin | None) -> bool:
-        n = self._inner.node(node)
-        changed = n is None or patches.pin_patch(n, Pin(pin) if pin is not None else None) is not None
-        return self._would("set_pin", changed, node=node, pin=str(pin) if pin else None)
-
-    def fence(self, node: str) -> bool:
-        n = self._inner.node(node)
-        return self._would("fence", n is None or patches.fence_patch(n) is not None, node=node)
-
-    def unfence(self, node: str) -> bool:
-        n = self._inner.node(node)
-        return self._would("unfence", n is None or patches.unfence_patch(n) is not None, node=node)
-
-    def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool:
-        return self._would("set_pod_deletion_cost", True, namespace=namespace, pod=pod, cost=cost)
-
-    def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
-        return self._would("scale", True, namespace=namespace, deployment=deployment, replicas=replicas)
-
-    def evict(self, namespace: str, pod: str) -> EvictOutcome:
-        self._would("evict", True, namespace=namespace, pod=pod)
-        return EvictOutcome.BLOCKED  # nothing was evicted: callers must not proceed as if it were
-
-    def emit_event(self, node: str, reason: str, message: str, event_type: str = "Normal") -> None:
-        self._would("emit_event", True, node=node, reason=reason, message=patches.clean_reason(message), event_type=event_type)
-
-
-class DryRunSlurm(SlurmReadThrough):
-    """Writes are logged and report nothing changed: the lifecycle then waits where a real run
-    would have moved on, so a dry run never claims a node it did not drain or hold."""
-
-    def _would(self, write: str, **kw: object) -> None:
-        log.info("dry_run_write", system="slurm", write=write, **kw)
-
-    def drain(self, node: str, reason: str) -> bool:
-        self._would("drain", node=node, reason=reason)
-        return False
-
-    def resume(self, node: str) -> bool:
-        self._would("resume", node=node)
-        return False
-
-    def submit_hold(self, node: str) -> str:
-        self._would("submit_hold", node=node)
-        return ""
-
-    def cancel_hold(self, node: str) -> tuple[str, ...]:
-        self._would("cancel_hold", node=node)
-        return ()
-
-    def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
-        self._would("requeue", job=job_id)
-        return False
-
-    def release(self, job_id: str, reason: str) -> bool:
-        self._would("release", job=job_id, reason=reason)
-        return False
-
-    def clear_own_drain(self, node: str, slurm_reason: str) -> bool:
-        self._would("clear_own_drain", node=node, slurm_reason=slurm_reason)
-        return False
-
-    def take_over_drain(self, node: str, slurm_reason: str, reason: str) -> bool:
-        self._would("take_over_drain", node=node, slurm_reason=slurm_reason, reason=reason)
-        return False
 
 
 # --- the write fence ------------------------------------------------------------------------

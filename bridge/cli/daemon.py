@@ -22,7 +22,7 @@ from bridge.adapters.kube.lease import LeaderElector, LeaseKeeper
 from bridge.metrics import BridgeMetrics, serve
 from bridge.model import Phase, Pin, PoolState
 from bridge.observe import Observation
-from bridge.wiring import Adapters, build_adapters, check_private_file
+from bridge.wiring import Adapters, build_adapters, check_private_file, policy_memory
 
 log = logs.get(__name__)
 
@@ -89,7 +89,7 @@ def _one_shot(args: argparse.Namespace, step: Callable[[Daemon], T]) -> tuple[Da
     logs.configure(json=True, level="warning")
     try:
         config = _load(args.config)
-        adapters = build_adapters(config, dry_run=True, leader=False)
+        adapters = build_adapters(config, leader=False)
     except BridgeError as exc:
         return _fail(exc)
     try:
@@ -97,9 +97,9 @@ def _one_shot(args: argparse.Namespace, step: Callable[[Daemon], T]) -> tuple[Da
             deadline = time.monotonic() + config.kubernetes.timeout_s
             while time.monotonic() < deadline and not adapters.kube.cache_status().synced:
                 time.sleep(0.05)
-        daemon = Daemon(
-            config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools, dry_run=True
-        )
+        memory = policy_memory(config, adapters.prom, adapters.prom_pools, time.time())
+        daemon = Daemon(config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools,
+                        dry_run=True, memory=memory)
         return daemon, step(daemon)
     except BridgeError as exc:
         return _fail(exc)
@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         # One writer: a dry run never takes (nor competes for) the Lease, whatever it runs
         # beside; a real run, --once included, writes only as the Lease holder.
-        adapters = build_adapters(config, dry_run=dry_run, leader=not dry_run)
+        adapters = build_adapters(config, leader=not dry_run)
     except BridgeError as exc:
         return _fail(exc)
     try:
@@ -147,6 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics=metrics,
         dry_run=dry_run,
         after_write=getattr(args, "after_write", None),
+        memory=policy_memory(config, adapters.prom, adapters.prom_pools, time.time()),
     )
     stop = threading.Event()
 
@@ -208,7 +209,7 @@ def _run_once(daemon: Daemon, leader: Leader | None) -> int:
     """``run --once``: one iteration as the Lease holder, then the Lease given back. Refused
     (exit 1, nothing written) while another instance holds it."""
     try:
-        result = daemon.tick()
+        result = daemon.iterate()
     finally:
         if leader is not None and leader.is_leader:
             leader.release()
@@ -345,7 +346,7 @@ def _asdict(obj: Any) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    got = _one_shot(args, lambda daemon: daemon.tick())
+    got = _one_shot(args, lambda daemon: daemon.iterate())
     if isinstance(got, int):
         return got
     _print_plan(got[0], as_json=args.json)
@@ -354,7 +355,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _writer(args: argparse.Namespace) -> tuple[Config, Adapters]:
     config = _load(args.config)
-    adapters = build_adapters(config, dry_run=False, leader=False, start_watches=False)
+    adapters = build_adapters(config, leader=False, start_watches=False)
     return config, adapters
 
 

@@ -101,7 +101,6 @@ def read_outlook(
     """The pool's lendable outlook from Prometheus' history (read-only): the history read the
     way the daemon reads it, then ``lendable_outlook`` with ``outlook_calibration``. Raises
     AdapterError (Prometheus) or NoHistoryError."""
-    from bridge.adapters.prom.history import history_chunked
     from bridge.adapters.prom.types import PromPool, selector
     from bridge.policy.demand import replicas_needed
     from bridge.policy.outlook import OUTLOOK_STEP_S, lendable_outlook, outlook_calibration, outlook_span_s
@@ -115,7 +114,7 @@ def read_outlook(
     step = cc.step_s if cc.enabled else OUTLOOK_STEP_S
     span = max(outlook_span_s(cfg, hours), cc.window_s if cc.enabled else 0.0)
     start = math.floor((now - span) / step) * step
-    hist = history_chunked(adapter, ppool, start=start, end=now, step_s=step)
+    hist = adapter.history(ppool, start=start, end=now, step_s=step)
     nodes = pool_nodes
     nodes_src = pool_nodes_source
     if nodes is None:

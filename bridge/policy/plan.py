@@ -92,7 +92,7 @@ def plan(view: ClusterView, config: Config) -> Plan:
     Same view and config -> same plan (no randomness, no clock, sorted iteration)."""
     now = view.now
     held: dict[str, str] = {}
-    codes: dict[str, str] = {}
+    codes: dict[str, HoldReason] = {}
     known = {p.name for p in config.pools}
     by_pool: dict[str, list[NodeState]] = {p.name: [] for p in config.pools}
     for n in sorted(view.nodes, key=lambda n: n.name):
@@ -218,9 +218,9 @@ def _victims(w: _PoolWork, cands: Sequence[NodeState], take: int, view: ClusterV
     )
 
 
-def _hold(held: dict[str, str], codes: dict[str, str], n: NodeState, code: HoldReason, why: str) -> None:
+def _hold(held: dict[str, str], codes: dict[str, HoldReason], n: NodeState, code: HoldReason, why: str) -> None:
     held[n.name] = f"{code.value}: {why}"
-    codes[n.name] = code.value
+    codes[n.name] = code
 
 
 def _replace(d: PoolDecision, **kw: object) -> PoolDecision:

@@ -1,7 +1,7 @@
 """The controllers the simulator compares, all behind ``engine.Controller``.
 
 - ``bridge``: the daemon's own ``bridge.policy.plan(view, config)``, fed the history the
-  daemon keeps (``bridge.policy.history.HistoryRecorder`` over the declared windows);
+  daemon keeps (the same ``bridge.policy.memory.PoolMemory``);
 - ``oracle``: knows the future load; keeps exactly the nodes the next
   ``grace + cold start + tick`` needs and lends the rest, so it never violates the SLO
   (within the pool's size) and lends the most a controller acting on ticks can: the upper bound;
@@ -26,12 +26,11 @@ from dataclasses import replace
 import numpy as np
 
 from bridge.config import Config, PoolConfig
-from bridge.model import Action, ActionKind, Calibration, ClusterView, Governor, NodeState, Phase, Plan
+from bridge.model import Action, ActionKind, Calibration, ClusterView, Governor, NodeState, Phase, Plan, Reason
 from bridge.policy import plan
 from bridge.policy.demand import demand, nodes_for
-from bridge.policy.forecast import Forecast, forecast, history_windows
-from bridge.policy.calibrate import Calibrator
-from bridge.policy.history import HistoryRecorder
+from bridge.policy.forecast import Forecast, forecast
+from bridge.policy.memory import PoolMemory
 from bridge.policy.victims import choose_victims
 from bridge.simulate.engine import Controller, Setup
 from bridge.simulate.workload import Workload, signals
@@ -69,7 +68,7 @@ class _Base:
     def _lend(self, ready: Sequence[NodeState], k: int, why: str) -> list[Action]:
         # most recently Ready last: lend the longest-serving nodes first, by name on ties
         order = sorted(ready, key=lambda n: (n.phase_since, n.name))
-        return [Action(ActionKind.LEND, n.name, self.pool.name, "low_forecast", f"{self.name}: {why}") for n in order[:k]]
+        return [Action(ActionKind.LEND, n.name, self.pool.name, Reason.LOW_FORECAST, f"{self.name}: {why}") for n in order[:k]]
 
     def _reclaim(self, view: ClusterView, lent: Sequence[NodeState], k: int, why: str) -> list[Action]:
         if k <= 0 or not lent:
@@ -85,7 +84,7 @@ class _Base:
             grace_s=self.config.slurm.grace_s,
         )
         return [
-            Action(ActionKind.RECLAIM, n, self.pool.name, "spike", f"{self.name}: {why}", urgent=True, jobs=choice.jobs.get(n, ()))
+            Action(ActionKind.RECLAIM, n, self.pool.name, Reason.SPIKE, f"{self.name}: {why}", urgent=True, jobs=choice.jobs.get(n, ()))
             for n in choice.nodes
         ]
 
@@ -106,10 +105,9 @@ class BridgeController(_Base):
 
     def __init__(self, setup: Setup, explain_every: int = 0) -> None:
         super().__init__(setup)
-        self.recorder = HistoryRecorder(history_windows(self.config, self.pool))
-        # the governor keeps the daemon's rolling window (28 days: a run up to that long lies
-        # in one window, so its budget is that window's)
-        self.calibrator = Calibrator(self.config, self.pool) if self.config.policy.calibration.enabled else None
+        # the daemon's memory: its history, and the governor's rolling window (28 days: a run
+        # up to that long lies in one window, so its budget is that window's)
+        self.memory = PoolMemory(self.config, self.pool)
         self.governors: list[Governor] = []  # each tick's, for analysis
         self.capacity = setup.nodes * self.rpn
         self.calibrations: list[Calibration] = []  # each new one, for analysis
@@ -134,30 +132,19 @@ class BridgeController(_Base):
         cap = self.capacity
         for k in range(int(history.duration_s // tick)):
             t = k * tick
-            sig = signals(start_unix + t, history.at(t), cap, self.pool.target)
-            self.recorder.add(sig)
-            if self.calibrator is not None:
-                self.calibrator.add(sig)
+            self.memory.add(signals(start_unix + t, history.at(t), cap, self.pool.target))
 
     def decide(self, view: ClusterView) -> Sequence[Action]:
         ps = view.pools[self.pool.name]
         if ps.signals is not None:
-            self.recorder.add(ps.signals)
-        pools = dict(view.pools)
-        hist = self.recorder.history(view.now)
-        cal = None
-        gov = None
-        if self.calibrator is not None:
-            if ps.signals is not None:
-                self.calibrator.add(ps.signals)
-            gov = self.calibrator.governor(view.now, capacity=self.capacity, nodes=self.setup.nodes, horizon_s=ps.horizon_s)
-            if gov is not None:
-                self.governors.append(gov)
-            cal = self.calibrator.calibration(view.now, capacity=self.capacity, horizon_s=ps.horizon_s, governor=gov)
-            if not self.calibrations or self.calibrations[-1] is not cal:
-                self.calibrations.append(cal)
-        pools[self.pool.name] = replace(ps, history=hist, calibration=cal, governor=gov)
-        p = plan(replace(view, pools=pools), self.config)
+            self.memory.add(ps.signals)
+        ps = self.memory.pool_state(ps, view.now, self.setup.nodes)
+        hist, cal = ps.history, ps.calibration
+        if ps.governor is not None:
+            self.governors.append(ps.governor)
+        if cal is not None and (not self.calibrations or self.calibrations[-1] is not cal):
+            self.calibrations.append(cal)
+        p = plan(replace(view, pools={**view.pools, self.pool.name: ps}), self.config)
         if self.explain_every and self._ticks % self.explain_every == 0:
             fc = forecast(hist, ps.signals, view.now, config=self.config, pool=self.pool)
             self.explained.append((view.now, fc))

@@ -6,7 +6,6 @@ loads costs one squeue."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +17,6 @@ from bridge.adapters.kube.events import NodeEventReader
 from bridge.adapters.kube.objects import NodeEvent
 from bridge.adapters.prom.types import DaemonHistory, PromPool
 from bridge.adapters.slurm.types import SlurmJobInfo
-from bridge.adapters.wrappers import DryRunKube, DryRunSlurm
 from bridge.config import Config, replace
 from bridge.daemon import Daemon
 from bridge.cli.daemon import status_rows
@@ -42,7 +40,7 @@ def web_identity(config: Config) -> Config:
 
 class WebSource:
     """The read side of every page. ``adapters``: from ``build_adapters(web_identity(config),
-    dry_run=True, leader=False)`` (tests pass their own)."""
+    leader=False)`` (tests pass their own)."""
 
     def __init__(
         self,
@@ -58,7 +56,7 @@ class WebSource:
         self.events = events
         self._on_close = on_close
         self.clock = clock
-        # writes are refused twice: the dry-run wrappers make none, the RBAC grants none
+        # writes are refused twice: a dry-run daemon applies none, the RBAC grants none
         self._daemon = Daemon(
             config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools, dry_run=True
         )
@@ -67,14 +65,13 @@ class WebSource:
 
     @classmethod
     def open(cls, config: Config) -> WebSource:
-        """The real adapters under the web view's own identity, their write sides replaced by
-        the dry-run wrappers (which write nothing); no Lease."""
+        """The real adapters under the web view's own identity (which the RBAC lets write
+        nothing), read by a dry-run daemon (which writes nothing); no Lease."""
         web = web_identity(config)
-        raw = build_adapters(web, dry_run=False, leader=False)
+        adapters = build_adapters(web, leader=False)
         k = web.kubernetes
         api = api_client_from_config(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None)
         reader = NodeEventReader(api, request_timeout_s=k.timeout_s)
-        adapters = dataclasses.replace(raw, kube=DryRunKube(raw.kube, identity=raw.identity), slurm=DryRunSlurm(raw.slurm))
         return cls(config, adapters, events=reader.node_events, on_close=api.close)
 
     def close(self) -> None:

@@ -44,7 +44,7 @@ def _facts() -> NodeFacts:
 def _run(outcome: EvictOutcome) -> tuple[bool, EvictOnlyKube]:
     kube = EvictOnlyKube(outcome)
     act = Actuator(kube=kube, slurm=NoSlurm(), clock=lambda: 1.0)  # type: ignore[arg-type]
-    changed = act.execute(Step.EVICT_POD, _facts(), PoolTarget("default", "serving", "vllm"), now=1.0)
+    changed = act.execute(Step.EVICT_POD, _facts(), PoolTarget("default", "serving", "vllm"), now=1.0).changed
     return changed, kube
 
 

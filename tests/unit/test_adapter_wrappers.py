@@ -1,13 +1,12 @@
-"""The Slurm side of the dry-run and fenced wrappers (the Kubernetes side is in
-test_kube_adapter_fake.py): same Protocols as what they wrap, reads through, writes never made
-(dry run) or refused once the Lease is lost (fenced)."""
+"""The Slurm side of the fenced wrapper (the Kubernetes side is in test_kube_adapter_fake.py):
+same Protocols as what it wraps, reads through, writes refused once the Lease is lost."""
 
 from __future__ import annotations
 
 import pytest
 
 from bridge.adapters.protocols import SlurmAdapterProtocol
-from bridge.adapters.wrappers import DryRunSlurm, FencedSlurm, NotLeaderError
+from bridge.adapters.wrappers import FencedSlurm, NotLeaderError
 from gpu_bridge_lab.fakes.kube import FakeLeader
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 
@@ -17,22 +16,6 @@ def _slurm() -> FakeSlurm:
     for n in ("gpu-node-01", "gpu-node-02"):
         s.add_node(n)
     return s
-
-
-def test_dry_run_slurm_reads_through_and_writes_nothing() -> None:
-    s = _slurm()
-    jid = s.add_job("gpu-node-01")
-    dry = DryRunSlurm(s)
-    assert isinstance(dry, SlurmAdapterProtocol)
-    assert dry.nodes() == s.nodes() and dry.node("gpu-node-02") == s.node("gpu-node-02")
-    assert [j.job_id for j in dry.jobs(node="gpu-node-01")] == [jid]
-    assert dry.drain("gpu-node-02", "serving") is False
-    assert dry.submit_hold("gpu-node-02") == ""
-    assert dry.cancel_hold("gpu-node-02") == ()
-    assert dry.requeue(jid) is False
-    assert dry.resume("gpu-node-02") is False
-    assert s.writes == [] and not s.node("gpu-node-02").drained and s.holds() == {}
-    assert s.snapshot()[jid].state == "running"
 
 
 def test_fenced_slurm_writes_only_while_leader() -> None:

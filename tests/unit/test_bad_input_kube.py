@@ -211,7 +211,7 @@ def snapshot(kube: FakeKube) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def test_control_the_unadopted_node_is_adopted() -> None:
     d, kube, _runner = world()
-    assert d.tick().observed
+    assert d.iterate().observed
     assert kube.node("gpu-node-04").phase is not None  # type: ignore[union-attr]
     assert kube.calls[("patch", "nodes")] >= 1
 
@@ -227,7 +227,7 @@ def test_node_missing_a_field_is_held_and_never_written(field: str, node: str) -
     before = copy.deepcopy(kube._nodes[node])
     pods_before = {k: copy.deepcopy(v) for k, v in kube._pods.items() if v["spec"].get("nodeName") == node}
     for _ in range(2):
-        d.tick()
+        d.iterate()
     assert kube._nodes[node] == before, "the node was written"
     assert {k: v for k, v in kube._pods.items() if v["spec"].get("nodeName") == node} == pods_before
     assert not [e for e in kube.events if e.node == node]
@@ -244,7 +244,7 @@ def test_pod_missing_a_field_holds_its_node(field: str) -> None:
     pod = next(k for k, v in kube._pods.items() if v["spec"].get("nodeName") == "gpu-node-02")
     del kube._pods[pod]["metadata"][field]
     nodes_before, pods_before = snapshot(kube)
-    d.tick()
+    d.iterate()
     plan = d.last_plan
     assert plan is not None and plan.hold_reasons.get("gpu-node-02") == HoldReason.PROBLEM
     assert f"metadata.{field}" in plan.held["gpu-node-02"]
@@ -258,7 +258,7 @@ def test_deployment_missing_a_field_holds_every_node_of_the_pool(remove: tuple[s
     d, kube, runner = world(kube, unadopted="")
     nodes_before, pods_before = snapshot(kube)
     for _ in range(2):
-        d.tick()
+        d.iterate()
     plan = d.last_plan
     assert plan is not None and set(plan.hold_reasons) == set(NODES)
     assert all("deployment default/vllm" in why for why in plan.held.values())

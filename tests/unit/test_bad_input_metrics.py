@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bridge.adapters.prom.signals import PromAdapter
+from bridge.adapters.prom.history import MAX_RANGE_POINTS
 from bridge.adapters.prom.types import KV_V0, KV_V1, RUNNING, TAG, WAITING, PromPool
 from bridge.config import default_config
 from bridge.errors import AdapterError
@@ -209,3 +210,27 @@ def test_bad_history_values_are_missing_steps() -> None:
     prom = PromAdapter("http://unused", staleness_s=60, client=FakeClient([], range_result=result))  # type: ignore[arg-type]
     steps = prom.history(POOL, start=NOW - 600, end=NOW, step_s=60)
     assert [s.running for s in steps[:5]] == [1.0, None, None, None, 2.0]
+
+
+class RangeRecorder(FakeClient):
+    """Records every range query's window; answers each with one sample per step."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.windows: list[tuple[float, float]] = []
+
+    def custom_query_range(self, query: str, **kw: Any) -> Any:
+        a, b, step = kw["start_time"].timestamp(), kw["end_time"].timestamp(), float(kw["step"])
+        self.windows.append((a, b))
+        values = [[a + step * k, "1"] for k in range(int((b - a) // step) + 1)]
+        return [{"metric": {"model_name": "llama", "pod": "p", TAG: f"value:{RUNNING}"}, "values": values}]
+
+
+def test_long_history_is_split_under_prometheus_point_limit_with_no_step_lost_or_repeated() -> None:
+    client = RangeRecorder()
+    prom = PromAdapter("http://unused", staleness_s=60, client=client)  # type: ignore[arg-type]
+    steps = prom.history(POOL, start=NOW - 60 * 25_000, end=NOW, step_s=60)
+    assert len(client.windows) == 3  # 25,001 steps in queries of at most MAX_RANGE_POINTS
+    assert all((b - a) / 60 + 1 <= MAX_RANGE_POINTS for a, b in client.windows)
+    assert [s.t for s in steps] == [NOW - 60 * 25_000 + 60 * k for k in range(25_001)]
+    assert all(s.running == 1.0 for s in steps)

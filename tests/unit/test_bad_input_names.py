@@ -138,7 +138,7 @@ def test_unadopted_pool_nodes_with_bad_names_never_reach_a_subprocess(recorder: 
     (sbatch, scontrol update): only the good node's writes reach argv."""
     d, _kube = daemon_world([GOOD, *BAD_K8S], phase=None, load=2.0, rec=recorder)
     for _ in range(3):
-        d.tick()
+        d.iterate()
     assert_clean(recorder, BAD_K8S)
     writes = [a for a in recorder.argvs if a[1:2] != ["--json"] and a != ["sdiag"]]
     assert writes and all(any(GOOD in arg for arg in a) for a in writes)  # hold job / drain of the good node only
@@ -151,7 +151,7 @@ def test_lent_nodes_with_bad_names_are_never_reclaimed_through_argv(recorder: Su
              "job_state": "RUNNING", "nodes": n, "start_time": int(NOW - 7200)} for i, n in enumerate([GOOD, *BAD_K8S])]
     d, _kube = daemon_world([GOOD, *BAD_K8S], phase="lent", load=50.0, rec=recorder, jobs=jobs)
     for _ in range(3):
-        d.tick()
+        d.iterate()
     assert_clean(recorder, BAD_K8S)
     for argv in recorder.argvs:
         assert "train; rm -rf ~ $(id)" not in argv  # a job's name is data, never an argument
@@ -171,6 +171,6 @@ def test_hold_jobs_named_for_bad_nodes_are_never_cancelled_through_argv(recorder
     for n in names:
         kube.fence(n)
     for _ in range(3):
-        d.tick()
+        d.iterate()
     assert_clean(recorder, names[1:])
     assert any(a[0] == "scancel" and f"--name={wk.SLURM_HOLD_JOB_PREFIX}{GOOD}" in a for a in recorder.argvs)

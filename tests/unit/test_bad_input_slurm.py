@@ -194,7 +194,7 @@ def kube_writes(kube: FakeKube) -> dict[tuple[str, str], int]:
 
 def test_control_valid_output_does_act() -> None:
     d, kube, runner = world(sinfo(undrained=["gpu-node-04"]), squeue(NODES[:3]), load_replicas=3.5)
-    result = d.tick()
+    result = d.iterate()
     assert result.observed
     assert kube_writes(kube), "adopting gpu-node-04 writes its phase"
     assert any(any("gpu-node-04" in a for a in c) for c in runner.writes()), "holding/draining gpu-node-04 in Slurm"
@@ -216,7 +216,7 @@ BROKEN_SLURM = [
 def test_daemon_holds_every_node_on_bad_slurm_output(case: str, sinfo_text: str, squeue_text: str, load_replicas: float) -> None:
     d, kube, runner = world(sinfo_text, squeue_text, load_replicas=load_replicas)
     for _ in range(3):
-        d.tick()
+        d.iterate()
     assert kube_writes(kube) == {}, f"{case}: wrote to Kubernetes"
     assert kube.events == []
     assert runner.writes() == [], f"{case}: wrote to Slurm"
@@ -243,7 +243,7 @@ def test_a_node_missing_from_sinfo_is_held_and_the_rest_still_run() -> None:
     """sinfo lists three of the four pool nodes (a partial answer): the missing one is held
     ("node unknown to Slurm") and the tick does not crash."""
     d, kube, runner = world(sinfo(NODES[:3]), squeue(NODES[:3]), load_replicas=3.5)
-    result = d.tick()
+    result = d.iterate()
     assert result.observed
     obs = d.last_observation
     assert obs is not None and obs.problems.get("gpu-node-04") == "node unknown to Slurm"

@@ -81,7 +81,7 @@ def _tick(cfg: Config) -> None:
     prom = FakeProm()
     prom.set("default", LoadSignals(T0, 10.0, 0.0, 0.5, None, 3))
     daemon = Daemon(cfg, kube=kube, slurm=slurm, prom=prom, prom_pools={"default": PromPool("default", "m")}, clock=lambda: T0)
-    daemon.tick()
+    daemon.iterate()
 
 
 KEYS = _numeric_keys()

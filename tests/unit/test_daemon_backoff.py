@@ -4,7 +4,7 @@ retried with exponential backoff and a warning per attempt, not every 0.25 s ite
 
 from __future__ import annotations
 
-from bridge.daemon import MAX_RETRY_BACKOFF_S
+from bridge.reconcile import MAX_RETRY_BACKOFF_S
 from bridge.model import Phase
 from tests.pdb_world import pdb_world
 

@@ -17,6 +17,7 @@ from bridge.adapters.protocols import PoolTarget
 from bridge.adapters.prom.types import PromPool
 from bridge.config import Config, parse_config
 from bridge.daemon import Daemon
+from bridge.wiring import policy_memory
 from bridge.errors import AdapterError
 from bridge.model import LoadSignals, Phase
 
@@ -65,8 +66,9 @@ class World:
 
     def new_daemon(self) -> Daemon:
         """A fresh process: nothing carried over but what is on the nodes."""
-        return Daemon(self.config, kube=self.kube, slurm=self.slurm, prom=self.prom,
-                      prom_pools={"default": PromPool("default", "m")}, clock=lambda: self.t)
+        pools = {"default": PromPool("default", "m")}
+        return Daemon(self.config, kube=self.kube, slurm=self.slurm, prom=self.prom, prom_pools=pools,
+                      clock=lambda: self.t, memory=policy_memory(self.config, self.prom, pools, self.t))
 
     def ready_pods(self) -> int:
         return sum(1 for p in self.kube.pods("default") if p.ready and not p.terminating)
@@ -85,7 +87,7 @@ class World:
                                                  tokens_per_s=None, replicas_reporting=ready))
             if restart_every and i % restart_every == restart_every - 1:
                 self.daemon = self.new_daemon()
-            self.daemon.tick()
+            self.daemon.iterate()
             self.check()
 
     def check(self) -> None:
@@ -240,10 +242,11 @@ def test_prometheus_history_calibrates_at_start_up_and_again_after_a_restart() -
     lend_details = [a.detail for a in w.daemon.last_plan.actions] or [w.daemon.last_plan.pools[0].detail]
     assert any("calibrated margin x" in t and "budget spent" in t for t in lend_details)
     # a restart rebuilds the same calibration from the same history (no state of its own)
-    old = w.daemon._calibrators["default"]
+    old = w.daemon.memory["default"].calibrator
     w.daemon = w.new_daemon()
-    w.daemon.tick()
-    new = w.daemon._calibrators["default"]
+    w.daemon.iterate()
+    new = w.daemon.memory["default"].calibrator
+    assert old is not None and new is not None
     for a, b in zip(old.arrays(w.t), new.arrays(w.t)):
         assert np.array_equal(a, b, equal_nan=True)
     old._cached = new._cached = None  # both computed now, not at their last 5 s slot
@@ -255,7 +258,7 @@ def test_measured_reclaims_set_the_planned_horizon() -> None:
     w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
     w.load = HIGH
     w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 60, "all serving again")
-    delays = w.daemon._reclaim_delays["default"]
+    delays = w.daemon.memory["default"].delays
     assert delays and all(x > 0 for x in delays)
     w.tick(1)
     h = w.daemon.last_observation.view.pools["default"].horizon_s

@@ -46,5 +46,5 @@ def test_a_step_that_wrote_nothing_is_not_chained() -> None:
                                     replicas_reporting=len(NODES)))
     daemon = Daemon(cfg, kube=kube, slurm=slurm, prom=prom, prom_pools={"default": PromPool("default", "m")},
                     clock=lambda: T0 + 1)
-    daemon.tick()  # adopts both nodes (a write), then tries ENSURE_DRAINED, which writes nothing
+    daemon.iterate()  # adopts both nodes (a write), then tries ENSURE_DRAINED, which writes nothing
     assert 1 <= slurm.drain_calls <= 2 * len(NODES) < MAX_CHAINED_STEPS * len(NODES)

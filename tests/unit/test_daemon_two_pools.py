@@ -64,7 +64,7 @@ class World:
                 per_pod = {p.name: self.inflight(pool, p.name) for p in ready}
                 self.prom.set(pool, LoadSignals(self.t, running=sum(per_pod.values()), waiting=0.0, kv_cache_usage_sum=None,
                                                 tokens_per_s=None, replicas_reporting=len(ready)), inflight_by_pod=per_pod)
-            self.daemon.tick()
+            self.daemon.iterate()
 
     def phase(self, node: str) -> Phase | None:
         return self.kube.node(node).phase

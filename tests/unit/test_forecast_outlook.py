@@ -17,6 +17,7 @@ from bridge.adapters.prom.types import PromPool
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from bridge.config import parse_config
 from bridge.daemon import Daemon
+from bridge.wiring import policy_memory
 from bridge.cli.forecast import sentence
 from bridge.metrics import BridgeMetrics
 from bridge.model import LoadSignals
@@ -170,8 +171,9 @@ def _daemon(prom: FakeProm, metrics: BridgeMetrics, now: float) -> Daemon:
         kube.add_node(n, "llama")
         slurm.add_node(n)
     kube.add_pool(PoolTarget("llama", "serving", "vllm"), replicas=4)
-    return Daemon(cfg, kube=kube, slurm=slurm, prom=prom, prom_pools={"llama": PromPool("llama", "llama")},
-                  metrics=metrics, clock=lambda: now)
+    pools = {"llama": PromPool("llama", "llama")}
+    return Daemon(cfg, kube=kube, slurm=slurm, prom=prom, prom_pools=pools, metrics=metrics, clock=lambda: now,
+                  memory=policy_memory(cfg, prom, pools, now))
 
 
 def _gauge(m: BridgeMetrics, name: str, hours_ahead: str) -> float | None:
@@ -186,7 +188,7 @@ def test_daemon_exports_the_outlook_and_nan_when_prometheus_fails() -> None:
     prom.set("llama", LoadSignals(now - 5, 10.0, 0.0, None, None, 4))
     m = BridgeMetrics(CollectorRegistry(auto_describe=True))
     d = _daemon(prom, m, now)
-    d.tick()
+    d.iterate()
     # the metric uses the calibration the policy has (the daemon's Calibrator over Prometheus);
     # it is the one the CLI builds from the same history (outlook_calibration)
     cal = d.last_observation.view.pools["llama"].calibration  # type: ignore[union-attr]
@@ -204,6 +206,6 @@ def test_daemon_exports_the_outlook_and_nan_when_prometheus_fails() -> None:
         prom2 = FakeProm(fail=fail)
         prom2.set("llama", LoadSignals(now - 5, 10.0, 0.0, None, None, 4))
         m2 = BridgeMetrics(CollectorRegistry(auto_describe=True))
-        _daemon(prom2, m2, now).tick()
+        _daemon(prom2, m2, now).iterate()
         v = _gauge(m2, "gpu_bridge_pool_lendable_nodes_forecast", "5")
         assert v is not None and math.isnan(v)  # NaN, never 0

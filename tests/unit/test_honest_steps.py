@@ -102,13 +102,12 @@ def _reclaiming(jobs: tuple[str, ...]) -> NodeFacts:
     ({"12"}, True, "requeued 12; 11 no longer running", "requeued 11"),
 ])
 def test_requeue_step_says_what_it_did(running: set[str], changed: bool, says: str, never: str) -> None:
-    records = []
     slurm = RequeueSlurm(running)
     kube = EventKube()
-    act = Actuator(kube=kube, slurm=slurm, clock=lambda: 1.0, on_step=records.append, grace_s=30.0)  # type: ignore[arg-type]
+    act = Actuator(kube=kube, slurm=slurm, clock=lambda: 1.0, grace_s=30.0)  # type: ignore[arg-type]
     jobs = ("11",) if running <= {"11"} else ("11", "12")
     got = act.execute(Step.REQUEUE_JOBS, _reclaiming(jobs), PoolTarget("default", "serving", "vllm"), now=1.0)
-    assert got is changed
+    assert got.changed is changed
     assert slurm.asked == list(jobs)
-    assert says in records[-1].detail and never not in records[-1].detail, records[-1].detail
-    assert kube.events == ([records[-1].detail] if changed else [])  # the Event says the same, or nothing
+    assert says in got.detail and never not in got.detail, got.detail
+    assert kube.events == ([got.detail] if changed else [])  # the Event says the same, or nothing

@@ -125,22 +125,6 @@ def test_fake_prom_and_leader() -> None:
     assert leader.try_acquire_or_renew() and leader.release() and not leader.is_leader
 
 
-def test_dry_run_writes_nothing_and_says_what_would_change() -> None:
-    from bridge.adapters.wrappers import DryRunKube
-
-    k = world()
-    dry = DryRunKube(k, identity="bridge-a")
-    assert isinstance(dry, KubeReader) and isinstance(dry, KubeWriter)
-    assert dry.fence("n0")
-    assert dry.set_phase("n0", Phase.LENDING, "x", 1.0)
-    assert dry.evict("serving", k.pods("llama")[0].name) is EvictOutcome.BLOCKED
-    n = k.node("n0")
-    assert n is not None and not n.fenced and n.phase is None and not any(p.terminating for p in k.pods("llama"))
-    assert sum(k.calls.values()) == 0
-    k.fence("n0")
-    assert not dry.fence("n0")  # already so: a real run would not write either
-
-
 def test_fenced_writes_only_while_leader() -> None:
     from bridge.adapters.wrappers import FencedKube, NotLeaderError
 

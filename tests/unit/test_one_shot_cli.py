@@ -25,6 +25,7 @@ def _setup(monkeypatch: pytest.MonkeyPatch, daemon: Any) -> list[str]:
     )
     monkeypatch.setattr(daemon_cli, "build_adapters", lambda *a, **k: adapters)
     monkeypatch.setattr(daemon_cli, "Daemon", daemon)
+    monkeypatch.setattr(daemon_cli, "policy_memory", lambda *a, **k: {})
     return closed
 
 
@@ -35,7 +36,7 @@ class _Down:
     def observe(self, _now: float) -> None:
         raise AdapterError("kubernetes", "GET /api/v1/nodes: connection refused")
 
-    def tick(self) -> None:
+    def iterate(self) -> None:
         raise AdapterError("slurm", "squeue failed (rc 1): slurm_load_jobs error")
 
 

@@ -19,7 +19,7 @@ from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, SlurmAdapterProtocol
 from bridge.adapters.slurm.cli import CliSlurm
 from bridge.adapters.slurm.cli import changes_slurm
-from bridge.adapters.wrappers import DryRunKube, DryRunSlurm, FencedKube, FencedSlurm, NotLeaderError, lease_fence
+from bridge.adapters.wrappers import FencedKube, FencedSlurm, NotLeaderError, lease_fence
 from bridge.config import default_config, parse_config, to_dict
 from bridge.wiring import Adapters
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeLeader, FakeProm
@@ -47,16 +47,15 @@ class World:
         self.asked: list[dict[str, Any]] = []
         self.leaders: list[FakeLeader] = []
 
-    def build_adapters(self, config: Any, *, dry_run: bool = False, leader: bool = True, **kw: Any) -> Adapters:
-        self.asked.append({"dry_run": dry_run, "leader": leader})
-        kube: KubeAdapterProtocol = DryRunKube(self.kube) if dry_run else self.kube
-        slurm: SlurmAdapterProtocol = DryRunSlurm(self.slurm) if dry_run else self.slurm
+    def build_adapters(self, config: Any, *, leader: bool = True, **kw: Any) -> Adapters:
+        self.asked.append({"leader": leader})
+        kube: KubeAdapterProtocol = self.kube
+        slurm: SlurmAdapterProtocol = self.slurm
         elector = None
         if leader:
             elector = FakeLeader(leader=self.holds)
             self.leaders.append(elector)
-            if not dry_run:
-                kube, slurm = FencedKube(kube, elector), FencedSlurm(slurm, elector)
+            kube, slurm = FencedKube(kube, elector), FencedSlurm(slurm, elector)
         return Adapters(kube=kube, slurm=slurm, prom=FakeProm(), prom_pools={"default": PromPool("default", "m")},  # type: ignore[arg-type]
                         leader=elector, identity="test")  # type: ignore[arg-type]
 
@@ -82,7 +81,7 @@ def test_a_dry_run_asks_for_no_lease(cfg: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(daemon_cli, "serve", _no_serve)
     monkeypatch.setattr(daemon_cli.Daemon, "run", lambda self, stop, on_tick=None: None)
     assert cli.main(["run", "--dry-run", "--config", str(cfg)]) == 0
-    assert w.asked == [{"dry_run": True, "leader": False}] and w.leaders == []
+    assert w.asked == [{"leader": False}] and w.leaders == []
 
 
 def test_a_dry_run_once_neither_takes_the_lease_nor_writes(cfg: Path, monkeypatch: pytest.MonkeyPatch) -> None:

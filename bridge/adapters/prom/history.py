@@ -1,6 +1,5 @@
 """The pure half of the Prometheus histories: the queries and parsers of the request history
-(``gpu-bridge simulate --prometheus``) and of the daemon's own series (``gpu-bridge web``), and
-the policy's signals over a long window in chunks (``history_chunked``)."""
+(``gpu-bridge simulate --prometheus``) and of the daemon's own series (``gpu-bridge web``)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from typing import Any
 
 from bridge.model import LoadSignals
 
-from ..protocols import PromReader
 from .types import (
     E2E_COUNT, E2E_SUM, KV_V0, KV_V1, RUNNING, SUCCESS, TAG, WAITING, DaemonHistory, PromPool, RequestHistory,
     _bad, _describe, _escape, _float, _pod_key, _replica_key, _tag, _window, selector,
@@ -156,14 +154,3 @@ def parse_request_range(
         out["kv"].setdefault(rep, vals)
     return RequestHistory(pool.name, start, step_s, steps, out, tuple(sorted(ignored)))
 
-
-def history_chunked(reader: PromReader, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
-    """``reader.history`` over [start, end] in range queries of at most ``MAX_RANGE_POINTS``
-    steps (the policy's signals, peaks per step)."""
-    out: list[LoadSignals] = []
-    a = start
-    while a <= end:
-        b = min(end, a + (MAX_RANGE_POINTS - 1) * step_s)
-        out.extend(reader.history(pool, start=a, end=b, step_s=step_s))
-        a = b + step_s
-    return tuple(out)

@@ -45,7 +45,7 @@ from bridge import logs
 from bridge.errors import AdapterError
 from bridge.model import LoadSignals
 
-from .history import REQUEST_CHUNK_STEPS, build_daemon_query, build_request_query, parse_daemon_history, parse_request_range
+from .history import MAX_RANGE_POINTS, REQUEST_CHUNK_STEPS, build_daemon_query, build_request_query, parse_daemon_history, parse_request_range
 from .types import (
     ERROR_CAP, GAUGES, GENERATION, KV_V0, KV_V1, POD_LABEL, PROMPT, RUNNING, TAG, WAITING, DaemonHistory, PromPool,
     RequestHistory, SignalsReading, _bad, _describe, _escape, _float, _pod_key, _replica_key, _tag, _window, selector,
@@ -290,9 +290,6 @@ def parse_range(result: Sequence[Mapping[str, Any]], *, pool: PromPool, start: f
 # --- the adapter ------------------------------------------------------------------------------
 
 
-# --- the adapter ------------------------------------------------------------------------------
-
-
 class PromAdapter:
     """Queries one Prometheus. ``staleness_s``: a gauge sample older than this is not used.
     ``scrape_interval_s``: history gauge windows span at least two scrapes, so a step shorter
@@ -352,6 +349,14 @@ class PromAdapter:
         token rates over the rate window."""
         if step_s <= 0 or end < start:
             raise ValueError(f"history: need step_s > 0 and end >= start, got start={start} end={end} step_s={step_s}")
+        if end - start > (MAX_RANGE_POINTS - 1) * step_s:  # Prometheus refuses > 11,000 points a query
+            out: list[LoadSignals] = []
+            a = start
+            while a <= end:
+                b = min(end, a + (MAX_RANGE_POINTS - 1) * step_s)
+                out.extend(self.history(pool, start=a, end=b, step_s=step_s))
+                a = b + step_s
+            return tuple(out)
         # prometheus-api-client sends start/end in whole seconds; Prometheus evaluates at
         # start + k * step, so the steps are computed from the rounded start.
         start, end = float(round(start)), float(round(end))

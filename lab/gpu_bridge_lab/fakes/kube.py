@@ -269,10 +269,7 @@ class FakeKube:
                 victims = sorted(live, key=_deletion_rank)[: len(live) - pool.replicas]
                 for v in victims:
                     self._delete_pod(v.name)
-            for _ in range(pool.replicas - len(live)):
-                node = self._free_node(pool_name)
-                if node is None:
-                    break
+            for node in self._free_nodes(pool_name)[: max(0, pool.replicas - len(live))]:
                 self._create_pod(pool_name, node, ready=False)
 
     # --- internals ----------------------------------------------------------------------
@@ -328,15 +325,22 @@ class FakeKube:
         raise KubeConflictError("patch", resource, key, 409, f"still conflicting after {self._retries} retries")
 
     def _free_node(self, pool: str) -> str | None:
+        free = self._free_nodes(pool)
+        return free[0] if free else None
+
+    def _free_nodes(self, pool: str) -> list[str]:
+        """Schedulable untainted pool nodes with no replica, in name order (one pass: the
+        10,000-node bench places a thousand replicas at once)."""
         used = {obj["spec"].get("nodeName") for p, obj in self._pods.items() if self._pod_pool[p] == pool}
+        free = []
         for name in sorted(self._nodes):
             n = parse_node(self._nodes[name])
             if n.pool != pool or n.unschedulable or name in used:
                 continue
             if any(t.effect in ("NoSchedule", "NoExecute") for t in n.taints):
                 continue
-            return name
-        return None
+            free.append(name)
+        return free
 
     def _create_pod(self, pool: str, node: str, *, ready: bool) -> None:
         t = self._pools[pool].target

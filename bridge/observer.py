@@ -1,0 +1,67 @@
+"""The loop's read side: one pass over the three systems, nothing written, nothing remembered.
+
+Each ``read`` is the Kubernetes watch cache, one ``sinfo``/``squeue`` and one Prometheus query
+per pool. A system that cannot be read is a ``None`` (Slurm) or a missing reading (Prometheus)
+in the ``Snapshot``, and named in ``errors``: ``bridge.observe.join`` then holds what it cannot
+see, and the daemon counts the error."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from bridge import logs
+from bridge.adapters.prom.types import PromPool
+from bridge.adapters.protocols import KubeAdapterProtocol, PromReader, SlurmAdapterProtocol
+from bridge.config import Config
+from bridge.errors import AdapterError
+from bridge.model import SlurmJob
+from bridge.observe import Readings, Snapshot, SlurmNodeLike
+
+log = logs.get(__name__)
+
+
+@dataclass
+class Observer:
+    config: Config
+    kube: KubeAdapterProtocol
+    slurm: SlurmAdapterProtocol
+    prom: PromReader
+    prom_pools: Mapping[str, PromPool]
+
+    def read(self, now: float) -> Snapshot:
+        errors: list[str] = []
+        kube_nodes = self.kube.nodes()
+        pods = {p.name: self.kube.pods(p.name) for p in self.config.pools}
+        desired: dict[str, int] = {}
+        pool_problems: dict[str, str] = {}
+        for p in self.config.pools:
+            dep = self.kube.deployment(p.name)
+            if dep is not None:
+                desired[p.name] = dep.replicas
+                if dep.problem:
+                    pool_problems[p.name] = f"deployment {p.namespace}/{p.deployment}: {dep.problem}"
+        slurm_nodes: Sequence[SlurmNodeLike] | None = None
+        slurm_jobs: Sequence[SlurmJob] | None = None
+        slurm_now: float | None = None
+        try:
+            slurm_nodes, slurm_jobs = self.slurm.nodes(), self.slurm.jobs()
+            slurm_now = self.slurm.clock()  # after both reads: no time of theirs is later than it
+        except AdapterError as exc:
+            log.warning("slurm_unavailable", error=str(exc))
+            errors.append("slurm")
+            slurm_nodes = slurm_jobs = None
+        readings: dict[str, Readings] = {}
+        for p in self.config.pools:
+            try:
+                # the pool's pods as Kubernetes knows them: a stale series of a pod deleted
+                # during a Prometheus outage is then dropped instead of blocking lending
+                r = self.prom.current(self.prom_pools[p.name], live_pods={pod.name for pod in pods[p.name]})
+                problem = "; ".join(f"{k}: {v}" for k, v in r.problems.items()) or None
+                readings[p.name] = Readings(r.signals, (), problem, r.inflight_by_pod)
+            except AdapterError as exc:
+                errors.append("prometheus")
+                log.warning("prometheus_unavailable", pool=p.name, error=str(exc))
+                readings[p.name] = Readings(None, (), str(exc), {})
+        return Snapshot(now, kube_nodes, pods, desired, pool_problems, slurm_nodes, slurm_jobs, slurm_now,
+                        readings, tuple(errors))

@@ -1,0 +1,48 @@
+"""What the policy remembers of a pool between ticks: the load history, the calibration's input
+and the measured reclaim delays. Fed samples, never reads them: the daemon (after the start-up
+back-fill from Prometheus, ``bridge.wiring.policy_memory``) and the simulator keep one each."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from bridge.config import Config, PoolConfig
+from bridge.model import LoadSignals, PoolState
+from bridge.policy.calibrate import Calibrator
+from bridge.policy.forecast import history_windows, measured_horizon
+from bridge.policy.history import HistoryRecorder
+
+
+class PoolMemory:
+    def __init__(self, config: Config, pool: PoolConfig) -> None:
+        self.config, self.pool = config, pool
+        self.recorder = HistoryRecorder(history_windows(config, pool))
+        self.calibrator = Calibrator(config, pool) if config.policy.calibration.enabled else None
+        self.delays: list[float] = []  # measured reclaims: decision -> Ready, s (the newest 512)
+        self.last_t = -math.inf  # the newest sample in the history
+
+    def add(self, sample: LoadSignals, *, history: bool = True, calibration: bool = True) -> None:
+        """One sample; the history takes only samples newer than its newest."""
+        if history and sample.t > self.last_t:
+            self.recorder.add(sample)
+            self.last_t = sample.t
+        elif history:
+            return  # already seen: not counted twice by the calibration either
+        if calibration and self.calibrator is not None:
+            self.calibrator.add(sample)
+
+    def add_delay(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        del self.delays[:-512]
+
+    def pool_state(self, ps: PoolState, now: float, nodes: int) -> PoolState:
+        """The pool's state with its history, reclaim horizon (the view's if it brings one, as
+        the simulator's does, else the measured delays'), calibration and governor."""
+        h = ps.horizon_s if ps.horizon_s is not None else measured_horizon(self.config, self.pool, self.delays)
+        cal = gov = None
+        if self.calibrator is not None:
+            capacity = nodes * self.pool.replicas_per_node
+            gov = self.calibrator.governor(now, capacity=capacity, nodes=nodes, horizon_s=h)
+            cal = self.calibrator.calibration(now, capacity=capacity, horizon_s=h, governor=gov)
+        return replace(ps, history=self.recorder.history(now), horizon_s=h, calibration=cal, governor=gov)

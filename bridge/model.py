@@ -245,7 +245,7 @@ class NodeState:
     name: str
     pool: str
     phase: Phase
-    phase_since: float  # unix seconds when the current phase began
+    phase_since: float  # unix seconds when the current phase began (0.0: a node never moved, serving since before we knew it)
     gpus: int = 4
     pin: Pin | None = None
     serving_pods: int = 0  # pods of the pool's Deployment bound to this node

@@ -196,7 +196,11 @@ def join(
         sn = slurm_by_name.get(kn.name) if slurm_by_name is not None else None
         node_pods = pods_on.get(kn.name, [])
         problem = _problem(kn, sn, slurm_by_name is not None, node_pods, (pool_problems or {}).get(pool.name), pool, now, config)
-        since = kn.phase_since if kn.phase_since is not None else now
+        # a node we never moved (no phase label) has served since before we knew it: epoch 0,
+        # not now, or the relend dwell (policy.relend_dwell) would take it for a fresh return
+        # at every tick and a new cluster would never lend; a label without its annotation
+        # (a problem, flagged above) stays now: the conservative reading
+        since = kn.phase_since if kn.phase_since is not None else (now if kn.phase is not None else 0.0)
         on_node = tuple(sorted(jobs.research_on.get(kn.name, ())))
         held = kn.name in jobs.holds and jobs.holds[kn.name].running
         if sn is not None:

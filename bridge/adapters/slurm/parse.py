@@ -154,6 +154,8 @@ def _node_22(rec: Any, i: int) -> SlurmNode:
         raise _fail(what, f"bad 'state'/'state_flags': {state!r} {flags!r}")
     base, fl = _split_state([state, *flags], what)
     parts = rec.get("partitions") or []
+    if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
+        raise _fail(what, f"bad 'partitions' (the node's tier is read from it): {parts!r:.80}")
     return SlurmNode(
         name=name,
         state=base,

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from bridge import logs
 from bridge.actuate import REQUEST_POINT, RELEASE_POINT, START_POINTS, Actuator, StepRecord
@@ -31,7 +32,7 @@ from bridge.config import replace as cfg_replace
 from bridge.errors import AdapterError
 from bridge.lifecycle import Step
 from bridge.metrics import BridgeMetrics
-from bridge.model import Action, ActionKind, Phase, Plan
+from bridge.model import Action, ActionKind, Phase, Plan, Tier
 from bridge.observe import LAUNCH_FAILED_HELD, Observation, Snapshot
 from bridge.observer import Observer
 from bridge.policy.forecast import horizon_s
@@ -44,19 +45,23 @@ MAX_CHAINED_STEPS = 12  # passes of one iteration: immediate steps chain, never 
 
 
 def with_slurm_grace(config: Config, slurm: SlurmAdapterProtocol) -> Config:
-    """The config with ``slurm.grace_s`` checked against the preempt partition's GraceTime as
-    slurmctld has it (read once, at start-up). A config lower than Slurm's is raised to Slurm's
-    (logged): the daemon never requeues a job before the grace Slurm promised it, and the
-    policy plans reclaims with the grace they really take. A higher one is kept (the daemon
-    then only waits longer; Slurm still ends the grace at its own GraceTime)."""
-    partition = config.slurm.preempt_partition
-    slurm_grace_s = slurm.grace_time_s(partition)
-    if config.slurm.grace_s >= slurm_grace_s:
-        log.info("slurm_grace", partition=partition, grace_s=config.slurm.grace_s, slurm_grace_s=slurm_grace_s)
-        return config
-    log.warning("slurm_grace_raised", partition=partition, grace_s=slurm_grace_s, configured_grace_s=config.slurm.grace_s,
-                detail="slurm.grace_s is lower than the partition's GraceTime: Slurm's is used")
-    return cfg_replace(config, slurm=cfg_replace(config.slurm, grace_s=slurm_grace_s))
+    """The config with ``slurm.grace_s`` (and ``fast_grace_s``, with a fast tier) checked against
+    the partition's GraceTime as slurmctld has it (read once, at start-up). A config lower than
+    Slurm's is raised to Slurm's (logged): the daemon never requeues a job before the grace Slurm
+    promised it, and the policy plans reclaims with the grace they really take. A higher one is
+    kept (the daemon then only waits longer; Slurm still ends the grace at its own GraceTime)."""
+    for key, partition in (("grace_s", config.slurm.preempt_partition), ("fast_grace_s", config.slurm.fast_partition)):
+        if partition is None:
+            continue
+        slurm_grace_s, grace_s = slurm.grace_time_s(partition), getattr(config.slurm, key)
+        if grace_s >= slurm_grace_s:
+            log.info("slurm_grace", partition=partition, grace_s=grace_s, slurm_grace_s=slurm_grace_s)
+            continue
+        log.warning("slurm_grace_raised", partition=partition, grace_s=slurm_grace_s, configured_grace_s=grace_s,
+                    detail=f"slurm.{key} is lower than the partition's GraceTime: Slurm's is used")
+        changes: dict[str, Any] = {key: slurm_grace_s}
+        config = cfg_replace(config, slurm=cfg_replace(config.slurm, **changes))
+    return config
 
 
 @dataclass
@@ -67,6 +72,7 @@ class ReclaimTimes:
     pool: str
     decided: float
     signal_t: float | None  # time of the load sample that called for it
+    tier: Tier = Tier.NORMAL  # the tier the node was lent to (its grace bounds the Slurm release)
     hold_submitted: float | None = None
     slurm_released: float | None = None  # hold job running / node drained
     unfenced: float | None = None
@@ -128,7 +134,9 @@ class Daemon:
         self.max_cache_age_s = max_cache_age_s  # watch timeout (60 s) + request timeout + slack
         self.observer = Observer(config, kube, slurm, prom, prom_pools)
         targets = {p.name: PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools}
-        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, targets=targets, grace_s=config.slurm.grace_s)
+        fast = config.slurm.fast_partition
+        tiers = {Tier.NORMAL: config.slurm.preempt_partition, Tier.FAST: fast} if fast else {}
+        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, targets=targets, grace_s=config.slurm.grace_s, tiers=tiers)
         if after_write is not None:  # a lab's hook (crash injection); the product sets none
             self.actuator.after_write = after_write
         # the policy's memory: empty unless given back-filled (bridge.wiring.policy_memory)
@@ -254,7 +262,9 @@ class Daemon:
         if action.kind is not ActionKind.RECLAIM:
             return
         sig = obs.view.pools[action.pool].signals if policy else None
-        self._reclaims[action.node] = ReclaimTimes(action.node, action.pool, decided=now, signal_t=sig.t if sig else None)
+        tier = next((n.tier for n in obs.view.nodes if n.name == action.node), Tier.NORMAL)
+        self._reclaims[action.node] = ReclaimTimes(action.node, action.pool, decided=now, signal_t=sig.t if sig else None,
+                                                   tier=tier)
         for job in (obs.view.jobs[j] for j in action.jobs if policy and j in obs.view.jobs):
             self.metrics.record_preemption(pool=action.pool, job=job, now=now, grace_s=self.config.slurm.grace_s)
 
@@ -287,9 +297,9 @@ class Daemon:
             self.completed_reclaims.append(times)
             del self._reclaims[record.node]
             if times.slurm_released is not None:  # measured: decision -> Slurm release -> Ready
-                self.memory[times.pool].add_delay(times.ready - times.decided)
-            log.info("node_reclaimed", node=record.node, pool=times.pool, **times.breakdown())
-            m.record_reclaim(pool=times.pool, reason="policy", **_reclaim_kwargs(times))
+                self.memory[times.pool].add_delay(times.ready - times.decided, times.tier)
+            log.info("node_reclaimed", node=record.node, pool=times.pool, tier=str(times.tier), **times.breakdown())
+            m.record_reclaim(pool=times.pool, reason="policy", tier=str(times.tier), **_reclaim_kwargs(times))
 
     def _refresh_outlook(self, now: float, obs: Observation) -> None:
         """The lendable-capacity outlook for the metric, every ``OUTLOOK_STEP_S`` per pool:

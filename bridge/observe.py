@@ -148,12 +148,6 @@ def ready_timeout_s(pool: PoolConfig) -> float:
     return 2 * pool.cold_start_s + 120.0
 
 
-def job_partitions(job: SlurmJob) -> frozenset[str]:
-    """The partitions a job may run in: a pending job's list (``preempt,preempt-fast``), or the
-    one a running job runs in."""
-    return frozenset(p for p in job.partition.split(",") if p)
-
-
 def node_tier(partitions: Sequence[str], running: Sequence[str], config: Config) -> Tier:
     """The tier a node serves, as Slurm has it (the daemon keeps no copy): fast only while it
     is in the fast partition and not in the normal one, and runs no normal-tier job (``running``:
@@ -291,7 +285,7 @@ class _JobsByNode:
         fast = config.slurm.fast_partition
         tiers = {config.slurm.preempt_partition} | ({fast} if fast else set())
         for job in jobs:
-            parts = job_partitions(job)
+            parts = frozenset(job.partition.split(","))  # a pending job's list: preempt,preempt-fast
             if is_hold_job(job, config):
                 target = hold_job_node(job)
                 if job.state == "completing":  # cancelled, on its way out: not a hold any more

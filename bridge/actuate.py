@@ -16,7 +16,7 @@ from bridge import logs
 from bridge.adapters.protocols import KubeWriter, PoolTarget, SlurmWriter
 from bridge.errors import AdapterError
 from bridge.lifecycle import LENDING_POD_DELETION_COST, WAITS, NodeFacts, Step, past_grace
-from bridge.model import Action, ActionKind, Phase, SlurmJob
+from bridge.model import Action, ActionKind, Phase, SlurmJob, Tier
 from bridge.observe import LAUNCH_FAILED_HELD
 from bridge.policy.victims import job_loss_gpu_hours
 from bridge.preemption import EVENT_REASON as PREEMPTION_EVENT
@@ -88,6 +88,7 @@ class Actuator:
     # the preempt partition's GraceTime (Slurm's, read at start-up): only jobs Slurm preempted
     # whose grace is over are requeued; None = none ever is
     grace_s: float | None = None
+    tiers: Mapping[Tier, str] = field(default_factory=dict)  # tier -> its partition; empty: no fast tier
 
     def apply(self, intents: Intents) -> list[StepRecord]:
         """Carry out what ``bridge.reconcile`` decided, in its order. A write that fails is
@@ -119,6 +120,8 @@ class Actuator:
         """Begin a policy action: record the first transit phase on the node, and tell each
         job a reclaim preempts on the node, with the work it loses (``gpu-bridge web`` reads it)."""
         phase = Phase.LENDING if action.kind is ActionKind.LEND else Phase.RECLAIMING
+        if action.kind is ActionKind.LEND and self.tiers:  # the tier lives in Slurm, set before the mark
+            self.slurm.set_tier(action.node, self.tiers[action.tier])
         changed = self._mark(action.node, phase, action.detail, now)
         if changed:
             self.after_write(START_POINTS[action.kind])

@@ -26,6 +26,7 @@ from bridge import logs
 from bridge.actuate import REQUEST_POINT, RELEASE_POINT, START_POINTS, Actuator, StepRecord
 from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, Leader, PoolTarget, PromReader, SlurmAdapterProtocol
+from bridge.adapters.vllm import sleep_controls
 from bridge.config import Config
 from bridge.config import replace as cfg_replace
 from bridge.errors import AdapterError
@@ -128,7 +129,8 @@ class Daemon:
         self.max_cache_age_s = max_cache_age_s  # watch timeout (60 s) + request timeout + slack
         self.observer = Observer(config, kube, slurm, prom, prom_pools)
         targets = {p.name: PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools}
-        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, targets=targets, grace_s=config.slurm.grace_s)
+        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, targets=targets, grace_s=config.slurm.grace_s,
+                                 sleep_control=sleep_controls(config.pools))  # vLLM clients for warm pools only
         if after_write is not None:  # a lab's hook (crash injection); the product sets none
             self.actuator.after_write = after_write
         # the policy's memory: empty unless given back-filled (bridge.wiring.policy_memory)

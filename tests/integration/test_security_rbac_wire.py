@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "kubernetes" / "rbac.yaml"
 SERVING_NS = "llm-serving"  # the namespace rbac.yaml's example RoleBinding is for
 # Grants kept although no call uses them (see tests/unit/test_rbac.py UNUSED_ON_PURPOSE).
-UNUSED_ON_PURPOSE = {("apps", "deployments/scale", "patch"), ("", "events", "patch")}
+# pods/status patch: warm lending's readiness gate, which this exercise (no warm pool) never calls.
+UNUSED_ON_PURPOSE = {("apps", "deployments/scale", "patch"), ("", "events", "patch"), ("", "pods/status", "patch")}
 
 
 @dataclass(frozen=True)

@@ -349,6 +349,16 @@ class BridgeMetrics:
         self.dry_run.set(1 if dry_run else 0)
 
 
+class NullMetrics:
+    """Metrics no one serves (``status``, ``plan``, the web view): every call is a no-op."""
+
+    def __getattr__(self, _name: str) -> Any:
+        return self
+
+    def __call__(self, *_args: Any, **_kwargs: Any) -> Any:
+        return self
+
+
 def _reason_code(text: str) -> str:
     """Held-node reasons are sentences; keep label cardinality bounded with their first word."""
     word = text.strip().split(" ", 1)[0].split(":", 1)[0] if text.strip() else "unknown"

@@ -86,10 +86,9 @@ class SlurmNodeLike(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Readings:
-    """One pool's Prometheus readings: the newest sample (None: missing) and history."""
+    """One pool's Prometheus readings: the newest sample (None: missing); the history is the memory's."""
 
     current: LoadSignals | None
-    history: tuple[LoadSignals, ...] = ()
     problem: str | None = None  # why ``current`` is None, for logs
     inflight_by_pod: Mapping[str, float] = field(default_factory=dict)  # pod -> running + waiting
 
@@ -250,7 +249,6 @@ def join(
         pool.name: PoolState(
             name=pool.name,
             signals=readings.get(pool.name, Readings(None)).current,
-            history=readings.get(pool.name, Readings(None)).history,
             ready_replicas=sum(1 for s in states if s.pool == pool.name and s.serving_ready),
             desired_replicas=desired_replicas.get(pool.name, 0),
         )

@@ -3,20 +3,23 @@
 Each ``read`` is the Kubernetes watch cache, one ``sinfo``/``squeue`` and one Prometheus query
 per pool. A system that cannot be read is a ``None`` (Slurm) or a missing reading (Prometheus)
 in the ``Snapshot``, and named in ``errors``: ``bridge.observe.join`` then holds what it cannot
-see, and the daemon counts the error."""
+see, and the daemon counts the error. ``outlook`` is the one read apart from it: the metrics'
+range queries, made every ``OUTLOOK_STEP_S`` and only while metrics are served."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bridge import logs
 from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PromReader, SlurmAdapterProtocol
-from bridge.config import Config
+from bridge.config import Config, PoolConfig
 from bridge.errors import AdapterError
-from bridge.model import SlurmJob
+from bridge.model import Calibration, SlurmJob
 from bridge.observe import Readings, Snapshot, SlurmNodeLike
+from bridge.policy.outlook import OUTLOOK_HOURS, OUTLOOK_STEP_S, HourOutlook, lendable_outlook, outlook_span_s
 
 log = logs.get(__name__)
 
@@ -58,10 +61,20 @@ class Observer:
                 # during a Prometheus outage is then dropped instead of blocking lending
                 r = self.prom.current(self.prom_pools[p.name], live_pods={pod.name for pod in pods[p.name]})
                 problem = "; ".join(f"{k}: {v}" for k, v in r.problems.items()) or None
-                readings[p.name] = Readings(r.signals, (), problem, r.inflight_by_pod)
+                readings[p.name] = Readings(r.signals, problem, r.inflight_by_pod)
             except AdapterError as exc:
                 errors.append("prometheus")
                 log.warning("prometheus_unavailable", pool=p.name, error=str(exc))
-                readings[p.name] = Readings(None, (), str(exc), {})
+                readings[p.name] = Readings(None, str(exc), {})
         return Snapshot(now, kube_nodes, pods, desired, pool_problems, slurm_nodes, slurm_jobs, slurm_now,
                         readings, tuple(errors))
+
+    def outlook(self, pool: PoolConfig, now: float, nodes: int, calibration: Calibration | None) -> tuple[HourOutlook, ...] | None:
+        """The pool's lendable capacity ahead, as ``gpu-bridge forecast`` has it; None: unreadable."""
+        try:
+            start = math.floor((now - outlook_span_s(self.config, OUTLOOK_HOURS)) / OUTLOOK_STEP_S) * OUTLOOK_STEP_S
+            hist = self.prom.history(self.prom_pools[pool.name], start=start, end=now, step_s=OUTLOOK_STEP_S)
+            return lendable_outlook(hist, now, config=self.config, pool=pool, nodes=nodes, hours=OUTLOOK_HOURS, calibration=calibration)
+        except AdapterError as exc:
+            log.warning("outlook_unavailable", pool=pool.name, error=str(exc))
+            return None

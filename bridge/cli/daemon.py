@@ -16,7 +16,8 @@ from bridge import logs, sdnotify, wellknown
 from bridge.config import Config, load_config
 from bridge.adapters.kube.objects import NodeInfo
 from bridge.adapters.protocols import Leader
-from bridge.daemon import Daemon, TickResult, with_slurm_grace
+from bridge.daemon import Daemon, with_slurm_grace
+from bridge.ledger import TickResult
 from bridge.errors import BridgeError, ConfigError
 from bridge.adapters.kube.lease import LeaderElector, LeaseKeeper
 from bridge.metrics import BridgeMetrics, serve
@@ -144,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         prom=adapters.prom,
         prom_pools=adapters.prom_pools,
         leader=adapters.leader,
-        metrics=metrics,
+        metrics=metrics if server is not None else None,  # --once: served by no one
         dry_run=dry_run,
         after_write=getattr(args, "after_write", None),
         memory=policy_memory(config, adapters.prom, adapters.prom_pools, time.time()),
@@ -314,7 +315,7 @@ def _print_budgets(pools: Iterable[PoolState]) -> None:
 
 
 def _print_plan(daemon: Daemon, *, as_json: bool) -> None:
-    plan = daemon.last_plan
+    plan = daemon.ledger.last_plan
     if plan is None:
         print("no plan (not observed)")
         return
@@ -329,8 +330,8 @@ def _print_plan(daemon: Daemon, *, as_json: bool) -> None:
         return
     for d in plan.pools:
         print(f"pool {d.pool}: {d.detail}")
-    if daemon.last_observation is not None:
-        _print_budgets(daemon.last_observation.view.pools.values())
+    if daemon.ledger.last_observation is not None:
+        _print_budgets(daemon.ledger.last_observation.view.pools.values())
     for a in plan.actions:
         print(f"  {a.kind} {a.node}: {a.detail}")
     if not plan.actions:

@@ -40,7 +40,7 @@ sample per minute and replica) and this module turns it into a ``Workload``:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -368,11 +368,3 @@ def trace_csv(trace: Trace) -> str:
     for t, r, c in zip(trace.starts_s, trace.rates, trace.cvs):
         lines.append(f"{t:.0f},{r:.6f},{c:.4f},1")
     return "\n".join(lines) + "\n"
-
-
-def window_errors(recovered: Trace, truth: Sequence[float]) -> np.ndarray:
-    """Relative error of each recovered window rate against the true one (for checks)."""
-    r = np.asarray(recovered.rates, dtype=float)
-    t = np.asarray(truth, dtype=float)[: r.size]
-    errors: np.ndarray = (r[: t.size] - t) / np.where(t > 0, t, np.nan)
-    return errors

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bridge.errors import ConfigError
@@ -380,6 +380,3 @@ class Research:
         for j in self.running.values():
             if j.state == "running" and j.run_start is not None:
                 self.acct.useful_gpu_s += (now - j.run_start) * j.gpus
-
-    def jobs_on(self, nodes: Iterable[str]) -> set[str]:
-        return {self.node_job[n] for n in nodes if n in self.node_job}

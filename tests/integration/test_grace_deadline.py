@@ -50,13 +50,16 @@ if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
 fi
 echo "work-1" >> "$out"
 while [ $got = 0 ]; do sleep 0.05; done
-end_s=""
+end_s=""; err=""
 for try in $(seq 50); do  # a busy slurmctld may time out: ask again
-    end=$(scontrol -o show job "$SLURM_JOB_ID" | sed -n 's/.* EndTime=\([^ ]*\) .*/\1/p')
+    info=$(scontrol -o show job "$SLURM_JOB_ID" 2>&1)
+    end=$(printf '%s\n' "$info" | sed -n 's/.* EndTime=\([^ ]*\) .*/\1/p')
     [ -n "$end" ] && end_s=$(date -d "$end" +%s 2>/dev/null) && [ -n "$end_s" ] && break
+    err=$(printf '%s' "$info" | tr '\n' ' ' | cut -c1-400)
     sleep 0.1
 done
 echo "signal $(date +%s.%N) endtime $end_s" >> "$out"
+[ -n "$end_s" ] || echo "no-endtime $err" >> "$out"  # the evidence says why
 now=$(date +%s.%N)
 delay=$(awk -v e="$end_s" -v o="$offset" -v n="$now" 'BEGIN { d = e + o - n; printf "%.3f", (d > 0 ? d : 0) }')
 sleep "$delay"

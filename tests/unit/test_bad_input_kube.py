@@ -233,7 +233,7 @@ def test_node_missing_a_field_is_held_and_never_written(field: str, node: str) -
     assert not [e for e in kube.events if e.node == node]
     assert not [c for c in runner.writes() if any(node in a for a in c)]
     if field != "name":
-        plan = d.last_plan
+        plan = d.ledger.last_plan
         assert plan is not None and plan.hold_reasons.get(node) == HoldReason.PROBLEM
         assert field in plan.held[node]
 
@@ -245,7 +245,7 @@ def test_pod_missing_a_field_holds_its_node(field: str) -> None:
     del kube._pods[pod]["metadata"][field]
     nodes_before, pods_before = snapshot(kube)
     d.iterate()
-    plan = d.last_plan
+    plan = d.ledger.last_plan
     assert plan is not None and plan.hold_reasons.get("gpu-node-02") == HoldReason.PROBLEM
     assert f"metadata.{field}" in plan.held["gpu-node-02"]
     assert kube._nodes["gpu-node-02"] == nodes_before["gpu-node-02"] and kube._pods[pod] == pods_before[pod]
@@ -259,7 +259,7 @@ def test_deployment_missing_a_field_holds_every_node_of_the_pool(remove: tuple[s
     nodes_before, pods_before = snapshot(kube)
     for _ in range(2):
         d.iterate()
-    plan = d.last_plan
+    plan = d.ledger.last_plan
     assert plan is not None and set(plan.hold_reasons) == set(NODES)
     assert all("deployment default/vllm" in why for why in plan.held.values())
     assert not plan.actions

@@ -156,7 +156,7 @@ def test_lent_nodes_with_bad_names_are_never_reclaimed_through_argv(recorder: Su
     for argv in recorder.argvs:
         assert "train; rm -rf ~ $(id)" not in argv  # a job's name is data, never an argument
     assert any(a[0] == "sbatch" and GOOD in a for a in recorder.argvs), "the good node is reclaimed"
-    plan = d.last_plan
+    plan = d.ledger.last_plan
     assert plan is not None and all(plan.hold_reasons.get(b) == "problem" for b in BAD_K8S)
     assert all(_kube.node(b).phase == "lent" for b in BAD_K8S)  # no transition started on them  # type: ignore[union-attr]
 

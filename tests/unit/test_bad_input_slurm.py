@@ -220,10 +220,10 @@ def test_daemon_holds_every_node_on_bad_slurm_output(case: str, sinfo_text: str,
     assert kube_writes(kube) == {}, f"{case}: wrote to Kubernetes"
     assert kube.events == []
     assert runner.writes() == [], f"{case}: wrote to Slurm"
-    plan = d.last_plan
+    plan = d.ledger.last_plan
     assert plan is not None and not [a for a in plan.actions if a.kind in (ActionKind.LEND, ActionKind.RECLAIM)]
     assert set(plan.hold_reasons) == set(NODES) and set(plan.hold_reasons.values()) == {HoldReason.PROBLEM}
-    obs = d.last_observation
+    obs = d.ledger.last_observation
     assert obs is not None and obs.facts == {}
     assert all("Slurm state unknown" in obs.problems[n] for n in NODES)
 
@@ -245,7 +245,7 @@ def test_a_node_missing_from_sinfo_is_held_and_the_rest_still_run() -> None:
     d, kube, runner = world(sinfo(NODES[:3]), squeue(NODES[:3]), load_replicas=3.5)
     result = d.iterate()
     assert result.observed
-    obs = d.last_observation
+    obs = d.ledger.last_observation
     assert obs is not None and obs.problems.get("gpu-node-04") == "node unknown to Slurm"
     assert not any("gpu-node-04" in " ".join(c) for c in runner.writes())
 

@@ -229,17 +229,17 @@ def test_without_history_the_daemon_waits_to_calibrate_and_says_so() -> None:
     w = calibrated_world(0.0)
     w.tick(20)
     assert w.count(Phase.LENT) == 0
-    d = w.daemon.last_plan.pools[0]
+    d = w.daemon.ledger.last_plan.pools[0]
     assert d.reason == "calibrating" and "minutes of history to calibrate" in d.detail
 
 
 def test_prometheus_history_calibrates_at_start_up_and_again_after_a_restart() -> None:
     w = calibrated_world(1800.0)
     w.tick(1)
-    cal = w.daemon.last_observation.view.pools["default"].calibration
+    cal = w.daemon.ledger.last_observation.view.pools["default"].calibration
     assert cal is not None and cal.margin is not None and cal.samples >= 600
     w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
-    lend_details = [a.detail for a in w.daemon.last_plan.actions] or [w.daemon.last_plan.pools[0].detail]
+    lend_details = [a.detail for a in w.daemon.ledger.last_plan.actions] or [w.daemon.ledger.last_plan.pools[0].detail]
     assert any("calibrated margin x" in t and "budget spent" in t for t in lend_details)
     # a restart rebuilds the same calibration from the same history (no state of its own)
     old = w.daemon.memory["default"].calibrator
@@ -261,6 +261,6 @@ def test_measured_reclaims_set_the_planned_horizon() -> None:
     delays = w.daemon.memory["default"].delays
     assert delays and all(x > 0 for x in delays)
     w.tick(1)
-    h = w.daemon.last_observation.view.pools["default"].horizon_s
+    h = w.daemon.ledger.last_observation.view.pools["default"].horizon_s
     # configured: grace 5 + cold start 3 + margin 1 + tick 1 + scrape 1 = 11 s; measured is longer
     assert h is not None and h >= 11.0 and h >= max(delays)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bridge.daemon import TickResult
+from bridge.ledger import TickResult
 from bridge.cli.daemon import tick_status
 
 

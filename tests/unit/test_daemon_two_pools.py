@@ -100,5 +100,5 @@ def test_the_serving_node_with_the_least_inflight_work_is_lent_first() -> None:
     w.run_until(lambda: any(w.phase(n) is not Phase.SERVING and w.phase(n) is not None for n in nodes), 40, "a lend started")
     started = [n for n in nodes if w.phase(n) not in (None, Phase.SERVING)]
     assert started == ["gpu-node-03"]
-    view = w.daemon.last_observation.view
+    view = w.daemon.ledger.last_observation.view
     assert {n.name: n.inflight for n in view.nodes}["gpu-node-01"] == 9.0

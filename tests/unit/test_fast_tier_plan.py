@@ -12,7 +12,7 @@ from bridge.config import Config
 from bridge.model import ActionKind, ClusterView, LoadSignals, NodeState, Phase, Plan, Tier
 from bridge.policy import plan
 from bridge.simulate.baselines import make_controller
-from bridge.simulate.cli import apply_overrides
+from bridge.cli.simulate import apply_overrides
 from bridge.simulate.engine import Setup, simulate
 from bridge.simulate.research import TIERED_MIX, JobMix
 from bridge.simulate.workload import build_workload

@@ -191,7 +191,7 @@ def test_daemon_exports_the_outlook_and_nan_when_prometheus_fails() -> None:
     d.iterate()
     # the metric uses the calibration the policy has (the daemon's Calibrator over Prometheus);
     # it is the one the CLI builds from the same history (outlook_calibration)
-    cal = d.last_observation.view.pools["llama"].calibration  # type: ignore[union-attr]
+    cal = d.ledger.last_observation.view.pools["llama"].calibration  # type: ignore[union-attr]
     assert cal is not None and cal == outlook_calibration(prom.histories["llama"], now, config=d.config, pool=d.config.pools[0], nodes=4)
     # 01:00-02:00: 1 replica; with 4 replicas of capacity the night margin comes out higher than
     # with 8 (the 08:00 jump to 5 exceeds the pool, the window differs): in (2, 2.5] -> serving

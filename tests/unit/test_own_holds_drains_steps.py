@@ -66,7 +66,7 @@ def _lent_with_job(w: World) -> tuple[str, str]:
 
 def test_duplicate_start_hold_is_released_and_drain_cleared_then_job_completes() -> None:
     w = World()
-    w.daemon.metrics = BridgeMetrics()
+    w.daemon.ledger.metrics = BridgeMetrics()
     job, node = _lent_with_job(w)
     w.slurm.duplicate_start(job)
     assert w.job(job).held_for(LAUNCH_FAILED_HELD)  # type: ignore[attr-defined]
@@ -78,7 +78,7 @@ def test_duplicate_start_hold_is_released_and_drain_cleared_then_job_completes()
     assert w.phases()[node] is Phase.LENT
     events = {e.reason for e in w.kube.events if e.node == node}
     assert "GpuBridgeSlurmDrainCleared" in events
-    m = w.daemon.metrics
+    m = w.daemon.ledger.metrics
     assert m.slurm_repairs.labels(pool="default", kind="clear_slurm_drain")._value.get() == 1
     assert m.slurm_repairs.labels(pool="", kind="job_released")._value.get() \
         + m.slurm_repairs.labels(pool="default", kind="job_released")._value.get() == 1

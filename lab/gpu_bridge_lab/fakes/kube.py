@@ -207,19 +207,26 @@ class FakeKube:
         return self._patch_node(node, lambda n: patches.warm_patch(n, record))
 
     def set_pod_awake(self, namespace: str, pod: str, awake: bool) -> bool:
-        """The condition merged by type, as the API server's strategic merge does."""
+        """The condition merged by type, as the API server's strategic merge does; with the
+        pool's readiness gate the pod's Ready follows at once (the kubelet's next sync)."""
         obj = self._pods.get(pod)
         if obj is None or obj["metadata"]["namespace"] != namespace:
             raise KubeApiError("get", "pods", f"{namespace}/{pod}", 404, "NotFound")
+        pool = self._pools[self._pod_pool[pod]]
 
         def build() -> dict[str, Any] | None:
             body = patches.awake_patch(parse_pod(obj, self._pod_pool[pod]), awake, "1970-01-01T00:00:00Z")
             if body is None:
                 return None
-            kept = [c for c in obj.get("status", {}).get("conditions", []) if c.get("type") != wk.CONDITION_AWAKE]
+            kept = [dict(c) for c in obj.get("status", {}).get("conditions", []) if c.get("type") != wk.CONDITION_AWAKE]
+            started = not obj["metadata"].get("deletionTimestamp") and self.now >= self._pod_times[pod] + pool.start_delay_s
+            if pool.readiness_gate and started:
+                for c in kept:
+                    if c.get("type") == "Ready":
+                        c["status"] = "True" if awake else "False"
             body["status"]["conditions"] = kept + body["status"]["conditions"]
             return body
-        return self._patch(f"pod/{pod}", "pods", obj, build)
+        return self._patch(f"pod/{pod}", "pods/status", obj, build)
 
     def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
         if replicas < 0:

@@ -216,6 +216,8 @@ def _mark_reason(step: Step, facts: NodeFacts) -> str:
     if step is Step.ADOPT_LENT:
         return f"adopted by gpu-bridge as lent: Slurm jobs {', '.join(facts.research_jobs)} run on it"
     if step is Step.MARK_LENT:
+        if facts.warm is not None and facts.warm.state is WarmState.ASLEEP:
+            return f"replica {facts.warm.pod} asleep, out of the Service; released to the Slurm preemptible partition"
         return "no serving pod left; released to the Slurm preemptible partition"
     if step is Step.MARK_RETURNING:
         return "research jobs requeued and node drained in Slurm; returning to serving"

@@ -37,7 +37,7 @@ BAD_STATES = {"TIMEOUT", "FAILED", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "B
 # A job that takes the signal, reads its EndTime, and exits at EndTime + OFFSET. On a restart it
 # resumes: a "save" job finds its saved marker and finishes the rest of its work.
 JOB = r"""#!/bin/bash
-mode=$1; offset=$2; out=$3
+mode=$1; offset=$2; out=$3; grace=$4
 got=0
 trap 'got=1' URG
 echo "run ${SLURM_RESTART_COUNT:-0} start" >> "$out"
@@ -55,7 +55,11 @@ for try in $(seq 50); do  # a busy slurmctld may time out: ask again
     info=$(scontrol -o show job "$SLURM_JOB_ID" 2>&1)
     end=$(printf '%s\n' "$info" | sed -n 's/.* EndTime=\([^ ]*\) .*/\1/p')
     [ -n "$end" ] && end_s=$(date -d "$end" +%s 2>/dev/null) && [ -n "$end_s" ] && break
-    err=$(printf '%s' "$info" | tr '\n' ' ' | cut -c1-400)
+    # EndTime reads "Unknown" for a job without a time limit while it is in the future (seen
+    # under load): the deadline is then PreemptTime + the partition's GraceTime
+    pre=$(printf '%s\n' "$info" | sed -n 's/.* PreemptTime=\([^ ]*\) .*/\1/p')
+    [ -n "$pre" ] && pre_s=$(date -d "$pre" +%s 2>/dev/null) && [ -n "$pre_s" ] && end_s=$((pre_s + grace)) && break
+    err=$(printf '%s' "$info" | tr '\n' ' ' | cut -c1-3000)
     sleep 0.1
 done
 echo "signal $(date +%s.%N) endtime $end_s" >> "$out"
@@ -109,7 +113,7 @@ def _run(sb: Sandbox, work: Path, *, kill_ctld: bool) -> dict[str, Outcome]:
         res = sb.run_slurm([
             "sbatch", "--parsable", "-p", wk.SLURM_PREEMPT_PARTITION, "-w", NODE, "-n1", "-c1", "--requeue",
             "--signal=B:URG@10", "-J", name, "-o", str(work / f"{name}.log"),
-            f"--export=ALL,REQUEUE_EXIT={wk.SLURM_REQUEUE_EXIT}", str(script), mode, str(offset), str(out),
+            f"--export=ALL,REQUEUE_EXIT={wk.SLURM_REQUEUE_EXIT}", str(script), mode, str(offset), str(out), str(sb.grace_s),
         ])
         outcomes[name] = Outcome(res.stdout.strip().split(";")[0], out)
     deadline = time.monotonic() + 30

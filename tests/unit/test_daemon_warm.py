@@ -8,6 +8,8 @@ beside a pod that may serve."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable
 
 import pytest
@@ -22,18 +24,21 @@ from bridge.model import LoadSignals, Phase, WarmState
 from bridge.wiring import policy_memory
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
+from gpu_bridge_lab.sandbox.vllm.server import SimServer
+from gpu_bridge_lab.sandbox.vllm.sim import Simulation
 from tests.unit.test_daemon_loop import HIGH, LOW, NODES, T0
+from tests.unit.test_vllm_adapter import FAST, IDLE
 
 POOL = PoolTarget("default", "serving", "vllm")
 
 
-def config() -> Config:
-    """test_daemon_loop's seconds-scale world, the pool lending warm (a 1 s wake)."""
+def config(*, wake_s: float = 1.0, vllm_port: int = 8000) -> Config:
+    """test_daemon_loop's seconds-scale world, the pool lending warm."""
     return parse_config(
         {
             "pools": [{"name": "default", "namespace": "serving", "deployment": "vllm", "model_name": "m",
                        "min_serving": 1, "cold_start_s": 3, "drain_s": 2, "headroom": 0.2, "headroom_replicas": 0.2,
-                       "warm_lending": True, "wake_s": 1,
+                       "warm_lending": True, "wake_s": wake_s, "vllm_port": vllm_port,
                        "target": {"concurrency_per_replica": 60, "kv_cache_usage": None}}],
             "slurm": {"grace_s": 5, "min_runtime_s": 0},
             "policy": {"tick_s": 1, "scale_down_window_s": 5, "min_lend_s": 3, "max_lends_per_tick": 1,
@@ -72,9 +77,13 @@ class Engine:
 
 
 class World:
-    def __init__(self, *, crash_at: str | None = None) -> None:
+    """``http_port``: each pod's engine is the lab's vLLM simulator (sleep mode on) listening
+    on the pod's IP (127.0.0.N) at that port, reached by the daemon's own vLLM clients."""
+
+    def __init__(self, *, crash_at: str | None = None, http_port: int | None = None) -> None:
         self.t = T0
-        self.kube = FakeKube(now=self.t)
+        self.http_port = http_port
+        self.kube = FakeKube(now=self.t, pod_network="127.0" if http_port else "10.0")
         for n in NODES:
             self.kube.add_node(n, "default")
         self.kube.add_pool(POOL, replicas=len(NODES), min_available=1, start_delay_s=3.0, grace_s=2, readiness_gate=True)
@@ -87,7 +96,13 @@ class World:
         self.engines: dict[str, Engine] = {}  # pod name -> its engine (a new pod starts awake)
         self.fail_wakes = False
         self.load = LOW
-        self.config = config()
+        self.config = config(wake_s=10.0, vllm_port=http_port) if http_port else config()
+        self.servers: dict[str, SimServer] = {}  # pod name -> its simulated vLLM server (http_port)
+        if http_port:
+            for p in self.kube.pods("default"):
+                sim = Simulation(IDLE, ["m"], seed=1, sleep_params=FAST)
+                sim.add_replica("r0", "m", p.node or "")
+                self.servers[p.name] = SimServer(sim, p.ip or "", http_port, tick_s=0.02, dev_mode=True).start()
         self.crash_at = crash_at
         self.crashes = 0
         self.durations: dict[str, float] = {}
@@ -111,8 +126,21 @@ class World:
         pools = {"default": PromPool("default", "m")}
         d = Daemon(self.config, kube=self.kube, slurm=self.slurm, prom=self.prom, prom_pools=pools, clock=lambda: self.t,
                    memory=policy_memory(self.config, self.prom, pools, self.t), after_write=self.crash_hook)
-        d.actuator.sleep_control = self.control
+        if not self.http_port:
+            d.actuator.sleep_control = self.control
         return d
+
+    def close(self) -> None:
+        for srv in self.servers.values():
+            srv.stop()
+
+    def asleep(self, pod: str) -> bool | None:
+        """The pod's engine sleeps (None: no engine known for it)."""
+        if self.http_port:
+            srv = self.servers.get(pod)
+            return None if srv is None else srv.sim.sleep["r0"].sleep_state() != "awake"
+        engine = self.engines.get(pod)
+        return None if engine is None else engine.asleep
 
     def ready_pods(self) -> int:
         return sum(1 for p in self.kube.pods("default") if p.ready and not p.terminating)
@@ -140,10 +168,10 @@ class World:
             if job.partition != wk.SLURM_PREEMPT_PARTITION or job.state != "running":
                 continue
             for pod in (p for p in pods if p.node in job.nodes):
-                engine = self.engines.get(pod.name)
-                if pod.ready or pod.awake is not False or engine is None or not engine.asleep:
+                asleep = self.asleep(pod.name)
+                if pod.ready or pod.awake is not False or not asleep:
                     self.violations.append(f"t={self.t - T0:.0f}: {pod.node} runs {job.job_id} beside {pod.name} "
-                                           f"(ready={pod.ready}, gate={pod.awake}, asleep={engine.asleep if engine else None})")
+                                           f"(ready={pod.ready}, gate={pod.awake}, asleep={asleep})")
 
     def phases(self) -> dict[str, Phase | None]:
         return {n.name: n.phase for n in self.kube.nodes()}
@@ -233,3 +261,35 @@ def test_a_crash_right_after_each_warm_write_converges_with_no_job_lost(point: s
     assert {p.name for p in w.kube.pods("default") if not p.terminating} == before  # still warm: nothing cold-started
     w.run_until(lambda: all(v is None for v in w.warm().values()), 10, "the warm records cleared")
     assert not w.violations and not w.lost_jobs(jobs)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_over_http_the_daemon_sleeps_and_wakes_the_simulated_vllm_servers() -> None:
+    """The real path: sleep_controls' clients (pod IP + vllm_port) against the simulator's
+    /sleep, /wake_up, /is_sleeping, its wake taking real seconds."""
+    w = World(http_port=_free_port())
+    try:
+        w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+        lent = {n for n, p in w.phases().items() if p is Phase.LENT}
+        asleep = {p.node for p in w.kube.pods("default") if w.asleep(p.name)}
+        assert asleep == lent
+        assert all(w.servers[p].sim.sleep["r0"].sleep_state() == "weights_offloaded"
+                   for p, srv in w.servers.items() if srv.sim.replicas["r0"].node in lent)
+        jobs = [w.sbatch(f"research-{i}", duration_s=60) for i in range(3)]
+        w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+        before = {p.name for p in w.kube.pods("default") if not p.terminating}
+        w.load = HIGH
+        started = time.monotonic()
+        w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 80, "all serving again")
+        wall = time.monotonic() - started
+        assert {p.name for p in w.kube.pods("default") if not p.terminating} == before  # woken, none cold-started
+        assert not any(w.asleep(p) for p in before)
+        assert not w.violations and not w.lost_jobs(jobs)
+        assert wall < 30, wall  # three wakes of ~1.2 s each (the simulator's FAST model), not cold starts
+    finally:
+        w.close()

@@ -75,7 +75,8 @@ class _Pool:
 class FakeKube:
     """Implements KubeReader + KubeWriter in memory. Time only moves through ``step(now)``."""
 
-    def __init__(self, *, identity: str = "fake-bridge", max_conflict_retries: int = 5, now: float = 0.0) -> None:
+    def __init__(self, *, identity: str = "fake-bridge", max_conflict_retries: int = 5, now: float = 0.0,
+                 pod_network: str = "10.0") -> None:
         self.identity = identity
         self.now = now
         self.synced = True
@@ -94,6 +95,7 @@ class FakeKube:
         self._failures: Counter[str] = Counter()  # verb -> failures to inject
         self._names = itertools.count(1)
         self._ips = 0
+        self._pod_network = pod_network  # pods get <pod_network>.X.Y (127.0: reachable servers on loopback)
 
     # --- seeding and fault injection ----------------------------------------------------
     def add_node(self, name: str, pool: str, *, gpus: int = 4, labels: Mapping[str, str] | None = None,
@@ -382,7 +384,7 @@ class FakeKube:
             "metadata": {"name": name, "namespace": t.namespace, "uid": f"uid-{name}", "resourceVersion": self._next_rv(),
                          "labels": {"app": t.deployment}, "annotations": {}},
             "spec": {"nodeName": node},
-            "status": {"phase": "Running" if ready else "Pending", "podIP": f"10.0.{self._ips // 250}.{self._ips % 250 + 1}",
+            "status": {"phase": "Running" if ready else "Pending", "podIP": f"{self._pod_network}.{self._ips // 250}.{self._ips % 250 + 1}",
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
         }
         self._ips += 1

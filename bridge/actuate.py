@@ -160,7 +160,7 @@ class Actuator:
         now = self.clock() if now is None else now
         handler = _STEPS.get(step)
         changed, detail = handler(self, step, facts, pool, now) if handler is not None else (False, "")
-        if step not in WAITS or step is Step.BLOCKED:
+        if (step not in WAITS or step is Step.BLOCKED) and (changed or step is not Step.CHECK_ASLEEP):
             log.info("node_step", node=facts.name, pool=pool.name, phase=str(facts.phase), step=str(step), changed=changed, detail=detail)
         if changed:
             self.after_write(str(step))
@@ -377,6 +377,26 @@ def _warm_lost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: flo
     return changed, detail
 
 
+def _check_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    """A lent node's engine must still sleep: awake (restarted under Slurm's jobs, weights back
+    on their GPUs) or not answering, it is recorded cold with a Warning; the lifecycle then
+    evicts its pod and the node stays lent, counted cold."""
+    pod = warm_pod(f)
+    if pod is None:
+        return False, "no pod"
+    try:
+        why = "" if a.sleep_control(pool.name, pod.ip).is_sleeping() else f"{pod.name} is awake on a lent node"
+    except AdapterError as exc:
+        why = f"{pod.name} does not answer ({exc})"
+    if not why:
+        return False, ""
+    detail = f"{why}: its pod is evicted, the node stays lent and counts as cold"
+    changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, pod.name))
+    log.warning("warm_fallback", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
+    a._event(f.name, WARM_FAILED_EVENT, detail, "Warning")
+    return changed, detail
+
+
 def _delete_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
     """The cold fallback: evict the pod left asleep (it is not Ready, so a PDB already counts it
     gone); the Deployment starts a new one, the normal cold start."""
@@ -408,6 +428,7 @@ _STEPS: Mapping[Step, Handler] = {
     Step.CLOSE_GATE: _gate, Step.OPEN_GATE: _gate,
     Step.SLEEP_REPLICA: _sleep_or_wake, Step.WAKE_REPLICA: _sleep_or_wake,
     Step.WARM_LOST: _warm_lost,
+    Step.CHECK_ASLEEP: _check_asleep,
     Step.DELETE_ASLEEP: _delete_asleep,
     Step.CLEAR_WARM: lambda a, s, f, p, now: (a.kube.set_warm(f.name, None), ""),
 }

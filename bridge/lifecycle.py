@@ -77,6 +77,9 @@ class Step(enum.StrEnum):
     DELETE_ASLEEP = "delete_asleep"  # the cold fallback: evict the pod that was asleep
     OPEN_GATE = "open_gate"  # the bridge's readiness condition True (never while research runs)
     CLEAR_WARM = "clear_warm"  # serving again: the warm record goes
+    # each pass on a lent node recorded asleep: GET /is_sleeping; awake (an engine restarted
+    # under research jobs) or silent -> recorded cold/<pod> and its pod evicted (DELETE_ASLEEP)
+    CHECK_ASLEEP = "check_asleep"
 
 
 WAITS = frozenset({Step.WAIT_PODS_GONE, Step.WAIT_HOLD, Step.WAIT_DRAIN_SAVED, Step.WAIT_READY, Step.BLOCKED})
@@ -267,6 +270,8 @@ def next_step(
             got = _asleep_check(facts)
             if got is not None:
                 return got
+        elif facts.warm is not None and facts.warm.state is WarmState.COLD and warm_pod(facts) is not None:
+            return Step.DELETE_ASLEEP  # its engine woke or went silent under Slurm: the pod goes, the node stays lent
         # Re-assert the release (idempotent): e.g. a crash between resume and mark.
         if facts.hold is not None:
             return Step.CANCEL_HOLD
@@ -276,7 +281,7 @@ def next_step(
             # Slurm drained it itself (e.g. "Duplicate jobid" after a controller crash) and
             # nothing runs there now: lent again, not unusable forever
             return Step.CLEAR_SLURM_DRAIN
-        return None
+        return Step.CHECK_ASLEEP if _asleep(facts) else None
     if phase is Phase.RECLAIMING:
         if _asleep(facts) and warm_pod(facts) is None:
             return Step.WARM_LOST  # noticed now, not after the preemption: the plan counts it cold

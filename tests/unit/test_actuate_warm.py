@@ -156,3 +156,17 @@ def test_sleep_controls_only_for_warm_pools() -> None:
         control("cold", "10.1.2.4")
     with pytest.raises(AdapterError, match="no IP"):
         control("hot", None)
+
+
+@pytest.mark.parametrize("engine_state", ["asleep", "awake", "silent"])
+def test_the_per_pass_probe_records_cold_only_an_engine_awake_or_silent(engine_state: str) -> None:
+    kube, act, engine, pod = world()
+    run(act, kube, Step.SLEEP_REPLICA, Phase.LENDING)
+    run(act, kube, Step.CLOSE_GATE, Phase.LENDING)
+    engine.asleep = engine_state == "asleep"
+    if engine_state == "silent":
+        act.sleep_control = lambda pool, ip: (_ for _ in ()).throw(AdapterError("vllm", "connection refused"))
+    changed = run(act, kube, Step.CHECK_ASLEEP, Phase.LENT)
+    assert changed is (engine_state != "asleep")
+    assert warm(kube) == WarmRecord(WarmState.ASLEEP if engine_state == "asleep" else WarmState.COLD, pod)
+    assert len([e for e in kube.events if e.reason == WARM_FAILED_EVENT]) == (engine_state != "asleep")

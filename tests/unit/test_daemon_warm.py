@@ -248,6 +248,27 @@ def test_a_failed_wake_falls_back_to_a_cold_start() -> None:
     assert not w.violations and not w.lost_jobs(jobs)
 
 
+def test_an_engine_that_wakes_under_research_is_evicted_and_the_node_stays_lent() -> None:
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    jobs = [w.sbatch(f"research-{i}", duration_s=600) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    node = sorted(n for n, p in w.phases().items() if p is Phase.LENT)[0]
+    (pod,) = [p for p in w.kube.pods("default") if p.node == node and not p.terminating]
+    w.engines[pod.name].asleep = False  # its container restarted: vLLM is back on the GPUs, awake
+    w.tick()
+    assert not any(p.name == pod.name and not p.terminating for p in w.kube.pods("default"))  # evicted in that pass
+    n = w.kube.node(node)
+    assert n is not None and n.phase is Phase.LENT and n.warm is not None and n.warm.state is WarmState.COLD
+    assert any(e.reason == "GpuBridgeWarmFailed" and "awake on a lent node" in e.message for e in w.kube.events)
+    w.tick(); w.tick()
+    assert all(w.slurm.snapshot()[j].state == "running" for j in jobs)  # research untouched
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 80, "all serving again")
+    assert all(v is None for v in w.warm().values())
+    assert not w.violations and not w.lost_jobs(jobs)
+
+
 # every write of the warm path, the transitions' starts and the scale around them
 WARM_POINTS = ("close_gate", "sleep_replica", "cancel_hold", "resume", "mark_lent", "submit_hold", "drain",
                "mark_returning", "wake_replica", "open_gate", "unfence", "mark_serving", "clear_warm")

@@ -65,8 +65,10 @@ CASES = [
                                                     pods=(dataclasses.replace(GATED, deletion_cost=LENDING_POD_DELETION_COST),)),
      True, Step.EVICT_POD),
     # lent warm: the invariant is checked every tick
-    ("lent-warm-at-rest", facts(**LENT), True, None),
-    ("lent-warm-at-rest-pool-setting-irrelevant", facts(**LENT), False, None),
+    ("lent-warm-at-rest-asks-is-sleeping", facts(**LENT), True, Step.CHECK_ASLEEP),
+    ("lent-warm-at-rest-pool-setting-irrelevant", facts(**LENT), False, Step.CHECK_ASLEEP),
+    ("lent-engine-woke-or-silent-pod-evicted", facts(**{**LENT, "warm": COLD}), True, Step.DELETE_ASLEEP),
+    ("lent-cold-no-pod-at-rest", facts(**{**LENT, "warm": COLD, "pods": ()}), True, None),
     ("lent-warm-pod-lost", facts(**{**LENT, "pods": ()}), True, Step.WARM_LOST),
     ("lent-warm-pod-terminating-is-lost", facts(**{**LENT, "pods": (dataclasses.replace(GATED, terminating=True),)}),
      True, Step.WARM_LOST),
@@ -173,6 +175,8 @@ class World:
             if ok:
                 self.engine_asleep = False
             self.warm = WarmRecord(WarmState.AWAKE if ok else WarmState.COLD, pod.name)
+        elif step is Step.CHECK_ASLEEP and pod and self.warm and not self.engine_asleep:
+            self.warm = WarmRecord(WarmState.COLD, pod.name)
         elif step is Step.WARM_LOST and self.warm:
             self.warm = WarmRecord(WarmState.COLD, self.warm.pod)
         elif step is Step.CLEAR_WARM:
@@ -218,6 +222,8 @@ def drive(world: World, target: Phase, rng: random.Random, loss: float, fail: fl
     for _tick in range(300):
         world.check_invariant()
         step = next_step(world.facts(), now=NOW + 1000, scaled_down=True, warm=True)
+        if step is Step.CHECK_ASLEEP and world.phase is target and world.engine_asleep:
+            return done  # lent warm, at rest: only the per-pass is_sleeping probe
         if step is None:
             if world.phase is target:
                 return done

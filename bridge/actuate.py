@@ -16,7 +16,7 @@ from bridge import logs
 from bridge.adapters.protocols import KubeWriter, PoolTarget, SleepControl, SlurmWriter
 from bridge.errors import AdapterError
 from bridge.lifecycle import LENDING_POD_DELETION_COST, WAITS, NodeFacts, PodFacts, Step, past_grace, warm_pod
-from bridge.model import Action, ActionKind, Phase, SlurmJob, WarmRecord, WarmState
+from bridge.model import Action, ActionKind, Phase, SlurmJob, Tier, WarmRecord, WarmState
 from bridge.observe import LAUNCH_FAILED_HELD
 from bridge.policy.victims import job_loss_gpu_hours
 from bridge.preemption import EVENT_REASON as PREEMPTION_EVENT
@@ -98,6 +98,7 @@ class Actuator:
     # the preempt partition's GraceTime (Slurm's, read at start-up): only jobs Slurm preempted
     # whose grace is over are requeued; None = none ever is
     grace_s: float | None = None
+    tiers: Mapping[Tier, str] = field(default_factory=dict)  # tier -> its partition; empty: no fast tier
     # (pool, pod IP) -> the pod's vLLM sleep mode (bridge.adapters.vllm.sleep_controls: warm pools only)
     sleep_control: Callable[[str, str | None], SleepControl] = field(default=_no_sleep_control)
 
@@ -131,6 +132,8 @@ class Actuator:
         """Begin a policy action: record the first transit phase on the node, and tell each
         job a reclaim preempts on the node, with the work it loses (``gpu-bridge web`` reads it)."""
         phase = Phase.LENDING if action.kind is ActionKind.LEND else Phase.RECLAIMING
+        if action.kind is ActionKind.LEND and self.tiers:  # the tier lives in Slurm, set before the mark
+            self.slurm.set_tier(action.node, self.tiers[action.tier])
         changed = self._mark(action.node, phase, action.detail, now)
         if changed:
             self.after_write(START_POINTS[action.kind])

@@ -117,6 +117,7 @@ class PreemptedJob:
     job_id: str
     preempt_time: float  # slurmctld's clock, when its GraceTime began
     restart_count: int  # the run that was preempted: the requeue re-checks it is still that run
+    grace_s: float | None = None  # its partition's GraceTime when not the preempt partition's (the fast tier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +176,8 @@ def past_grace(facts: NodeFacts, grace_s: float | None) -> tuple[PreemptedJob, .
         return ()
     now = facts.slurm_now
     return tuple(j for j in facts.research_preempted
-                 if j.job_id in facts.research_jobs and now >= j.preempt_time + grace_s + GRACE_ROUNDING_S)
+                 if j.job_id in facts.research_jobs
+                 and now >= j.preempt_time + (grace_s if j.grace_s is None else j.grace_s) + GRACE_ROUNDING_S)
 
 
 def next_step(

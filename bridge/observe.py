@@ -18,7 +18,8 @@ from bridge.errors import AdapterError
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts, PreemptedJob
 from bridge.names import validate_node_name
-from bridge.model import JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob, WarmRecord
+from bridge.model import (JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob, Tier,
+                          WarmRecord)
 
 
 class KubeNode(Protocol):
@@ -154,6 +155,17 @@ def ready_timeout_s(pool: PoolConfig) -> float:
     return 2 * pool.cold_start_s + 120.0
 
 
+def node_tier(partitions: Sequence[str], running: Sequence[str], config: Config) -> Tier:
+    """The tier a node serves, as Slurm has it (the daemon keeps no copy): fast only while it
+    is in the fast partition and not in the normal one, and runs no normal-tier job (``running``:
+    its research jobs' partitions). Anything else, e.g. both partitions after a reconfigure
+    reset slurm.conf's lists, is the normal tier: its jobs may have the normal grace."""
+    fast, normal = config.slurm.fast_partition, config.slurm.preempt_partition
+    if fast is None or fast not in partitions or normal in partitions or normal in running:
+        return Tier.NORMAL
+    return Tier.FAST
+
+
 def pool_for_node(node: KubeNode, config: Config) -> PoolConfig | None:
     for pool in config.pools:
         if node.pool == pool.name:
@@ -242,6 +254,7 @@ def join(
                 problem=problem,
                 reason=kn.reason or "",
                 inflight=_inflight(node_pods, inflight_by_pod),
+                tier=node_tier(getattr(sn, "partitions", ()), jobs.partitions_on.get(kn.name, ()), config),
             )
         )
 
@@ -254,7 +267,8 @@ def join(
         )
         for pool in config.pools
     }
-    view = ClusterView(now=now, nodes=tuple(states), pools=pools, jobs=jobs.research, pending_research_nodes=jobs.pending_nodes)
+    view = ClusterView(now=now, nodes=tuple(states), pools=pools, jobs=jobs.research, pending_research_nodes=jobs.pending_nodes,
+                       pending_fast_nodes=jobs.pending_fast)
     return Observation(
         view=view, facts=facts, pool_of=pool_of, problems=problems, requests=requests, slurm_held=jobs.slurm_held
     )
@@ -269,13 +283,18 @@ class _JobsByNode:
     preempted_on: dict[str, list[PreemptedJob]] = field(default_factory=dict)
     allocated: set[str] = field(default_factory=set)  # nodes any job holds
     research: dict[str, SlurmJob] = field(default_factory=dict)
-    pending_nodes: int = 0  # nodes' worth of research waiting in the preempt partition
+    pending_nodes: int = 0  # nodes' worth of research waiting in the preempt partitions (both tiers)
+    pending_fast: int = 0  # of those, jobs the fast partition may run
+    partitions_on: dict[str, list[str]] = field(default_factory=dict)  # node -> its research jobs' partitions
     slurm_held: dict[str, str] = field(default_factory=dict)  # see Observation.slurm_held
 
     @classmethod
     def of(cls, jobs: Sequence[SlurmJob], config: Config) -> _JobsByNode:
         out = cls()
+        fast = config.slurm.fast_partition
+        tiers = {config.slurm.preempt_partition} | ({fast} if fast else set())
         for job in jobs:
+            parts = frozenset(job.partition.split(","))  # a pending job's list: preempt,preempt-fast
             if is_hold_job(job, config):
                 target = hold_job_node(job)
                 if job.state == "completing":  # cancelled, on its way out: not a hold any more
@@ -293,9 +312,11 @@ class _JobsByNode:
                 for n in job.nodes:
                     out.research_on.setdefault(n, []).append(job.job_id)
                     out.allocated.add(n)
-                    if preempt_time is not None and job.partition == config.slurm.preempt_partition:
-                        out.preempted_on.setdefault(n, []).append(PreemptedJob(job.job_id, preempt_time, job.restart_count))
-            elif job.state == "pending" and job.partition == config.slurm.preempt_partition:
+                    out.partitions_on.setdefault(n, []).append(job.partition)
+                    if preempt_time is not None and job.partition in tiers:  # each tier's own grace
+                        grace = config.slurm.fast_grace_s if job.partition == fast else None
+                        out.preempted_on.setdefault(n, []).append(PreemptedJob(job.job_id, preempt_time, job.restart_count, grace))
+            elif job.state == "pending" and parts & tiers:
                 held_for = getattr(job, "held_for", None)
                 if held_for is not None and held_for(LAUNCH_FAILED_HELD):
                     # held by Slurm (priority 0): it never starts on its own; pending means the
@@ -304,6 +325,7 @@ class _JobsByNode:
                         out.slurm_held[job.job_id] = getattr(job, "batch_host", "")
                     continue
                 out.pending_nodes += max(1, len(job.nodes) or 1)
+                out.pending_fast += max(1, len(job.nodes) or 1) if fast in parts else 0
         return out
 
 

@@ -186,6 +186,10 @@ class SlurmWriter(Protocol):
         recorded (and, if given, in the run ``restart_count``), so a job that ended is never run again."""
         ...
 
+    def set_tier(self, node: str, partition: str) -> bool:
+        """Make ``partition`` (the preempt or the fast one) the only tier partition of ``node``."""
+        ...
+
     def release(self, job_id: str, reason: str) -> bool:
         """Release a job Slurm itself held with ``reason``; False if it is not held so."""
         ...

@@ -190,6 +190,10 @@ class FencedSlurm(SlurmReadThrough):
         self._check("requeue")
         return self._inner.requeue(job_id, restart_count=restart_count)
 
+    def set_tier(self, node: str, partition: str) -> bool:
+        self._check("set_tier")
+        return self._inner.set_tier(node, partition)
+
     def release(self, job_id: str, reason: str) -> bool:
         self._check("release")
         return self._inner.release(job_id, reason)

@@ -111,7 +111,7 @@ def _run(sb: Sandbox, work: Path, *, kill_ctld: bool) -> dict[str, Outcome]:
     for name, (mode, offset) in CASES.items():
         out = work / f"{name}.out"
         res = sb.run_slurm([
-            "sbatch", "--parsable", "-p", wk.SLURM_PREEMPT_PARTITION, "-w", NODE, "-n1", "-c1", "--requeue",
+            "sbatch", "--parsable", "-p", wk.SLURM_PREEMPT_PARTITION, "-w", NODE, "-n1", "-c1", "--requeue", "--time=30",
             "--signal=B:URG@10", "-J", name, "-o", str(work / f"{name}.log"),
             f"--export=ALL,REQUEUE_EXIT={wk.SLURM_REQUEUE_EXIT}", str(script), mode, str(offset), str(out), str(sb.grace_s),
         ])

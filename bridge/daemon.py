@@ -20,6 +20,7 @@ from bridge import logs
 from bridge.actuate import Actuator
 from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, Leader, PoolTarget, PromReader, SlurmAdapterProtocol
+from bridge.adapters.vllm import sleep_controls
 from bridge.config import Config
 from bridge.config import replace as cfg_replace
 from bridge.errors import AdapterError
@@ -84,7 +85,8 @@ class Daemon:
         targets = {p.name: PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools}
         fast = config.slurm.fast_partition
         tiers = {Tier.NORMAL: config.slurm.preempt_partition, Tier.FAST: fast} if fast else {}
-        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, targets=targets, grace_s=config.slurm.grace_s, tiers=tiers)
+        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, targets=targets, grace_s=config.slurm.grace_s, tiers=tiers,
+                                 sleep_control=sleep_controls(config.pools))  # vLLM clients for warm pools only
         if after_write is not None:  # a lab's hook (crash injection); the product sets none
             self.actuator.after_write = after_write
         # the policy's memory: empty unless given back-filled (bridge.wiring.policy_memory)

@@ -36,6 +36,25 @@ class Phase(enum.StrEnum):
     RETURNING = "returning"  # unfenced in Kubernetes, waiting for a Ready serving replica
 
 
+class WarmState(enum.StrEnum):
+    """Warm lending's record on a node (annotation ``gpu-bridge.io/warm``: ``<state>/<pod>``)."""
+
+    ASLEEP = "asleep"  # the replica was put to sleep (level 1): the node is lent warm
+    AWAKE = "awake"  # woken at the reclaim: it serves again once its readiness gate is open
+    COLD = "cold"  # sleep or wake failed, or the sleeping pod was lost: the cold path from here on
+
+
+@dataclass(frozen=True, slots=True)
+class WarmRecord:
+    """Which replica warm lending put to sleep on a node, and how far it got."""
+
+    state: WarmState
+    pod: str
+
+    def __str__(self) -> str:
+        return f"{self.state}/{self.pod}"
+
+
 class Pin(enum.StrEnum):
     """An operator's override: the policy never moves a pinned node."""
 

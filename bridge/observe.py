@@ -18,7 +18,8 @@ from bridge.errors import AdapterError
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts, PreemptedJob
 from bridge.names import validate_node_name
-from bridge.model import JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob, Tier
+from bridge.model import (JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob, Tier,
+                          WarmRecord)
 
 
 class KubeNode(Protocol):
@@ -39,6 +40,8 @@ class KubeNode(Protocol):
     @property
     def fenced(self) -> bool: ...
     @property
+    def warm(self) -> WarmRecord | None: ...
+    @property
     def problem(self) -> str | None: ...
     @property
     def reason(self) -> str | None: ...
@@ -57,6 +60,10 @@ class KubePod(Protocol):
     def deletion_cost(self) -> int | None: ...
     @property
     def terminating(self) -> bool: ...
+    @property
+    def awake(self) -> bool | None: ...
+    @property
+    def ip(self) -> str | None: ...
 
 
 class SlurmNodeLike(Protocol):
@@ -220,7 +227,8 @@ def join(
                 phase=kn.phase,
                 phase_since=since,
                 fenced=kn.fenced,
-                pods=tuple(PodFacts(p.name, ready=p.ready, terminating=p.terminating, deletion_cost=p.deletion_cost)
+                pods=tuple(PodFacts(p.name, ready=p.ready, terminating=p.terminating, deletion_cost=p.deletion_cost,
+                                    awake=p.awake, ip=p.ip)
                            for p in sorted(node_pods, key=lambda p: p.name)),
                 slurm_drained_by_us=sn.drained and sn.reason_ours,
                 slurm_drained_by_other=sn.drained and not sn.reason_ours,
@@ -232,6 +240,7 @@ def join(
                 research_preempted=tuple(jobs.preempted_on.get(kn.name, ())),
                 slurm_now=slurm_now,
                 slurm_own_drain=_own_drain(sn, config, busy=bool(on_node) or (kn.name in jobs.allocated and not held)),
+                warm=kn.warm,
             )
         if problem:
             problems[kn.name] = problem

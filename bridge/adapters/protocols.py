@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from bridge.model import LoadSignals, Phase, Pin
+    from bridge.model import LoadSignals, Phase, Pin, WarmRecord
 
     from .kube.informer import InformerStatus
     from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
@@ -103,6 +103,12 @@ class KubeWriter(Protocol):
     def unfence(self, node: str) -> bool: ...
 
     def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool: ...
+
+    def set_warm(self, node: str, record: WarmRecord | None) -> bool:
+        """Warm lending's record on the node (annotation); None removes it."""
+
+    def set_pod_awake(self, namespace: str, pod: str, awake: bool) -> bool:
+        """Warm lending's readiness-gate condition on a pod: False keeps it out of the Service."""
 
     def scale(self, namespace: str, deployment: str, replicas: int) -> bool: ...
 

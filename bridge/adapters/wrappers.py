@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from bridge import logs
 from bridge.errors import AdapterError
-from bridge.model import Phase, Pin
+from bridge.model import Phase, Pin, WarmRecord
 
 from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
 from .protocols import CacheStatus, KubeAdapterProtocol, LeaseHolder, SlurmAdapterProtocol
@@ -137,6 +137,14 @@ class FencedKube(KubeReadThrough):
     def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool:
         self._check("set_pod_deletion_cost")
         return self._inner.set_pod_deletion_cost(namespace, pod, cost)
+
+    def set_warm(self, node: str, record: WarmRecord | None) -> bool:
+        self._check("set_warm")
+        return self._inner.set_warm(node, record)
+
+    def set_pod_awake(self, namespace: str, pod: str, awake: bool) -> bool:
+        self._check("set_pod_awake")
+        return self._inner.set_pod_awake(namespace, pod, awake)
 
     def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
         self._check("scale")

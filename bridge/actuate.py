@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from bridge import logs
-from bridge.adapters.protocols import KubeWriter, PoolTarget, SlurmWriter
+from bridge.adapters.protocols import KubeWriter, PoolTarget, SleepControl, SlurmWriter
 from bridge.errors import AdapterError
-from bridge.lifecycle import LENDING_POD_DELETION_COST, WAITS, NodeFacts, Step, past_grace
-from bridge.model import Action, ActionKind, Phase, SlurmJob
+from bridge.lifecycle import LENDING_POD_DELETION_COST, WAITS, NodeFacts, PodFacts, Step, past_grace, warm_pod
+from bridge.model import Action, ActionKind, Phase, SlurmJob, Tier, WarmRecord, WarmState
 from bridge.observe import LAUNCH_FAILED_HELD
 from bridge.policy.victims import job_loss_gpu_hours
 from bridge.preemption import EVENT_REASON as PREEMPTION_EVENT
@@ -36,6 +36,11 @@ def _no_hook(point: str) -> None:
     """The product's default: nothing happens after a write."""
 
 
+def _no_sleep_control(pool: str, ip: str | None) -> SleepControl:
+    """No pool lends warm: a warm step (only from a record left on a node) falls back cold."""
+    raise AdapterError("vllm", f"pool {pool}: no sleep control (warm_lending is off)")
+
+
 # Event reasons shown by `kubectl describe node` (CamelCase, as Kubernetes' own).
 EVENT_REASONS: Mapping[Step | Phase, str] = {
     Phase.SERVING: "GpuBridgeServing",
@@ -49,7 +54,12 @@ EVENT_REASONS: Mapping[Step | Phase, str] = {
     Step.REQUEUE_JOBS: "GpuBridgeRequeued",
     Step.CLEAR_SLURM_DRAIN: "GpuBridgeSlurmDrainCleared",
     Step.TAKE_OVER_DRAIN: "GpuBridgeSlurmDrainTakenOver",
+    Step.SLEEP_REPLICA: "GpuBridgeReplicaAsleep",
+    Step.WAKE_REPLICA: "GpuBridgeReplicaAwake",
+    Step.WARM_LOST: "GpuBridgeWarmLost",
+    Step.DELETE_ASLEEP: "GpuBridgeWarmColdFallback",
 }
+WARM_FAILED_EVENT = "GpuBridgeWarmFailed"  # a sleep or wake failed: the cold path from here on
 
 _MARKS: Mapping[Step, Phase] = {
     Step.ADOPT: Phase.SERVING,
@@ -88,6 +98,9 @@ class Actuator:
     # the preempt partition's GraceTime (Slurm's, read at start-up): only jobs Slurm preempted
     # whose grace is over are requeued; None = none ever is
     grace_s: float | None = None
+    tiers: Mapping[Tier, str] = field(default_factory=dict)  # tier -> its partition; empty: no fast tier
+    # (pool, pod IP) -> the pod's vLLM sleep mode (bridge.adapters.vllm.sleep_controls: warm pools only)
+    sleep_control: Callable[[str, str | None], SleepControl] = field(default=_no_sleep_control)
 
     def apply(self, intents: Intents) -> list[StepRecord]:
         """Carry out what ``bridge.reconcile`` decided, in its order. A write that fails is
@@ -119,6 +132,8 @@ class Actuator:
         """Begin a policy action: record the first transit phase on the node, and tell each
         job a reclaim preempts on the node, with the work it loses (``gpu-bridge web`` reads it)."""
         phase = Phase.LENDING if action.kind is ActionKind.LEND else Phase.RECLAIMING
+        if action.kind is ActionKind.LEND and self.tiers:  # the tier lives in Slurm, set before the mark
+            self.slurm.set_tier(action.node, self.tiers[action.tier])
         changed = self._mark(action.node, phase, action.detail, now)
         if changed:
             self.after_write(START_POINTS[action.kind])
@@ -148,7 +163,7 @@ class Actuator:
         now = self.clock() if now is None else now
         handler = _STEPS.get(step)
         changed, detail = handler(self, step, facts, pool, now) if handler is not None else (False, "")
-        if step not in WAITS or step is Step.BLOCKED:
+        if (step not in WAITS or step is Step.BLOCKED) and (changed or step is not Step.CHECK_ASLEEP):
             log.info("node_step", node=facts.name, pool=pool.name, phase=str(facts.phase), step=str(step), changed=changed, detail=detail)
         if changed:
             self.after_write(str(step))
@@ -204,6 +219,8 @@ def _mark_reason(step: Step, facts: NodeFacts) -> str:
     if step is Step.ADOPT_LENT:
         return f"adopted by gpu-bridge as lent: Slurm jobs {', '.join(facts.research_jobs)} run on it"
     if step is Step.MARK_LENT:
+        if facts.warm is not None and facts.warm.state is WarmState.ASLEEP:
+            return f"replica {facts.warm.pod} asleep, out of the Service; released to the Slurm preemptible partition"
         return "no serving pod left; released to the Slurm preemptible partition"
     if step is Step.MARK_RETURNING:
         return "research jobs requeued and node drained in Slurm; returning to serving"
@@ -305,6 +322,98 @@ def _own_drain(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: flo
     return True, detail
 
 
+def _gate(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    """CLOSE_GATE: every live pod out of the Service (a lent node has only its sleeping one);
+    OPEN_GATE: every live pod's gate open (the lifecycle never asks while research runs)."""
+    awake = step is Step.OPEN_GATE
+    pods = [p for p in f.pods if not p.terminating and p.awake is not awake]
+    changed = False
+    for pod in pods:
+        changed |= a.kube.set_pod_awake(pool.namespace, pod.name, awake)
+    return changed, ", ".join(p.name for p in pods)
+
+
+def _warm_call(a: Actuator, pool: PoolTarget, pod: PodFacts, wake: bool) -> None:
+    """Sleep (level 1) or wake the pod's engine and check it says so; AdapterError if not."""
+    ctl = a.sleep_control(pool.name, pod.ip)
+    if wake:
+        ctl.wake_up()
+    elif not ctl.is_sleeping():  # a sleep repeated after a crash: already asleep is done
+        ctl.sleep(1)
+    if ctl.is_sleeping() is wake:
+        raise AdapterError("vllm", f"{pod.name}: still {'asleep' if wake else 'awake'} after {'wake_up' if wake else 'sleep'}")
+
+
+def _sleep_or_wake(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    """The engine's call, then the record: asleep/awake on success, cold on any failure (the
+    lifecycle then deletes the pod and takes the cold path). The record is written last, so a
+    crash before it repeats the call, which is harmless (sleep is skipped when asleep, a
+    wake of an awake engine is a no-op)."""
+    wake = step is Step.WAKE_REPLICA
+    pod = warm_pod(f) if wake else next((p for p in f.pods if not p.terminating), None)
+    if pod is None:
+        return False, "no pod"
+    try:
+        _warm_call(a, pool, pod, wake)
+    except AdapterError as exc:
+        detail = f"{'wake' if wake else 'sleep'} of {pod.name} failed ({exc}): {'reclaimed' if wake else 'lent'} cold"
+        changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, pod.name))
+        log.warning("warm_fallback", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
+        a._event(f.name, WARM_FAILED_EVENT, detail, "Warning")
+        return changed, detail
+    state = WarmState.AWAKE if wake else WarmState.ASLEEP
+    changed = a.kube.set_warm(f.name, WarmRecord(state, pod.name))
+    detail = f"{pod.name} {state}"
+    if changed:
+        a._event(f.name, EVENT_REASONS[step], detail)
+    return changed, detail
+
+
+def _warm_lost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    if f.warm is None:
+        return False, ""
+    detail = f"the sleeping replica {f.warm.pod} is gone (phase {f.phase}): the node is reclaimed cold"
+    changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, f.warm.pod))
+    if changed:
+        log.warning("warm_lost", node=f.name, pool=pool.name, phase=str(f.phase), reason=detail)
+        a._event(f.name, EVENT_REASONS[step], detail, "Warning")
+    return changed, detail
+
+
+def _check_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    """A lent node's engine must still sleep: awake (restarted under Slurm's jobs, weights back
+    on their GPUs) or not answering, it is recorded cold with a Warning; the lifecycle then
+    evicts its pod and the node stays lent, counted cold."""
+    pod = warm_pod(f)
+    if pod is None:
+        return False, "no pod"
+    try:
+        why = "" if a.sleep_control(pool.name, pod.ip).is_sleeping() else f"{pod.name} is awake on a lent node"
+    except AdapterError as exc:
+        why = f"{pod.name} does not answer ({exc})"
+    if not why:
+        return False, ""
+    detail = f"{why}: its pod is evicted, the node stays lent and counts as cold"
+    changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, pod.name))
+    log.warning("warm_fallback", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
+    a._event(f.name, WARM_FAILED_EVENT, detail, "Warning")
+    return changed, detail
+
+
+def _delete_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    """The cold fallback: evict the pod left asleep (it is not Ready, so a PDB already counts it
+    gone); the Deployment starts a new one, the normal cold start."""
+    pod = warm_pod(f)
+    if pod is None:
+        return False, ""
+    outcome = str(a.kube.evict(pool.namespace, pod.name))
+    detail = f"{pod.name}: {outcome}"
+    changed = outcome != "blocked"
+    if changed:
+        a._event(f.name, EVENT_REASONS[step], f"evicting the replica that was asleep: {detail}")
+    return changed, detail
+
+
 _STEPS: Mapping[Step, Handler] = {
     **{s: _mark_step for s in _MARKS},
     Step.ENSURE_DRAINED: _drain, Step.DRAIN: _drain,
@@ -319,4 +428,10 @@ _STEPS: Mapping[Step, Handler] = {
     Step.RESUME: lambda a, s, f, p, now: (a.slurm.resume(f.name), ""),
     Step.CLEAR_SLURM_DRAIN: _own_drain, Step.TAKE_OVER_DRAIN: _own_drain,
     Step.BLOCKED: lambda a, s, f, p, now: (False, _blocked_reason(f)),
+    Step.CLOSE_GATE: _gate, Step.OPEN_GATE: _gate,
+    Step.SLEEP_REPLICA: _sleep_or_wake, Step.WAKE_REPLICA: _sleep_or_wake,
+    Step.WARM_LOST: _warm_lost,
+    Step.CHECK_ASLEEP: _check_asleep,
+    Step.DELETE_ASLEEP: _delete_asleep,
+    Step.CLEAR_WARM: lambda a, s, f, p, now: (a.kube.set_warm(f.name, None), ""),
 }

@@ -187,6 +187,15 @@ class PoolConfig:
     )
     cold_start_s: Num = Field(default=300.0, ge=0, description="vLLM pod start to Ready on a reclaimed node")
     drain_s: Num = Field(default=60.0, ge=0, description="time for a serving replica to drain and stop (vLLM --shutdown-timeout)")
+    warm_lending: Bool = Field(
+        default=False,
+        description="lend nodes with the vLLM replica asleep (sleep mode level 1) and wake it at the reclaim instead of a cold "
+        "start; needs VLLM_SERVER_DEV_MODE=1, --enable-sleep-mode and the readiness gate gpu-bridge.io/awake (docs/warm-lending.md)",
+    )
+    wake_s: Num = Field(
+        default=30.0, gt=0, description="warm lending: the wake's timeout and, in the simulator, its time (a failed wake falls back to cold_start_s)"
+    )
+    vllm_port: Port = Field(default=8000, ge=1, description="warm lending: port of the vLLM server's HTTP API on each pod")
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -458,6 +467,11 @@ class PolicyConfig:
         default=300.0, gt=0, description="after this long without a valid sample, reclaim toward pools[].blind_serving"
     )
     require_pending_jobs: Bool = Field(default=False, description="lend only while research jobs wait in the preempt partition")
+    relend_dwell: Bool = Field(
+        default=False,
+        description="no thrash: after a node of the pool returns to serving, lend none of its nodes for one reclaim horizon "
+        "(the measured one when known); reclaims are never delayed",
+    )
     victims: VictimRule = Field(default=VictimRule.LEAST_LOST_WORK, description="least_lost_work | newest_first (baseline)")
     forecast: ForecastConfig = Field(default_factory=ForecastConfig, description="forecast settings")
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="calibration of the safety margin")

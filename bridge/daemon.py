@@ -14,16 +14,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from bridge import logs
 from bridge.actuate import Actuator
 from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, Leader, PoolTarget, PromReader, SlurmAdapterProtocol
+from bridge.adapters.vllm import sleep_controls
 from bridge.config import Config
 from bridge.config import replace as cfg_replace
 from bridge.errors import AdapterError
 from bridge.ledger import Ledger, TickResult
 from bridge.metrics import BridgeMetrics, NullMetrics
+from bridge.model import Tier
 from bridge.observe import Observation
 from bridge.observer import Observer
 from bridge.policy.memory import PoolMemory
@@ -35,19 +38,23 @@ MAX_CHAINED_STEPS = 12  # passes of one iteration: immediate steps chain, never 
 
 
 def with_slurm_grace(config: Config, slurm: SlurmAdapterProtocol) -> Config:
-    """The config with ``slurm.grace_s`` checked against the preempt partition's GraceTime as
-    slurmctld has it (read once, at start-up). A config lower than Slurm's is raised to Slurm's
-    (logged): the daemon never requeues a job before the grace Slurm promised it, and the
-    policy plans reclaims with the grace they really take. A higher one is kept (the daemon
-    then only waits longer; Slurm still ends the grace at its own GraceTime)."""
-    partition = config.slurm.preempt_partition
-    slurm_grace_s = slurm.grace_time_s(partition)
-    if config.slurm.grace_s >= slurm_grace_s:
-        log.info("slurm_grace", partition=partition, grace_s=config.slurm.grace_s, slurm_grace_s=slurm_grace_s)
-        return config
-    log.warning("slurm_grace_raised", partition=partition, grace_s=slurm_grace_s, configured_grace_s=config.slurm.grace_s,
-                detail="slurm.grace_s is lower than the partition's GraceTime: Slurm's is used")
-    return cfg_replace(config, slurm=cfg_replace(config.slurm, grace_s=slurm_grace_s))
+    """The config with ``slurm.grace_s`` (and ``fast_grace_s``, with a fast tier) checked against
+    the partition's GraceTime as slurmctld has it (read once, at start-up). A config lower than
+    Slurm's is raised to Slurm's (logged): the daemon never requeues a job before the grace Slurm
+    promised it, and the policy plans reclaims with the grace they really take. A higher one is
+    kept (the daemon then only waits longer; Slurm still ends the grace at its own GraceTime)."""
+    for key, partition in (("grace_s", config.slurm.preempt_partition), ("fast_grace_s", config.slurm.fast_partition)):
+        if partition is None:
+            continue
+        slurm_grace_s, grace_s = slurm.grace_time_s(partition), getattr(config.slurm, key)
+        if grace_s >= slurm_grace_s:
+            log.info("slurm_grace", partition=partition, grace_s=grace_s, slurm_grace_s=slurm_grace_s)
+            continue
+        log.warning("slurm_grace_raised", partition=partition, grace_s=slurm_grace_s, configured_grace_s=grace_s,
+                    detail=f"slurm.{key} is lower than the partition's GraceTime: Slurm's is used")
+        changes: dict[str, Any] = {key: slurm_grace_s}
+        config = cfg_replace(config, slurm=cfg_replace(config.slurm, **changes))
+    return config
 
 
 class Daemon:
@@ -76,7 +83,10 @@ class Daemon:
         self.max_cache_age_s = max_cache_age_s  # watch timeout (60 s) + request timeout + slack
         self.observer = Observer(config, kube, slurm, prom, prom_pools)
         targets = {p.name: PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools}
-        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, targets=targets, grace_s=config.slurm.grace_s)
+        fast = config.slurm.fast_partition
+        tiers = {Tier.NORMAL: config.slurm.preempt_partition, Tier.FAST: fast} if fast else {}
+        self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, targets=targets, grace_s=config.slurm.grace_s, tiers=tiers,
+                                 sleep_control=sleep_controls(config.pools))  # vLLM clients for warm pools only
         if after_write is not None:  # a lab's hook (crash injection); the product sets none
             self.actuator.after_write = after_write
         # the policy's memory: empty unless given back-filled (bridge.wiring.policy_memory)

@@ -14,7 +14,7 @@ from bridge.actuate import REQUEST_POINT, RELEASE_POINT, START_POINTS, StepRecor
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import Step
 from bridge.metrics import BridgeMetrics, NullMetrics
-from bridge.model import Action, ActionKind, Calibration, Phase, Plan
+from bridge.model import Action, ActionKind, Calibration, Phase, Plan, Tier
 from bridge.observe import LAUNCH_FAILED_HELD, Observation, Snapshot
 from bridge.policy.forecast import horizon_s
 from bridge.policy.memory import PoolMemory
@@ -33,6 +33,7 @@ class ReclaimTimes:
     pool: str
     decided: float
     signal_t: float | None  # time of the load sample that called for it
+    tier: Tier = Tier.NORMAL  # the tier the node was lent to (its grace bounds the Slurm release)
     slurm_released: float | None = None  # hold job running / node drained
     ready: float | None = None
 
@@ -131,7 +132,8 @@ class Ledger:
         if action.kind is not ActionKind.RECLAIM:
             return
         sig = obs.view.pools[action.pool].signals if policy else None
-        self._reclaims[action.node] = ReclaimTimes(action.node, action.pool, decided=now, signal_t=sig.t if sig else None)
+        tier = next((n.tier for n in obs.view.nodes if n.name == action.node), Tier.NORMAL)
+        self._reclaims[action.node] = ReclaimTimes(action.node, action.pool, now, sig.t if sig else None, tier)
         for job in (obs.view.jobs[j] for j in action.jobs if policy and j in obs.view.jobs):
             self.metrics.record_preemption(pool=action.pool, job=job, now=now, grace_s=self.config.slurm.grace_s)
 
@@ -159,10 +161,10 @@ class Ledger:
             times.ready = record.at
             del self._reclaims[record.node]
             if times.slurm_released is not None:  # measured: decision -> Slurm release -> Ready
-                self.memory[times.pool].add_delay(times.ready - times.decided)
+                self.memory[times.pool].add_delay(times.ready - times.decided, times.tier)
             b = times.breakdown()
-            log.info("node_reclaimed", node=record.node, pool=times.pool, **b)
-            m.record_reclaim(pool=times.pool, reason="policy",
+            log.info("node_reclaimed", node=record.node, pool=times.pool, tier=str(times.tier), **b)
+            m.record_reclaim(pool=times.pool, reason="policy", tier=str(times.tier),
                              **{k: max(0.0, b.get(k, 0.0)) for k in ("detection_s", "slurm_release_s", "kubernetes_ready_s")})
 
     def _refresh_outlook(self, now: float, obs: Observation) -> None:

@@ -14,6 +14,15 @@ Reclaim: lent -> reclaiming (submit a hold job pinned to the node in the high-ti
          job can land, even across slurmd/slurmctld restarts) -> returning (unfence; the
          Deployment scales up onto it) -> wait for a Ready replica -> serving.
 
+Warm lending (a pool with ``warm_lending``, docs/warm-lending.md): the lend keeps the node's one
+replica and puts it to sleep instead: lending (fence, close the bridge's readiness gate so the
+pod leaves the Service, sleep level 1, recorded on the node as ``asleep/<pod>``) -> release to
+Slurm as above -> lent. Reclaim as above up to the drain, then returning: wake the replica
+(recorded ``awake/<pod>``), open its gate, unfence -> serving. A sleep or wake that fails, or a
+sleeping pod that is lost, is recorded ``cold/<pod>``: the pod is evicted and the cold path
+(scale-down at lend, a new pod at reclaim) takes over. The record, not the pool's setting,
+drives a node already lent warm.
+
 Invariant: research jobs never run on a node while a serving pod may be placed or run on
 it. A node is unfenced in Kubernetes only after it is drained by us in Slurm and its hold
 job runs (or Slurm reports it down with nothing allocated); it is released to Slurm only
@@ -25,7 +34,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from bridge.model import EVICT_AFTER_S, Phase
+from bridge.model import EVICT_AFTER_S, Phase, WarmRecord, WarmState
 
 # The deletion cost put on the pod of a node being lent, so that the ReplicaSet removes
 # exactly that pod when the Deployment is scaled down (lower cost goes first).
@@ -60,6 +69,17 @@ class Step(enum.StrEnum):
     CLEAR_SLURM_DRAIN = "clear_slurm_drain"  # lent node: lift Slurm's own drain (slurm.own_drain_reasons)
     TAKE_OVER_DRAIN = "take_over_drain"  # other phases: Slurm's own drain becomes ours (stays drained)
     BLOCKED = "blocked"  # something outside our control: report, do nothing
+    # warm lending
+    CLOSE_GATE = "close_gate"  # the bridge's readiness condition False: the pod leaves the Service
+    SLEEP_REPLICA = "sleep_replica"  # vLLM sleep level 1, then record asleep/<pod> (cold/<pod> if it fails)
+    WARM_LOST = "warm_lost"  # the sleeping pod is gone: record cold/<pod> (an alarm)
+    WAKE_REPLICA = "wake_replica"  # vLLM wake_up, then record awake/<pod> (cold/<pod> if it fails)
+    DELETE_ASLEEP = "delete_asleep"  # the cold fallback: evict the pod that was asleep
+    OPEN_GATE = "open_gate"  # the bridge's readiness condition True (never while research runs)
+    CLEAR_WARM = "clear_warm"  # serving again: the warm record goes
+    # each pass on a lent node recorded asleep: GET /is_sleeping; awake (an engine restarted
+    # under research jobs) or silent -> recorded cold/<pod> and its pod evicted (DELETE_ASLEEP)
+    CHECK_ASLEEP = "check_asleep"
 
 
 WAITS = frozenset({Step.WAIT_PODS_GONE, Step.WAIT_HOLD, Step.WAIT_DRAIN_SAVED, Step.WAIT_READY, Step.BLOCKED})
@@ -73,6 +93,8 @@ class PodFacts:
     ready: bool
     terminating: bool
     deletion_cost: int | None = None
+    awake: bool | None = None  # the bridge's readiness condition gpu-bridge.io/awake; None = not set
+    ip: str | None = None  # status.podIP: where warm lending reaches the vLLM server
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +117,7 @@ class PreemptedJob:
     job_id: str
     preempt_time: float  # slurmctld's clock, when its GraceTime began
     restart_count: int  # the run that was preempted: the requeue re-checks it is still that run
+    grace_s: float | None = None  # its partition's GraceTime when not the preempt partition's (the fast tier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +144,28 @@ class NodeFacts:
     # slurmctld's clock when Slurm was read: Slurm's own times (PreemptTime, the drain's
     # reason time) are compared with it, never with ours (no clock skew); None = unknown
     slurm_now: float | None = None
+    warm: WarmRecord | None = None  # warm lending's record on the node (None: never lent warm, or done)
+
+
+def warm_pod(facts: NodeFacts) -> PodFacts | None:
+    """The live (not terminating) pod the warm record names, if any."""
+    if facts.warm is None:
+        return None
+    return next((p for p in facts.pods if p.name == facts.warm.pod and not p.terminating), None)
+
+
+def _asleep_check(facts: NodeFacts) -> Step | None:
+    """A node lent warm keeps exactly its sleeping pod, out of the Service."""
+    pod = warm_pod(facts)
+    if pod is None:
+        return Step.WARM_LOST
+    if pod.awake is not False:
+        return Step.CLOSE_GATE
+    return None
+
+
+def _asleep(facts: NodeFacts) -> bool:
+    return facts.warm is not None and facts.warm.state is WarmState.ASLEEP
 
 
 def past_grace(facts: NodeFacts, grace_s: float | None) -> tuple[PreemptedJob, ...]:
@@ -131,7 +176,8 @@ def past_grace(facts: NodeFacts, grace_s: float | None) -> tuple[PreemptedJob, .
         return ()
     now = facts.slurm_now
     return tuple(j for j in facts.research_preempted
-                 if j.job_id in facts.research_jobs and now >= j.preempt_time + grace_s + GRACE_ROUNDING_S)
+                 if j.job_id in facts.research_jobs
+                 and now >= j.preempt_time + (grace_s if j.grace_s is None else j.grace_s) + GRACE_ROUNDING_S)
 
 
 def next_step(
@@ -143,6 +189,7 @@ def next_step(
     grace_s: float | None = None,
     lend_timeout_s: float | None = None,
     drain_saved_after_s: float = 0.0,
+    warm: bool = False,
 ) -> Step | None:
     """The next step for a node, or None when it is at rest in its phase.
 
@@ -151,6 +198,8 @@ def next_step(
     the end of GraceTime only on its 30 s sweep, so a job can outlive its grace by that much);
     a job Slurm has not preempted is never requeued: it gets its signal and grace first.
     None: leave it all to Slurm.
+
+    ``warm``: the pool lends warm (``pools[].warm_lending``); only a new lend reads it.
 
     ``scaled_down``: the pool's Deployment already has no replica counted for this node
     (``desired_replicas`` excludes it and the scale was written), so a remaining pod on a
@@ -178,6 +227,12 @@ def next_step(
             if facts.slurm_drained_by_us and not facts.hold.running:
                 return Step.RESUME  # a drained node never starts the hold: lift our drain so it preempts
             return Step.WAIT_HOLD
+        if facts.warm is not None:
+            if facts.warm.state is not WarmState.AWAKE and warm_pod(facts) is not None:
+                return Step.DELETE_ASLEEP  # a pod left asleep (or failed) never serves: a new one starts cold
+            return Step.CLEAR_WARM
+        if warm and any(p.awake is not True and not p.terminating for p in facts.pods):
+            return Step.OPEN_GATE  # the gate of a warm pool's pod (a new one, or an abandoned lend's)
         if facts.slurm_own_drain is not None:
             return Step.TAKE_OVER_DRAIN  # drained by Slurm itself: make the drain ours (never lifted)
         if facts.fenced:  # an abandoned lend (or a crash right after marking it serving)
@@ -195,6 +250,11 @@ def next_step(
         if not facts.fenced:
             return Step.FENCE
         live = [p for p in facts.pods if not p.terminating]
+        if _asleep(facts):
+            return _asleep_check(facts) or _release(facts)
+        if warm and facts.warm is None and len(live) == 1 and live[0].deletion_cost != LENDING_POD_DELETION_COST:
+            # one replica to keep: out of the Service first, then asleep (else the cold path below)
+            return Step.CLOSE_GATE if live[0].awake is not False else Step.SLEEP_REPLICA
         unmarked = [p for p in live if p.deletion_cost != LENDING_POD_DELETION_COST]
         if unmarked:
             return Step.MARK_POD
@@ -206,14 +266,14 @@ def next_step(
             return Step.WAIT_PODS_GONE
         if facts.pods:  # terminating: vLLM drains in-flight requests within its grace
             return Step.WAIT_PODS_GONE
-        if facts.hold is not None:
-            return Step.CANCEL_HOLD
-        if facts.slurm_drained_by_us:
-            return Step.RESUME
-        if facts.slurm_own_drain is not None:
-            return Step.CLEAR_SLURM_DRAIN
-        return Step.MARK_LENT
+        return _release(facts)
     if phase is Phase.LENT:
+        if _asleep(facts):
+            got = _asleep_check(facts)
+            if got is not None:
+                return got
+        elif facts.warm is not None and facts.warm.state is WarmState.COLD and warm_pod(facts) is not None:
+            return Step.DELETE_ASLEEP  # its engine woke or went silent under Slurm: the pod goes, the node stays lent
         # Re-assert the release (idempotent): e.g. a crash between resume and mark.
         if facts.hold is not None:
             return Step.CANCEL_HOLD
@@ -223,8 +283,10 @@ def next_step(
             # Slurm drained it itself (e.g. "Duplicate jobid" after a controller crash) and
             # nothing runs there now: lent again, not unusable forever
             return Step.CLEAR_SLURM_DRAIN
-        return None
+        return Step.CHECK_ASLEEP if _asleep(facts) else None
     if phase is Phase.RECLAIMING:
+        if _asleep(facts) and warm_pod(facts) is None:
+            return Step.WARM_LOST  # noticed now, not after the preemption: the plan counts it cold
         if facts.slurm_own_drain is not None:
             return Step.TAKE_OVER_DRAIN  # empty and drained: ours from now on, the reclaim goes on
         slurm_empty_and_down = facts.slurm_down and not facts.slurm_allocated
@@ -252,11 +314,20 @@ def next_step(
             return Step.DRAIN  # never unfence a node Slurm could still schedule on
         if facts.research_jobs:
             return Step.BLOCKED
+        slurm_now = facts.slurm_now if facts.slurm_now is not None else now
+        drain_young = (facts.slurm_drained_by_us and facts.slurm_drained_at is not None
+                       and slurm_now - facts.slurm_drained_at < drain_saved_after_s)
+        if _asleep(facts):
+            if warm_pod(facts) is None:
+                return Step.WARM_LOST
+            return Step.WAIT_DRAIN_SAVED if drain_young else Step.WAKE_REPLICA
+        if facts.warm is not None and facts.warm.state is WarmState.COLD and warm_pod(facts) is not None:
+            return Step.DELETE_ASLEEP
+        if facts.fenced and drain_young:
+            return Step.WAIT_DRAIN_SAVED
+        if (warm or facts.warm is not None) and any(p.awake is not True and not p.terminating for p in facts.pods):
+            return Step.OPEN_GATE
         if facts.fenced:
-            slurm_now = facts.slurm_now if facts.slurm_now is not None else now
-            if (facts.slurm_drained_by_us and facts.slurm_drained_at is not None
-                    and slurm_now - facts.slurm_drained_at < drain_saved_after_s):
-                return Step.WAIT_DRAIN_SAVED
             return Step.UNFENCE
         if any(p.ready and not p.terminating for p in facts.pods):
             return Step.MARK_SERVING
@@ -264,10 +335,24 @@ def next_step(
     return Step.BLOCKED
 
 
+def _release(facts: NodeFacts) -> Step:
+    """Lending, the serving side done: give the node to Slurm."""
+    if facts.hold is not None:
+        return Step.CANCEL_HOLD
+    if facts.slurm_drained_by_us:
+        return Step.RESUME
+    if facts.slurm_own_drain is not None:
+        return Step.CLEAR_SLURM_DRAIN
+    return Step.MARK_LENT
+
+
 def counts_for_serving(facts: NodeFacts) -> bool:
-    """Does this node get a replica in the Deployment's desired count?"""
+    """Does this node get a replica in the Deployment's desired count? A node lent warm keeps
+    its sleeping replica counted (else the ReplicaSet would remove it, or another pod)."""
     if facts.phase is None:  # not adopted yet: serving unless Slurm is using it
         return bool(facts.pods) or not facts.research_jobs
+    if facts.phase in (Phase.LENDING, Phase.LENT, Phase.RECLAIMING) and _asleep(facts):
+        return warm_pod(facts) is not None
     return facts.phase in (Phase.SERVING, Phase.RETURNING)
 
 

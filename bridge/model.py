@@ -36,6 +36,25 @@ class Phase(enum.StrEnum):
     RETURNING = "returning"  # unfenced in Kubernetes, waiting for a Ready serving replica
 
 
+class WarmState(enum.StrEnum):
+    """Warm lending's record on a node (annotation ``gpu-bridge.io/warm``: ``<state>/<pod>``)."""
+
+    ASLEEP = "asleep"  # the replica was put to sleep (level 1): the node is lent warm
+    AWAKE = "awake"  # woken at the reclaim: it serves again once its readiness gate is open
+    COLD = "cold"  # sleep or wake failed, or the sleeping pod was lost: the cold path from here on
+
+
+@dataclass(frozen=True, slots=True)
+class WarmRecord:
+    """Which replica warm lending put to sleep on a node, and how far it got."""
+
+    state: WarmState
+    pod: str
+
+    def __str__(self) -> str:
+        return f"{self.state}/{self.pod}"
+
+
 class Pin(enum.StrEnum):
     """An operator's override: the policy never moves a pinned node."""
 
@@ -64,6 +83,7 @@ class Reason(enum.StrEnum):
     MAX_LENT = "max_lent"  # the pool's max_lent is reached
     NO_RESEARCH_DEMAND = "no_research_demand"  # require_pending_jobs and nothing waits
     CAPACITY_IN_TRANSIT = "capacity_in_transit"  # nodes of the pool are being reclaimed/returned
+    RECENT_RETURN = "recent_return"  # a node returned to serving less than one reclaim horizon ago (policy.relend_dwell)
     MIN_LEND_DURATION = "min_lend_duration"  # reclaim wanted, every lent node is too recently lent
     MIN_RUNTIME = "min_runtime"  # reclaim wanted, remaining victims run jobs younger than min_runtime_s
     NO_CANDIDATES = "no_candidates"  # nothing that may be moved
@@ -244,7 +264,7 @@ class NodeState:
     name: str
     pool: str
     phase: Phase
-    phase_since: float  # unix seconds when the current phase began
+    phase_since: float  # unix seconds when the current phase began (0.0: a node never moved, serving since before we knew it)
     gpus: int = 4
     pin: Pin | None = None
     serving_pods: int = 0  # pods of the pool's Deployment bound to this node

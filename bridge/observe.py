@@ -18,7 +18,8 @@ from bridge.errors import AdapterError
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts, PreemptedJob
 from bridge.names import validate_node_name
-from bridge.model import JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob
+from bridge.model import (JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob, Tier,
+                          WarmRecord)
 
 
 class KubeNode(Protocol):
@@ -39,6 +40,8 @@ class KubeNode(Protocol):
     @property
     def fenced(self) -> bool: ...
     @property
+    def warm(self) -> WarmRecord | None: ...
+    @property
     def problem(self) -> str | None: ...
     @property
     def reason(self) -> str | None: ...
@@ -57,6 +60,10 @@ class KubePod(Protocol):
     def deletion_cost(self) -> int | None: ...
     @property
     def terminating(self) -> bool: ...
+    @property
+    def awake(self) -> bool | None: ...
+    @property
+    def ip(self) -> str | None: ...
 
 
 class SlurmNodeLike(Protocol):
@@ -148,6 +155,17 @@ def ready_timeout_s(pool: PoolConfig) -> float:
     return 2 * pool.cold_start_s + 120.0
 
 
+def node_tier(partitions: Sequence[str], running: Sequence[str], config: Config) -> Tier:
+    """The tier a node serves, as Slurm has it (the daemon keeps no copy): fast only while it
+    is in the fast partition and not in the normal one, and runs no normal-tier job (``running``:
+    its research jobs' partitions). Anything else, e.g. both partitions after a reconfigure
+    reset slurm.conf's lists, is the normal tier: its jobs may have the normal grace."""
+    fast, normal = config.slurm.fast_partition, config.slurm.preempt_partition
+    if fast is None or fast not in partitions or normal in partitions or normal in running:
+        return Tier.NORMAL
+    return Tier.FAST
+
+
 def pool_for_node(node: KubeNode, config: Config) -> PoolConfig | None:
     for pool in config.pools:
         if node.pool == pool.name:
@@ -196,7 +214,11 @@ def join(
         sn = slurm_by_name.get(kn.name) if slurm_by_name is not None else None
         node_pods = pods_on.get(kn.name, [])
         problem = _problem(kn, sn, slurm_by_name is not None, node_pods, (pool_problems or {}).get(pool.name), pool, now, config)
-        since = kn.phase_since if kn.phase_since is not None else now
+        # a node we never moved (no phase label) has served since before we knew it: epoch 0,
+        # not now, or the relend dwell (policy.relend_dwell) would take it for a fresh return
+        # at every tick and a new cluster would never lend; a label without its annotation
+        # (a problem, flagged above) stays now: the conservative reading
+        since = kn.phase_since if kn.phase_since is not None else (now if kn.phase is not None else 0.0)
         on_node = tuple(sorted(jobs.research_on.get(kn.name, ())))
         held = kn.name in jobs.holds and jobs.holds[kn.name].running
         if sn is not None:
@@ -205,7 +227,8 @@ def join(
                 phase=kn.phase,
                 phase_since=since,
                 fenced=kn.fenced,
-                pods=tuple(PodFacts(p.name, ready=p.ready, terminating=p.terminating, deletion_cost=p.deletion_cost)
+                pods=tuple(PodFacts(p.name, ready=p.ready, terminating=p.terminating, deletion_cost=p.deletion_cost,
+                                    awake=p.awake, ip=p.ip)
                            for p in sorted(node_pods, key=lambda p: p.name)),
                 slurm_drained_by_us=sn.drained and sn.reason_ours,
                 slurm_drained_by_other=sn.drained and not sn.reason_ours,
@@ -217,6 +240,7 @@ def join(
                 research_preempted=tuple(jobs.preempted_on.get(kn.name, ())),
                 slurm_now=slurm_now,
                 slurm_own_drain=_own_drain(sn, config, busy=bool(on_node) or (kn.name in jobs.allocated and not held)),
+                warm=kn.warm,
             )
         if problem:
             problems[kn.name] = problem
@@ -234,6 +258,7 @@ def join(
                 problem=problem,
                 reason=kn.reason or "",
                 inflight=_inflight(node_pods, inflight_by_pod),
+                tier=node_tier(getattr(sn, "partitions", ()), jobs.partitions_on.get(kn.name, ()), config),
             )
         )
 
@@ -246,7 +271,8 @@ def join(
         )
         for pool in config.pools
     }
-    view = ClusterView(now=now, nodes=tuple(states), pools=pools, jobs=jobs.research, pending_research_nodes=jobs.pending_nodes)
+    view = ClusterView(now=now, nodes=tuple(states), pools=pools, jobs=jobs.research, pending_research_nodes=jobs.pending_nodes,
+                       pending_fast_nodes=jobs.pending_fast)
     return Observation(
         view=view, facts=facts, pool_of=pool_of, problems=problems, requests=requests, slurm_held=jobs.slurm_held
     )
@@ -261,13 +287,18 @@ class _JobsByNode:
     preempted_on: dict[str, list[PreemptedJob]] = field(default_factory=dict)
     allocated: set[str] = field(default_factory=set)  # nodes any job holds
     research: dict[str, SlurmJob] = field(default_factory=dict)
-    pending_nodes: int = 0  # nodes' worth of research waiting in the preempt partition
+    pending_nodes: int = 0  # nodes' worth of research waiting in the preempt partitions (both tiers)
+    pending_fast: int = 0  # of those, jobs the fast partition may run
+    partitions_on: dict[str, list[str]] = field(default_factory=dict)  # node -> its research jobs' partitions
     slurm_held: dict[str, str] = field(default_factory=dict)  # see Observation.slurm_held
 
     @classmethod
     def of(cls, jobs: Sequence[SlurmJob], config: Config) -> _JobsByNode:
         out = cls()
+        fast = config.slurm.fast_partition
+        tiers = {config.slurm.preempt_partition} | ({fast} if fast else set())
         for job in jobs:
+            parts = frozenset(job.partition.split(","))  # a pending job's list: preempt,preempt-fast
             if is_hold_job(job, config):
                 target = hold_job_node(job)
                 if job.state == "completing":  # cancelled, on its way out: not a hold any more
@@ -285,9 +316,11 @@ class _JobsByNode:
                 for n in job.nodes:
                     out.research_on.setdefault(n, []).append(job.job_id)
                     out.allocated.add(n)
-                    if preempt_time is not None and job.partition == config.slurm.preempt_partition:
-                        out.preempted_on.setdefault(n, []).append(PreemptedJob(job.job_id, preempt_time, job.restart_count))
-            elif job.state == "pending" and job.partition == config.slurm.preempt_partition:
+                    out.partitions_on.setdefault(n, []).append(job.partition)
+                    if preempt_time is not None and job.partition in tiers:  # each tier's own grace
+                        grace = config.slurm.fast_grace_s if job.partition == fast else None
+                        out.preempted_on.setdefault(n, []).append(PreemptedJob(job.job_id, preempt_time, job.restart_count, grace))
+            elif job.state == "pending" and parts & tiers:
                 held_for = getattr(job, "held_for", None)
                 if held_for is not None and held_for(LAUNCH_FAILED_HELD):
                     # held by Slurm (priority 0): it never starts on its own; pending means the
@@ -296,6 +329,7 @@ class _JobsByNode:
                         out.slurm_held[job.job_id] = getattr(job, "batch_host", "")
                     continue
                 out.pending_nodes += max(1, len(job.nodes) or 1)
+                out.pending_fast += max(1, len(job.nodes) or 1) if fast in parts else 0
         return out
 
 

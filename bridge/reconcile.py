@@ -103,6 +103,7 @@ def _wants(obs: Observation, config: Config) -> dict[str, int]:
 def _steps(obs: Observation, config: Config, state: LoopState) -> tuple[tuple[Step, NodeFacts, str], ...]:
     """Every node's next lifecycle step; waits left out, refused steps only when their retry is due."""
     wants = _wants(obs, config)
+    warm = {p.name: p.warm_lending for p in config.pools}
     now = obs.view.now
     out = []
     for name, facts in sorted(obs.facts.items()):
@@ -111,7 +112,7 @@ def _steps(obs: Observation, config: Config, state: LoopState) -> tuple[tuple[St
         pool = obs.pool_of[name]
         step = next_step(facts, now=now, scaled_down=obs.view.pools[pool].desired_replicas <= wants[pool],
                          grace_s=config.slurm.grace_s, lend_timeout_s=config.policy.lend_timeout_s,
-                         drain_saved_after_s=config.slurm.state_save_s)
+                         drain_saved_after_s=config.slurm.state_save_s, warm=warm[pool])
         due = state.backoff.get(name)
         if step in RETRIED_STEPS and due is not None and due[0] is step and now < due[1]:
             continue  # blocked by something outside us (a PDB, an admin): backing off

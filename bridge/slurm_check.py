@@ -140,6 +140,8 @@ def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, 
         out += _fast_tier(config, fname, partitions.get(fname), preempt, hold)
     if preempt is not None:
         lendable = _nodes(preempt.get("Nodes", ""))
+        fast_nodes = _nodes(partitions[fname].get("Nodes", "")) if fname is not None and fname in partitions else frozenset()
+        lendable = lendable | fast_nodes if lendable is not None and fast_nodes is not None else None  # lent nodes move
         for name, part in sorted(partitions.items()):
             if name in (pname, hname, fname):
                 continue
@@ -191,10 +193,13 @@ def _fast_tier(config: Config, fname: str, fast: Mapping[str, str] | None, preem
             out.append(Finding(f"{key} PriorityTier", fast.get("PriorityTier", ""),
                                f"must be lower than {config.slurm.hold_partition}'s ({hold.get('PriorityTier', '')}): "
                                "otherwise a hold job cannot preempt its jobs and the node cannot be reclaimed"))
-    if preempt is not None:
-        mine, theirs = _nodes(fast.get("Nodes", "")), _nodes(preempt.get("Nodes", ""))
-        if mine != theirs:
+    if preempt is not None and hold is not None:
+        # gpu-bridge moves each lent node into its tier's partition only: what stays fixed is that
+        # the two cover the lendable nodes (the hold partition's) and nothing else
+        mine, theirs, held = (_nodes(p.get("Nodes", "")) for p in (fast, preempt, hold))
+        if mine is None or held is None or not mine <= held or (theirs is not None and mine | theirs != held):
             out.append(Finding(f"{key} Nodes", fast.get("Nodes", ""),
-                               f"must be the same nodes as {config.slurm.preempt_partition} ({preempt.get('Nodes', '')}): "
-                               "a node is lent to one tier or the other, and only lendable nodes may be in either"))
+                               f"with {config.slurm.preempt_partition} ({preempt.get('Nodes', '')}) must cover exactly "
+                               f"the lendable nodes ({config.slurm.hold_partition}'s, {hold.get('Nodes', '')}): a node "
+                               "is lent to one tier or the other, and only lendable nodes may be in either"))
     return out

@@ -22,6 +22,11 @@ ANNOTATION_OWNER = f"{PREFIX}/owner"  # identity of the daemon instance that mad
 ANNOTATION_REQUEST = f"{PREFIX}/request"
 REQUESTS = ("lend", "reclaim")
 ANNOTATION_CORDONED = f"{PREFIX}/cordoned"  # "true": gpu-bridge set spec.unschedulable, so it may undo it
+# warm lending (docs/warm-lending.md): "<asleep|awake|cold>/<pod>", the replica put to sleep on the node
+ANNOTATION_WARM = f"{PREFIX}/warm"
+# the pod condition of the readiness gate a warm pool's Deployment declares: False keeps a
+# sleeping replica out of the Service (needs RBAC patch on pods/status)
+CONDITION_AWAKE = f"{PREFIX}/awake"
 
 # --- Kubernetes taint placed on a node while it is not serving ---------------------------
 TAINT_KEY = f"{PREFIX}/lent"

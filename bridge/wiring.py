@@ -159,6 +159,7 @@ def slurm_adapter(config: Config) -> CliSlurm:
         command_prefix=config.slurm.command_prefix,
         hold_user=config.slurm.hold_user,
         preempt_partition=config.slurm.preempt_partition,
+        fast_partition=config.slurm.fast_partition,
     )
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from bridge.model import LoadSignals, Phase, Pin
+    from bridge.model import LoadSignals, Phase, Pin, WarmRecord
 
     from .kube.informer import InformerStatus
     from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
@@ -104,6 +104,12 @@ class KubeWriter(Protocol):
 
     def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool: ...
 
+    def set_warm(self, node: str, record: WarmRecord | None) -> bool:
+        """Warm lending's record on the node (annotation); None removes it."""
+
+    def set_pod_awake(self, namespace: str, pod: str, awake: bool) -> bool:
+        """Warm lending's readiness-gate condition on a pod: False keeps it out of the Service."""
+
     def scale(self, namespace: str, deployment: str, replicas: int) -> bool: ...
 
     def evict(self, namespace: str, pod: str) -> EvictOutcome:
@@ -178,6 +184,10 @@ class SlurmWriter(Protocol):
         """Requeue a research job Slurm preempted (never cancel it), after re-reading that one job
         right before: False unless it still runs in the preempt partition with its preemption
         recorded (and, if given, in the run ``restart_count``), so a job that ended is never run again."""
+        ...
+
+    def set_tier(self, node: str, partition: str) -> bool:
+        """Make ``partition`` (the preempt or the fast one) the only tier partition of ``node``."""
         ...
 
     def release(self, job_id: str, reason: str) -> bool:

@@ -11,12 +11,13 @@ takes seconds), the caller's lifecycle decides.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import requests
 
 from bridge import logs
+from bridge.config import PoolConfig
 from bridge.errors import AdapterError
 
 from .protocols import SleepControl
@@ -98,6 +99,26 @@ def _route_missing(resp: requests.Response) -> bool:
 
 def _cap(text: str) -> str:
     return text if len(text) <= BODY_CAP else text[:BODY_CAP] + "..."
+
+
+SleepControlFor = Callable[[str, "str | None"], SleepControl]  # (pool, pod IP) -> the pod's sleep control
+
+
+def sleep_controls(pools: Sequence[PoolConfig]) -> SleepControlFor:
+    """A client per call for the pods of warm pools (``pools[].warm_lending``) only: asked for
+    another pool's pod, or one without an IP, it raises AdapterError (the lifecycle falls back cold)."""
+    warm = {p.name: p for p in pools if p.warm_lending}
+
+    def control(pool: str, ip: str | None) -> SleepControl:
+        cfg = warm.get(pool)
+        if cfg is None:
+            raise AdapterError(SYSTEM, f"pool {pool}: warm_lending is off: no sleep control")
+        if not ip:
+            raise AdapterError(SYSTEM, f"pool {pool}: the pod has no IP yet: no sleep control")
+        host = f"[{ip}]" if ":" in ip else ip
+        return VllmSleepClient(f"http://{host}:{cfg.vllm_port}", timeout_s=cfg.wake_s)
+
+    return control
 
 
 def _check(client: VllmSleepClient) -> SleepControl:  # mypy: the client is a SleepControl

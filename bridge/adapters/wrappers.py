@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from bridge import logs
 from bridge.errors import AdapterError
-from bridge.model import Phase, Pin
+from bridge.model import Phase, Pin, WarmRecord
 
 from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
 from .protocols import CacheStatus, KubeAdapterProtocol, LeaseHolder, SlurmAdapterProtocol
@@ -138,6 +138,14 @@ class FencedKube(KubeReadThrough):
         self._check("set_pod_deletion_cost")
         return self._inner.set_pod_deletion_cost(namespace, pod, cost)
 
+    def set_warm(self, node: str, record: WarmRecord | None) -> bool:
+        self._check("set_warm")
+        return self._inner.set_warm(node, record)
+
+    def set_pod_awake(self, namespace: str, pod: str, awake: bool) -> bool:
+        self._check("set_pod_awake")
+        return self._inner.set_pod_awake(namespace, pod, awake)
+
     def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
         self._check("scale")
         return self._inner.scale(namespace, deployment, replicas)
@@ -181,6 +189,10 @@ class FencedSlurm(SlurmReadThrough):
     def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         self._check("requeue")
         return self._inner.requeue(job_id, restart_count=restart_count)
+
+    def set_tier(self, node: str, partition: str) -> bool:
+        self._check("set_tier")
+        return self._inner.set_tier(node, partition)
 
     def release(self, job_id: str, reason: str) -> bool:
         self._check("release")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -322,7 +323,7 @@ def _print_plan(daemon: Daemon, *, as_json: bool) -> None:
     if as_json:
         out = {
             "now": plan.now,
-            "pools": [d.__dict__ if hasattr(d, "__dict__") else _asdict(d) for d in plan.pools],
+            "pools": [_asdict(d) for d in plan.pools],
             "actions": [_asdict(a) for a in plan.actions],
             "held": dict(plan.held),
         }
@@ -341,8 +342,7 @@ def _print_plan(daemon: Daemon, *, as_json: bool) -> None:
 
 
 def _asdict(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
+    """A dataclass's fields, one level deep (``json.dumps(default=str)`` renders the values)."""
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,12 +173,7 @@ def outlook_doc(got: PoolOutlook, answer: str | None = None) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from bridge.policy.outlook import OUTLOOK_LAGS_S
-    from bridge.cli.simulate import parse_duration, parse_time
-
-    def fail(code: int, lines: list[str]) -> int:
-        for line in lines:
-            print(f"gpu-bridge forecast: {line}", file=sys.stderr)
-        return code
+    from bridge.cli.simulate import fail, parse_duration, parse_time
 
     try:
         cfg: Config = load_config(args.config) if args.config else default_config()
@@ -201,16 +195,16 @@ def run(args: argparse.Namespace) -> int:
         now = parse_time(args.at, "--at") if args.at is not None else time.time()
         url = args.prometheus or cfg.prometheus.url
     except ConfigError as exc:
-        return fail(EXIT_BAD_INPUT, exc.problems)
+        return fail(EXIT_BAD_INPUT, exc.problems, command="forecast")
 
     try:
         got = read_outlook(cfg, pool, url=url, now=now, hours=args.hours, pool_nodes=args.pool_nodes)
     except AdapterError as exc:
-        return fail(EXIT_PROMETHEUS, [f"Prometheus at {url}: {exc}"])
+        return fail(EXIT_PROMETHEUS, [f"Prometheus at {url}: {exc}"], command="forecast")
     except NoHistoryError as exc:
-        return fail(EXIT_NO_DATA, [str(exc)])
+        return fail(EXIT_NO_DATA, [str(exc)], command="forecast")
     except ConfigError as exc:  # the https settings of prometheus (CA, client cert, token)
-        return fail(EXIT_BAD_INPUT, exc.problems)
+        return fail(EXIT_BAD_INPUT, exc.problems, command="forecast")
     outlook, nodes, nodes_src, margin_note, oldest = got.hours, got.nodes, got.nodes_source, got.margin_note, got.history_since
     start, step = got.read_from, got.step_s
     answer = sentence(outlook, args.nodes, for_h, now) if args.nodes is not None and for_h is not None else None

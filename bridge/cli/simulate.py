@@ -12,10 +12,13 @@ import math
 import re
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.config import Config, VictimRule, default_config, load_config, replace
 from bridge.errors import AdapterError, BridgeError, ConfigError
+
+if TYPE_CHECKING:
+    from bridge.simulate.engine import Result, Setup
 
 VICTIMS = {"bridge": VictimRule.LEAST_LOST_WORK, "naive": VictimRule.NEWEST_FIRST}
 
@@ -111,18 +114,9 @@ def apply_overrides(
     victims: str | None = None,
 ) -> Config:
     """The config with the simulator's command-line overrides applied (validated)."""
-    problems: list[str] = []
-    for flag, v, gt in (
-        ("--cold-start-s", cold_start_s, False),
-        ("--drain-s", drain_s, False),
-        ("--grace-s", grace_s, False),
-        ("--tick-s", tick_s, True),
-        ("--scrape-s", scrape_s, True),
-    ):
-        if v is None:
-            continue
-        if not math.isfinite(v) or (v <= 0 if gt else v < 0):
-            problems.append(f"{flag}: must be {'> 0' if gt else '>= 0'}, got {v:g}")
+    numbers = (("--cold-start-s", cold_start_s, True), ("--drain-s", drain_s, True), ("--grace-s", grace_s, True),
+               ("--tick-s", tick_s, False), ("--scrape-s", scrape_s, False))
+    problems = [why for flag, v, zero_ok in numbers if (why := _bad_number(flag, v, zero_ok=zero_ok)) is not None]
     if pool is not None and pool not in {p.name for p in cfg.pools}:
         problems.append(f"--pool: no pool named {pool!r} in the config (pools: {', '.join(p.name for p in cfg.pools)})")
     if problems:
@@ -146,11 +140,21 @@ def apply_overrides(
     return replace(cfg, source="command-line overrides", pools=tuple(pools), policy=pol, slurm=slurm, prometheus=prom)
 
 
+def _bad_number(flag: str, value: float | None, *, zero_ok: bool = False) -> str | None:
+    """Why a flag that must be finite and > 0 (>= 0 with ``zero_ok``) is not; None if it is or is absent."""
+    if value is None or (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
+        return None
+    return f"{flag}: must be {'>= 0' if zero_ok else '> 0'}, got {value:g}"
+
+
+def _check_number(flag: str, value: float | None, *, zero_ok: bool = False) -> None:
+    if (problem := _bad_number(flag, value, zero_ok=zero_ok)) is not None:
+        raise ConfigError([problem])
+
+
 def run(args: argparse.Namespace) -> int:
-    from bridge.simulate.baselines import POLICIES, make_controller
     from bridge.simulate.engine import DEFAULT_START_UNIX, Setup, simulate
-    from bridge.simulate.report import plot, table, to_json
-    from bridge.simulate.research import JobMix, parse_job_mix
+    from bridge.simulate.report import plot
     from bridge.simulate.workload import build_workload, split_history
     from bridge.trace import load_trace
 
@@ -172,22 +176,17 @@ def run(args: argparse.Namespace) -> int:
         cfg, mix = _config_and_mix(args)
         pool = cfg.pool(args.pool) if args.pool else cfg.pools[0]
         peak = args.peak_replicas if args.peak_replicas is not None else 0.8 * args.nodes * pool.replicas_per_node
-        if not (peak > 0 and math.isfinite(peak)):
-            raise ConfigError([f"--peak-replicas: must be > 0, got {peak:g}"])
-        if not (args.replica_rps > 0 and math.isfinite(args.replica_rps)):
-            raise ConfigError([f"--replica-rps: must be > 0, got {args.replica_rps:g}"])
+        _check_number("--peak-replicas", peak)
+        _check_number("--replica-rps", args.replica_rps)
         if args.fixed_floor is not None and not 0 <= args.fixed_floor <= args.nodes:
             raise ConfigError([f"--fixed-floor: must be 0..{args.nodes} (--nodes), got {args.fixed_floor}"])
         if args.days is not None and not args.days > 0:
             raise ConfigError([f"--days: must be > 0, got {args.days:g}"])
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise ConfigError(["--plot: needs matplotlib, the [plot] extra: pip install 'gpu-bridge[plot]'"])
-        if not (args.cold_start_cv >= 0 and math.isfinite(args.cold_start_cv)):
-            raise ConfigError([f"--cold-start-cv: must be >= 0, got {args.cold_start_cv:g}"])
-        if not (args.history_days >= 0 and math.isfinite(args.history_days)):
-            raise ConfigError([f"--history-days: must be >= 0, got {args.history_days:g}"])
-        if args.max_cv is not None and not (args.max_cv > 0 and math.isfinite(args.max_cv)):
-            raise ConfigError([f"--max-cv: must be > 0, got {args.max_cv:g}"])
+        _check_number("--cold-start-cv", args.cold_start_cv, zero_ok=True)
+        _check_number("--history-days", args.history_days, zero_ok=True)
+        _check_number("--max-cv", args.max_cv)
         trace = load_trace(args.trace)
         workload = build_workload(
             trace, peak_replicas=peak, replica_rps=args.replica_rps, days=args.days, seed=args.seed, max_cv=args.max_cv
@@ -196,11 +195,8 @@ def run(args: argparse.Namespace) -> int:
             history, workload = split_history(workload, args.history_days)
         except ValueError as exc:
             raise ConfigError([f"--history-days: {str(exc).removeprefix('history_days: ')}"]) from None
-    except (ConfigError, BridgeError) as exc:
-        problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
-        for line in problems:
-            print(f"gpu-bridge simulate: {line}", file=sys.stderr)
-        return 2
+    except BridgeError as exc:
+        return fail(EXIT_BAD_INPUT, exc.problems if isinstance(exc, ConfigError) else [str(exc)])
     setup = Setup(
         cfg, workload, args.nodes, args.gpus_per_node, pool.name, mix, args.seed,
         start_unix=DEFAULT_START_UNIX + (history.duration_s if history is not None else 0.0),
@@ -208,29 +204,43 @@ def run(args: argparse.Namespace) -> int:
         cold_start_cv=args.cold_start_cv,
     )
     print(workload.describe_scale(), file=info)
-    print(
-        f"{args.nodes} nodes x {args.gpus_per_node} GPUs, {workload.minutes} minutes; tick {setup.tick_s:g} s, "
-        f"scrape {setup.scrape_s:g} s, drain {setup.drain_s:g} s, grace {setup.grace_s:g} s, "
-        f"cold start {setup.cold_start_s:g} s; victims {cfg.policy.victims.value}",
-        file=info,
-    )
-    names = POLICIES if args.policy == "all" else (args.policy,)
-    results = []
-
-    for name in names:
-        ctl = make_controller(name, setup, fixed_floor=args.fixed_floor)
-        r = simulate(setup, ctl)
-        results.append(r)
-        if args.json:
-            print(f"{name}: {r.wall_s:.1f} s wall", file=info)
-    if args.json:
-        out.write(to_json(results) + "\n")
-    else:
-        out.write(table(results) + "\n")
+    print(f"{args.nodes} nodes x {args.gpus_per_node} GPUs, {workload.minutes} minutes; {_delays(setup)}", file=info)
+    results = _compare(args, setup, out, info)
     if args.plot:
         plot(results, workload, args.plot, nodes=args.nodes, replicas_per_node=setup.replicas_per_node)
         print(f"plot written to {args.plot}", file=info)
     return 0
+
+
+def fail(code: int, lines: list[str], *, command: str = "simulate") -> int:
+    """Each line on stderr as ``gpu-bridge COMMAND: line``; returns the exit code ``code``."""
+    for line in lines:
+        print(f"gpu-bridge {command}: {line}", file=sys.stderr)
+    return code
+
+
+def _delays(setup: Setup) -> str:
+    """The modelled delays and the victim rule, as the run's header line states them."""
+    return (
+        f"tick {setup.tick_s:g} s, scrape {setup.scrape_s:g} s, drain {setup.drain_s:g} s, grace {setup.grace_s:g} s, "
+        f"cold start {setup.cold_start_s:g} s; victims {setup.config.policy.victims.value}"
+    )
+
+
+def _compare(args: argparse.Namespace, setup: Setup, out: Any, info: Any) -> list[Result]:
+    """Every policy asked for (``--policy``) replayed on ``setup``, the table (or JSON) written."""
+    from bridge.simulate.baselines import POLICIES, make_controller
+    from bridge.simulate.engine import simulate
+    from bridge.simulate.report import table, to_json
+
+    results = []
+    for name in POLICIES if args.policy == "all" else (args.policy,):
+        r = simulate(setup, make_controller(name, setup, fixed_floor=args.fixed_floor))
+        results.append(r)
+        if args.json:
+            print(f"{name}: {r.wall_s:.1f} s wall", file=info)
+    out.write((to_json(results) if args.json else table(results)) + "\n")
+    return results
 
 
 def _config_and_mix(args: argparse.Namespace) -> tuple[Config, Any]:
@@ -318,15 +328,9 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
 
     from bridge.adapters.prom.types import PromPool, selector
     from bridge.wiring import prom_adapter
-    from bridge.simulate.baselines import POLICIES, make_controller
-    from bridge.simulate.engine import Setup, simulate
+    from bridge.simulate.engine import Setup
     from bridge.simulate.history import HistoryError, build_history_load, trace_csv
-    from bridge.simulate.report import plot, table, to_json
-
-    def fail(code: int, lines: list[str]) -> int:
-        for line in lines:
-            print(f"gpu-bridge simulate: {line}", file=sys.stderr)
-        return code
+    from bridge.simulate.report import plot
 
     try:
         for flag in ("days", "peak_replicas", "max_cv"):
@@ -336,8 +340,7 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
             raise ConfigError([f"--nodes: must be >= 1, got {args.nodes}"])
         if args.gpus_per_node < 1:
             raise ConfigError([f"--gpus-per-node: must be >= 1, got {args.gpus_per_node}"])
-        if args.replica_rps is not None and not (args.replica_rps > 0 and math.isfinite(args.replica_rps)):
-            raise ConfigError([f"--replica-rps: must be > 0, got {args.replica_rps:g}"])
+        _check_number("--replica-rps", args.replica_rps)
         cfg, mix = _config_and_mix(args)
         pool = cfg.pool(args.pool) if args.pool else cfg.pools[0]
         url = args.prometheus or cfg.prometheus.url
@@ -374,12 +377,7 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
     for line in hl.describe():
         print(line, file=info)
     setup = Setup(cfg, hl.workload, nodes, args.gpus_per_node, pool.name, mix, args.seed, start_unix=hl.start_unix)
-    print(
-        f"{nodes} nodes ({nodes_src}) x {args.gpus_per_node} GPUs; tick {setup.tick_s:g} s, scrape {setup.scrape_s:g} s, "
-        f"drain {setup.drain_s:g} s, grace {setup.grace_s:g} s, cold start {setup.cold_start_s:g} s; "
-        f"victims {cfg.policy.victims.value}",
-        file=info,
-    )
+    print(f"{nodes} nodes ({nodes_src}) x {args.gpus_per_node} GPUs; {_delays(setup)}", file=info)
     if hl.workload.load.max() > nodes * pool.replicas_per_node:
         print(
             f"note: the busiest minute needs {hl.workload.load.max():.1f} replicas, more than the pool's "
@@ -398,14 +396,7 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
             f"--peak-replicas {hl.workload.peak_replicas:.4g})",
             file=info,
         )
-    names = POLICIES if args.policy == "all" else (args.policy,)
-    results = []
-    for name in names:
-        r = simulate(setup, make_controller(name, setup, fixed_floor=args.fixed_floor))
-        results.append(r)
-        if args.json:
-            print(f"{name}: {r.wall_s:.1f} s wall", file=info)
-    out.write((to_json(results) if args.json else table(results)) + "\n")
+    results = _compare(args, setup, out, info)
     png = args.plot or f"gpu-bridge-replay-{pool.name}.png"
     plot(results, hl.workload, png, nodes=nodes, replicas_per_node=setup.replicas_per_node)
     print(f"plot written to {png}", file=info)

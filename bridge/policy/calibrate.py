@@ -90,20 +90,9 @@ def calibrate(
     replicas the whole pool can serve (demand above it is no one's violation)."""
     d = np.asarray(demand, dtype=float)
     r = np.asarray(ready, dtype=float)
-    h = max(1, math.ceil(horizon_s / step_s - 1e-9))
-    b = sliding_max(d, max(1, math.ceil(lookback_s / step_s - 1e-9)))
     c = smoothing
-    if d.size > h:
-        num, den = d[h:], b[:-h]
-        ok = np.isfinite(num) & np.isfinite(den)
-        # capacity comes in whole nodes: keeping margin * (b + c) - c replicas, rounded up to
-        # nodes, serves d exactly when margin exceeds this score (so rounding is not counted twice)
-        below = replicas_per_node * (np.ceil(num[ok] / replicas_per_node - 1e-9) - 1.0)
-        scores = (np.maximum(below, 0.0) + c) / (den[ok] + c) * (1.0 + 1e-9)
-        where = np.nonzero(ok)[0] + h
-    else:
-        scores = np.empty(0)
-        where = np.empty(0, dtype=np.int64)
+    rises, where = _rises(d, step_s=step_s, horizon_s=horizon_s, lookback_s=lookback_s, replicas_per_node=replicas_per_node, smoothing=c)
+    scores = rises * (1.0 + 1e-9)
     n = int(scores.size)
     known = np.isfinite(d) & np.isfinite(r)
     spent = int(np.count_nonzero(known & (d > r + 1e-6) & (d <= capacity + 1e-6)))
@@ -138,6 +127,23 @@ def calibrate(
         peak_seen=float(np.nanmax(d)) if np.isfinite(d).any() else 0.0,
         pace=pace,
     )
+
+
+def _rises(
+    d: np.ndarray, *, step_s: float, horizon_s: float, lookback_s: float, replicas_per_node: int, smoothing: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's rise over the base forecast made a horizon earlier (the module docstring's
+    score) where both are known, and the index of the step each is for."""
+    h = max(1, math.ceil(horizon_s / step_s - 1e-9))
+    b = sliding_max(d, max(1, math.ceil(lookback_s / step_s - 1e-9)))
+    if d.size <= h:
+        return np.empty(0), np.empty(0, dtype=np.int64)
+    num, den = d[h:], b[:-h]
+    ok = np.isfinite(num) & np.isfinite(den)
+    # capacity comes in whole nodes: keeping margin * (b + c) - c replicas, rounded up to
+    # nodes, serves d exactly when margin exceeds this score (so rounding is not counted twice)
+    below = replicas_per_node * (np.ceil(num[ok] / replicas_per_node - 1e-9) - 1.0)
+    return (np.maximum(below, 0.0) + smoothing) / (den[ok] + smoothing), np.nonzero(ok)[0] + h
 
 
 def _rank(x: np.ndarray, k: int) -> float:
@@ -314,18 +320,12 @@ class Calibrator:
         rate (``CP_HALF_LIFE_S``), never shorter than the history needed to calibrate."""
         hs = max(1, math.ceil(h / self.step_s - 1e-9))
         ls = max(1, math.ceil(lookback_s / self.step_s - 1e-9))
-        c = self.pool.replicas_per_node
-        sm = self.config.policy.forecast.burst_smoothing_replicas
-        b = sliding_max(d, ls)
-        if d.size <= hs:
+        rises, where = _rises(d, step_s=self.step_s, horizon_s=h, lookback_s=lookback_s,
+                              replicas_per_node=self.pool.replicas_per_node,
+                              smoothing=self.config.policy.forecast.burst_smoothing_replicas)
+        if rises.size == 0:
             return d, r, hours
-        num, den = d[hs:], b[:-hs]
-        ok = np.isfinite(num) & np.isfinite(den)
-        if not ok.any():
-            return d, r, hours
-        below = c * (np.ceil(num[ok] / c - 1e-9) - 1.0)
-        logs = np.log((np.maximum(below, 0.0) + sm) / (den[ok] + sm))
-        where = np.nonzero(ok)[0] + hs
+        logs = np.log(rises)
         mu = None
         if hours is not None:
             hh = hours[where]
@@ -345,19 +345,21 @@ class Calibrator:
             return d, r, hours
         return d[start:], r[start:], (hours[start:] if hours is not None else None)
 
+    def _keys(self, now: float) -> np.ndarray:
+        """The steps of the window ending at ``now``'s step, oldest first."""
+        k_now = math.floor(now / self.step_s)
+        return np.arange(k_now - self.window_steps + 1, k_now + 1, dtype=np.int64)
+
     def arrays(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per-step demand and ready over the window ending at ``now``'s step (NaN = gap)."""
-        k_now = math.floor(now / self.step_s)
-        keys = np.arange(k_now - self.window_steps + 1, k_now + 1, dtype=np.int64)
+        keys = self._keys(now)
         slots = keys % self._size
         held = self._key[slots] == keys
         return np.where(held, self._demand[slots], np.nan), np.where(held, self._ready[slots], np.nan)
 
     def _hours(self, now: float) -> np.ndarray:
         """UTC hour of the day of each step of the window ending at ``now``."""
-        k_now = math.floor(now / self.step_s)
-        keys = np.arange(k_now - self.window_steps + 1, k_now + 1, dtype=np.int64)
-        return ((keys * self.step_s) % 86400.0 // 3600.0).astype(np.int64)
+        return ((self._keys(now) * self.step_s) % 86400.0 // 3600.0).astype(np.int64)
 
     def calibration(
         self, now: float, *, capacity: float, horizon_s: float | None = None, governor: Governor | None = None

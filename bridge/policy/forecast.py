@@ -46,16 +46,25 @@ class HistoryWindow:
 
 
 def horizon_s(config: Config, pool: PoolConfig, *, fast: bool = False) -> float:
-    """Time from deciding to reclaim until the capacity serves: Slurm grace + cold start +
-    margin + one tick + one scrape (the load we react to is that old). ``fast``: a node of
-    the fast tier (its partition's shorter grace)."""
+    """Time from deciding to reclaim until the capacity serves: Slurm grace + cold start (the
+    wake, ``wake_s``, for a pool that lends warm) + margin + one tick + one scrape (the load we
+    react to is that old). ``fast``: a node of the fast tier (its partition's shorter grace).
+    A failed wake costs a cold start on top: measured delays (``measured_delays``) raise the
+    horizon when wakes fail."""
     return (
         (config.slurm.fast_grace_s if fast else config.slurm.grace_s)
-        + pool.cold_start_s
+        + return_s(pool)
         + config.policy.forecast.margin_s
         + config.policy.tick_s
         + config.prometheus.scrape_interval_s
     )
+
+
+def return_s(pool: PoolConfig) -> float:
+    """The vLLM part of a reclaim once Slurm released the node: the wake for a pool that
+    lends warm (docs/warm-lending.md; the lifecycle keeps a node's replica only when it is the
+    node's one pod), else the cold start."""
+    return pool.wake_s if pool.warm_lending and pool.replicas_per_node == 1 else pool.cold_start_s
 
 
 def measured_horizon(config: Config, pool: PoolConfig, delays: Sequence[float], *, fast: bool = False) -> float | None:

@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 
 from bridge.config import Config, PoolConfig
-from bridge.model import LoadSignals, PoolState
+from bridge.model import LoadSignals, PoolState, Tier
 from bridge.policy.calibrate import Calibrator
 from bridge.policy.forecast import history_windows, measured_horizon
 from bridge.policy.history import HistoryRecorder
@@ -20,6 +20,7 @@ class PoolMemory:
         self.recorder = HistoryRecorder(history_windows(config, pool))
         self.calibrator = Calibrator(config, pool) if config.policy.calibration.enabled else None
         self.delays: list[float] = []  # measured reclaims: decision -> Ready, s (the newest 512)
+        self.fast_delays: list[float] = []  # the same, of nodes lent to the fast tier
         self.last_t = -math.inf  # the newest sample in the history
 
     def add(self, sample: LoadSignals, *, history: bool = True, calibration: bool = True) -> None:
@@ -32,17 +33,21 @@ class PoolMemory:
         if calibration and self.calibrator is not None:
             self.calibrator.add(sample)
 
-    def add_delay(self, seconds: float) -> None:
-        self.delays.append(seconds)
-        del self.delays[:-512]
+    def add_delay(self, seconds: float, tier: Tier = Tier.NORMAL) -> None:
+        delays = self.fast_delays if tier is Tier.FAST else self.delays
+        delays.append(seconds)
+        del delays[:-512]
 
     def pool_state(self, ps: PoolState, now: float, nodes: int) -> PoolState:
         """The pool's state with its history, reclaim horizon (the view's if it brings one, as
-        the simulator's does, else the measured delays'), calibration and governor."""
+        the simulator's does, else the measured delays'; the fast tier's from its own), calibration
+        and governor."""
         h = ps.horizon_s if ps.horizon_s is not None else measured_horizon(self.config, self.pool, self.delays)
+        hf = (ps.fast_horizon_s if ps.fast_horizon_s is not None
+              else measured_horizon(self.config, self.pool, self.fast_delays, fast=True))
         cal = gov = None
         if self.calibrator is not None:
             capacity = nodes * self.pool.replicas_per_node
             gov = self.calibrator.governor(now, capacity=capacity, nodes=nodes, horizon_s=h)
             cal = self.calibrator.calibration(now, capacity=capacity, horizon_s=h, governor=gov)
-        return replace(ps, history=self.recorder.history(now), horizon_s=h, calibration=cal, governor=gov)
+        return replace(ps, history=self.recorder.history(now), horizon_s=h, fast_horizon_s=hf, calibration=cal, governor=gov)

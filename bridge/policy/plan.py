@@ -279,6 +279,8 @@ class _Tick:
         self.ready = sum(1 for n in nodes if n.phase in (Phase.SERVING, Phase.RETURNING) and n.serving_ready)
         self.lent_now = sum(1 for n in nodes if n.phase in (Phase.LENDING, Phase.LENT))
         self.in_transit = sum(1 for n in nodes if n.phase in (Phase.RECLAIMING, Phase.RETURNING))
+        # when a node last entered serving (a return, or a lend given up): the no-thrash dwell
+        self.last_return = max((n.phase_since for n in nodes if n.phase is Phase.SERVING), default=None)
         self.reclaimable = [n for n in movable if n.phase is Phase.LENT]
         # lent to the fast tier (lending ones too: back within the normal horizon after the drain)
         self.tiered = self.config.slurm.fast_partition is not None
@@ -542,12 +544,19 @@ def _no_room(c: _Tick, lend_load: float, lend_need: int) -> _PoolWork:
 
 
 def _lend_blocked(c: _Tick) -> _PoolWork | None:
-    """There is room to lend, but not now: unstable demand, capacity in transit, no research
-    demand, max_lent reached or no node that may be lent."""
+    """There is room to lend, but not now: unstable demand, capacity in transit, a node back
+    from a reclaim less than one reclaim horizon ago (``relend_dwell``: the demand that took it
+    back has not yet been low for as long as the next reclaim would take), no research demand,
+    max_lent reached or no node that may be lent."""
     if not c.fc.stable:
         return c.hold(Reason.STABILIZING, f"demand not observed low for the whole {c.pol.scale_down_window_s:.0f} s window")
     if c.in_transit:
         return c.hold(Reason.CAPACITY_IN_TRANSIT, f"{c.in_transit} nodes on their way back to serving")
+    if c.pol.relend_dwell and c.last_return is not None and c.now - c.last_return < c.h:
+        return c.hold(
+            Reason.RECENT_RETURN,
+            f"a node returned to serving {_min(c.now - c.last_return)} ago < one reclaim horizon ({_min(c.h)}): no re-lend yet",
+        )
     if c.pol.require_pending_jobs and c.view.pending_research_nodes <= 0:
         return c.hold(Reason.NO_RESEARCH_DEMAND, "no research job waits in the preempt partition")
     if c.cfg.max_lent is not None and c.lent_now >= c.cfg.max_lent:

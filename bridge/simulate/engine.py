@@ -12,7 +12,9 @@ controller for actions; the modelled delays then play out as timed events:
 - **reclaim**: the jobs on the node (and every node of a multi-node job) are preempted at
   once; the node is free after the Slurm grace period (at once if it was idle), then the vLLM
   pod cold-starts for ``cold_start_s`` before it is Ready. So a reclaimed node with a job is
-  never Ready before ``grace_s + cold_start_s``;
+  never Ready before ``grace_s + cold_start_s``. A pool with ``warm_lending`` keeps its replica
+  asleep on the lent node: it is Ready ``wake_s`` after the release instead (every wake
+  succeeds here; a failed one would cost a cold start);
 - **research**: ``bridge.simulate.research`` starts, completes, preempts and requeues jobs;
 - **tiers**: with ``slurm.fast_partition`` a lend carries its tier (``Action.tier``); a
   fast-tier node runs only fast-tier jobs and releases after ``slurm.fast_grace_s``.
@@ -121,8 +123,17 @@ class Setup:
     def replicas_per_node(self) -> int:
         return self.pool.replicas_per_node
 
+    @property
+    def warm(self) -> bool:
+        """The pool lends warm: a reclaimed node wakes its sleeping replica (``wake_s``); the
+        lifecycle keeps a replica only when it is the node's one pod."""
+        return self.pool.warm_lending and self.pool.replicas_per_node == 1
+
     def cold_start_quantile(self, q: float) -> float:
-        """The ``q``-quantile of the drawn cold starts (the oracle plans with a high one)."""
+        """The ``q``-quantile of the drawn cold starts (the oracle plans with a high one); the
+        wake time for a pool that lends warm."""
+        if self.warm:
+            return self.pool.wake_s
         mean, cv = self.cold_start_s, self.cold_start_cv
         if cv <= 0 or mean <= 0:
             return mean
@@ -224,6 +235,9 @@ class Engine:
         self.cold_starts: list[float] = []
 
     def _cold_start(self) -> float:
+        """Release -> Ready: the wake of the sleeping replica (warm pool), else a drawn cold start."""
+        if self.s.warm:
+            return self.s.pool.wake_s
         mean, cv = self.s.cold_start_s, self.s.cold_start_cv
         if cv <= 0 or mean <= 0:
             return mean

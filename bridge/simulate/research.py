@@ -23,6 +23,7 @@ Time here is simulation seconds; the engine adds the unix epoch when it builds v
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Sequence
@@ -102,33 +103,25 @@ def parse_job_mix(data: object, source: str = "job mix") -> JobMix:
         w, n, lo, hi = c.get("weight", 1.0), c.get("nodes"), c.get("min_hours"), c.get("max_hours")
         ck, pub, sig = c.get("checkpoint_s"), c.get("publishes", True), c.get("signal_save_s")
         fast = c.get("fast", False)
-        ok = True
+        valid = len(problems)  # the problems found before this class's own values
         if not isinstance(fast, bool):
             problems.append(f"{where}.fast: must be true or false, got {fast!r}")
-            ok = False
         if sig is not None and (not isinstance(sig, (int, float)) or isinstance(sig, bool) or not sig >= 0):
             problems.append(f"{where}.signal_save_s: must be >= 0 or null, got {sig!r}")
-            ok = False
         if not isinstance(w, (int, float)) or not w > 0:
             problems.append(f"{where}.weight: must be > 0, got {w!r}")
-            ok = False
         if not isinstance(n, int) or not 1 <= n <= 64:
             problems.append(f"{where}.nodes: must be an integer 1..64, got {n!r}")
-            ok = False
         for key, v in (("min_hours", lo), ("max_hours", hi)):
             if not isinstance(v, (int, float)) or not v > 0:
                 problems.append(f"{where}.{key}: must be > 0, got {v!r}")
-                ok = False
-        if ok and hi < lo:  # type: ignore[operator]
+        if len(problems) == valid and hi < lo:  # type: ignore[operator]
             problems.append(f"{where}.max_hours: must be >= min_hours ({lo!r}), got {hi!r}")
-            ok = False
         if ck is not None and (not isinstance(ck, (int, float)) or not ck > 0):
             problems.append(f"{where}.checkpoint_s: must be > 0 or null, got {ck!r}")
-            ok = False
         if not isinstance(pub, bool):
             problems.append(f"{where}.publishes: must be true or false, got {pub!r}")
-            ok = False
-        if ok:
+        if len(problems) == valid:
             classes.append(
                 JobClass(
                     name, float(w), int(n), float(lo), float(hi), None if ck is None else float(ck), pub,  # type: ignore[arg-type]
@@ -355,15 +348,7 @@ class Research:
         j.state = "pending"
         j.run_start = None
         j.restarts += 1
-        # requeued: back in the queue at its original priority
-        lo, hi = 0, len(self.pending)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.pending[mid].seq < j.seq:
-                lo = mid + 1
-            else:
-                hi = mid
-        self.pending.insert(lo, j)
+        bisect.insort_left(self.pending, j, key=lambda p: p.seq)  # requeued: back at its original priority
         return freed
 
     def _vacate(self, j: Job) -> tuple[str, ...]:

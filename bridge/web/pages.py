@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +18,6 @@ from bridge.policy.victims import job_loss_gpu_hours
 from bridge.preemption import Preemption
 
 JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,9})?")
-POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 USER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 
 
@@ -66,9 +66,7 @@ def pool_doc(rows: Sequence[Mapping[str, Any]], *, now: float, user: str | None,
         else:
             row["other_jobs"] = 0
         nodes.append(row)
-    counts: dict[str, int] = {}
-    for r in nodes:
-        counts[r["phase"]] = counts.get(r["phase"], 0) + 1
+    counts = dict(Counter(r["phase"] for r in nodes))
     return {"now": now, "now_text": iso(now), "user": user, "phases": counts, "nodes": nodes}
 
 
@@ -150,9 +148,7 @@ def job_doc(
 
 def jobs_doc(jobs: Sequence[SlurmJobInfo], preemptions: Sequence[Preemption], *, now: float, user: str | None) -> dict[str, Any]:
     """The job list: the preemptible partition as squeue shows it (one user's with a filter)."""
-    count: dict[str, int] = {}
-    for p in preemptions:
-        count[p.job_id] = count.get(p.job_id, 0) + 1
+    count = Counter(p.job_id for p in preemptions)
     rows = [
         {
             "job_id": j.job_id,

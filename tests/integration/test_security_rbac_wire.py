@@ -172,6 +172,10 @@ def exercised(kube_plane: Any) -> Iterator[tuple[list[Call], list[str]]]:
             assert kube.fence(node)
             assert kube.unfence(node)
             assert kube.set_pod_deletion_cost(SERVING_NS, pods[0].name, -10_000)
+            # warm lending's readiness gate: pods/status, the condition merged by type (Ready kept)
+            assert kube.set_pod_awake(SERVING_NS, pods[0].name, False)
+            conds = {c.type: c.status for c in core.read_namespaced_pod_status(pods[0].name, SERVING_NS).status.conditions}
+            assert conds[wk.CONDITION_AWAKE] == "False" and "Ready" in conds, conds
             kube.read_scale(SERVING_NS, model.deployment)
             assert kube.scale(SERVING_NS, model.deployment, 2)
             kube.evict(SERVING_NS, pods[1].name)
@@ -207,6 +211,7 @@ def test_the_exercise_covers_every_call_kind(exercised: tuple[list[Call], list[s
     kinds = {(c.group, c.resource, c.verb) for c in exercised[0]}
     for want in [("", "nodes", "list"), ("", "nodes", "watch"), ("", "nodes", "patch"), ("", "nodes", "get"),
                  ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"), ("", "pods", "get"), ("", "pods/eviction", "create"),
+                 ("", "pods/status", "patch"),
                  ("apps", "deployments", "get"), ("apps", "deployments", "list"), ("apps", "deployments", "watch"),
                  ("apps", "deployments/scale", "get"), ("apps", "deployments/scale", "update"), ("", "events", "create"),
                  ("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),

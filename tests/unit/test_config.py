@@ -480,3 +480,12 @@ def test_fast_tier_keys(slurm: dict[str, object], expected: list[str]) -> None:
         cfg = parse_config(data)
         assert cfg.slurm.fast_partition == slurm.get("fast_partition")
         assert cfg.slurm.fast_grace_s == 15.0
+
+
+def test_warm_lending_is_off_by_default_and_validated() -> None:
+    pool = parse_config({"pools": [{"name": "llama"}]}).pools[0]
+    assert (pool.warm_lending, pool.wake_s, pool.vllm_port) == (False, 30.0, 8000)
+    assert parse_config({"pools": [{"name": "llama", "warm_lending": True}]}).pools[0].warm_lending is True
+    got = problems({"pools": [{"name": "llama", "warm_lending": "yes", "wake_s": 0, "vllm_port": 70000}]})
+    assert len(got) == 3 and all(p.startswith("bridge.yaml: pools[0].") for p in got), got
+    assert any("warm_lending" in p for p in got) and any("wake_s" in p for p in got) and any("vllm_port" in p for p in got)

@@ -230,14 +230,17 @@ def direction_changes_per_hour(lent: np.ndarray, ticks_per_hour: int) -> np.ndar
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(level=st.floats(0.5, NODES - 2.0), cv=st.sampled_from([0.0, 0.05, 0.15]), seed=st.integers(0, 2**31))
+@given(level=st.floats(0.5, NODES / 2), cv=st.sampled_from([0.0, 0.05, 0.15]), seed=st.integers(0, 2**31))
 def test_no_thrash_under_a_stable_load(level: float, cv: float, seed: int) -> None:
+    """A budget that exceeds one incident (8 %, as the bound's test): at 2 % of these 8 hours
+    the governor forbids lending at all and the test would hold for nothing lent."""
     rng = np.random.default_rng(seed)
     minutes = 8 * 60
     load = level * (rng.gamma(1 / cv**2, cv**2, size=minutes) if cv else np.ones(minutes))
     w = workload(load)
-    setup = Setup(config(0.02, w.duration_s), w, NODES, 4, seed=1)
+    setup = Setup(config(0.08, w.duration_s), w, NODES, 4, seed=1)
     r = simulate(setup, BridgeController(setup))
+    assert r.metrics.lent_gpu_hours > 0
     turns = direction_changes_per_hour(r.tick_lent, int(3600 / setup.tick_s))
     assert int(turns.max()) <= 2, f"lent count turned {turns.tolist()} times per hour"
 

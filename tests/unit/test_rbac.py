@@ -24,6 +24,7 @@ EXPECTED: dict[tuple[str, str], dict[tuple[str, str], set[str]]] = {
     ("ClusterRole", "gpu-bridge-serving"): {
         ("", "pods"): {"get", "list", "watch", "patch"},  # patch: pod-deletion-cost
         ("", "pods/eviction"): {"create"},
+        ("", "pods/status"): {"patch"},  # warm lending's readiness gate
         ("apps", "deployments"): {"get", "list", "watch"},
         ("apps", "deployments/scale"): {"get", "patch", "update"},
     },

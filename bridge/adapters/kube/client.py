@@ -21,7 +21,7 @@ from kubernetes import config as k8s_config
 from bridge import logs
 from bridge import wellknown as wk
 from bridge.errors import AdapterError
-from bridge.model import Phase, Pin
+from bridge.model import Phase, Pin, WarmRecord
 
 from . import patches
 from .calls import ApiCalls, KubeApiError, KubeConflictError, read_json, register_secret
@@ -279,6 +279,13 @@ class KubeAdapter:
             log.info("node_pin_set", node=node, pin=str(pin) if pin else None)
         return ok
 
+    def set_warm(self, node: str, record: WarmRecord | None) -> bool:
+        """Warm lending's record on the node (None removes it)."""
+        ok = self._patch_node(node, lambda n: patches.warm_patch(n, record))
+        if ok:
+            log.info("node_warm_set", node=node, reason=str(record) if record else None)
+        return ok
+
     def fence(self, node: str) -> bool:
         ok = self._patch_node(node, patches.fence_patch)
         if ok:
@@ -326,27 +333,45 @@ class KubeAdapter:
         raise KubeConflictError("patch", "nodes", name, 409, f"still conflicting after {self._retries} retries")
 
     def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool:
+        ok = self._patch_pod(namespace, pod, lambda p: patches.deletion_cost_patch(p, cost))
+        if ok:
+            log.info("pod_deletion_cost_set", pod=pod, namespace=namespace, cost=cost)
+        return ok
+
+    def set_pod_awake(self, namespace: str, pod: str, awake: bool) -> bool:
+        """Warm lending's readiness-gate condition on the pod (pods/status)."""
+        stamp = _rfc3339(self._clock())
+        ok = self._patch_pod(namespace, pod, lambda p: patches.awake_patch(p, awake, stamp), status=True)
+        if ok:
+            log.info("pod_awake_set", pod=pod, namespace=namespace, reason="awake" if awake else "asleep")
+        return ok
+
+    def _patch_pod(self, namespace: str, pod: str, build: Callable[[PodInfo], dict[str, Any] | None], *, status: bool = False) -> bool:
         current = self._cached_pod(namespace, pod) or self._get_pod(namespace, pod)
+        send = self._send_pod_status if status else self._send_pod
         for _attempt in range(self._retries + 1):
-            body = patches.deletion_cost_patch(current, cost)
+            body = build(current)
             if body is None:
                 return False
             try:
-                obj = read_json(
-                    self.calls.run(
-                        "patch", "pods", f"{namespace}/{pod}", self._core.patch_namespaced_pod, pod, namespace, body,
-                        _content_type=SMP, _preload_content=False, _request_timeout=self._timeout,
-                    )
-                )
+                obj = read_json(send(namespace, pod, body))
             except KubeApiError as e:
                 if e.status != 409:
                     raise
                 current = self._get_pod(namespace, pod)
                 continue
             self._write_through_pod(current.pool, obj)
-            log.info("pod_deletion_cost_set", pod=pod, namespace=namespace, cost=cost)
             return True
         raise KubeConflictError("patch", "pods", f"{namespace}/{pod}", 409, f"still conflicting after {self._retries} retries")
+
+    def _send_pod(self, namespace: str, pod: str, body: dict[str, Any]) -> Any:
+        return self.calls.run("patch", "pods", f"{namespace}/{pod}", self._core.patch_namespaced_pod, pod, namespace, body,
+                              _content_type=SMP, _preload_content=False, _request_timeout=self._timeout)
+
+    def _send_pod_status(self, namespace: str, pod: str, body: dict[str, Any]) -> Any:
+        """The status subresource: the readiness gate's condition lives there."""
+        return self.calls.run("patch", "pods/status", f"{namespace}/{pod}", self._core.patch_namespaced_pod_status, pod,
+                              namespace, body, _content_type=SMP, _preload_content=False, _request_timeout=self._timeout)
 
     def _cached_pod(self, namespace: str, pod: str) -> PodInfo | None:
         for inf in self._pods.values():

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from bridge import wellknown as wk
-from bridge.model import Phase, Pin
+from bridge.model import Phase, Pin, WarmRecord, WarmState
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -50,6 +50,7 @@ class NodeInfo:
     pin: Pin | None = None  # label gpu-bridge.io/pin
     fenced: bool = False  # our NoSchedule taint is present
     cordoned_by_bridge: bool = False  # annotation gpu-bridge.io/cordoned: we set unschedulable
+    warm: WarmRecord | None = None  # annotation gpu-bridge.io/warm (warm lending's record)
     problem: str | None = None  # every invalid value of ours, "; "-joined; None = all valid
 
 
@@ -65,6 +66,8 @@ class PodInfo:
     node: str | None = None  # spec.nodeName; None = not scheduled
     phase: str = "Unknown"  # status.phase: Pending | Running | Succeeded | Failed | Unknown
     ready: bool = False  # the Ready condition
+    awake: bool | None = None  # condition gpu-bridge.io/awake (warm lending's readiness gate); None = not set
+    ip: str | None = None  # status.podIP
     deletion_timestamp: str | None = None  # set = terminating (graceful deletion under way)
     deletion_cost: int | None = None  # annotation controller.kubernetes.io/pod-deletion-cost
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
@@ -229,6 +232,8 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         if isinstance(t, Mapping)
     )
 
+    warm = parse_warm(annotations.get(wk.ANNOTATION_WARM), problems)
+
     gpus: int | None = None
     raw_gpus = _mapping(status.get("allocatable")).get(wk.GPU_RESOURCE)
     if raw_gpus is not None:
@@ -255,8 +260,28 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         pin=pin,
         fenced=any(t.key == wk.TAINT_KEY and t.effect == wk.TAINT_EFFECT for t in taints),
         cordoned_by_bridge=cordoned,
+        warm=warm,
         problem="; ".join(problems) or None,
     )
+
+
+def parse_warm(raw: str | None, problems: list[str]) -> WarmRecord | None:
+    """``<asleep|awake|cold>/<pod>``; an invalid value is a problem (the node is held, never guessed)."""
+    if raw is None:
+        return None
+    state, _, pod = raw.partition("/")
+    if state in {s.value for s in WarmState} and pod:
+        return WarmRecord(WarmState(state), pod)
+    problems.append(f"annotation {wk.ANNOTATION_WARM}: expected <asleep|awake|cold>/<pod>, got {_quote(raw)}")
+    return None
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> bool | None:
+    """A condition's status: True, False, or None when absent (or Unknown)."""
+    for cond in status.get("conditions") or ():
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return {"True": True, "False": False}.get(str(cond.get("status")))
+    return None
 
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -288,6 +313,8 @@ def parse_pod(obj: Mapping[str, Any], pool: str) -> PodInfo:
         node=spec.get("nodeName") or None,
         phase=str(status.get("phase") or "Unknown"),
         ready=_condition_true(status, "Ready"),
+        awake=_condition(status, wk.CONDITION_AWAKE),
+        ip=str(status.get("podIP")) if status.get("podIP") else None,
         deletion_timestamp=meta.get("deletionTimestamp") or None,
         deletion_cost=cost,
         labels=_str_map(meta.get("labels")),

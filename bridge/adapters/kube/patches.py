@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from bridge import wellknown as wk
-from bridge.model import Phase, Pin
+from bridge.model import Phase, Pin, WarmRecord
 
 from .objects import NodeInfo, PodInfo
 
@@ -58,6 +58,23 @@ def pin_patch(node: NodeInfo, pin: Pin | None) -> dict[str, Any] | None:
     if node.labels.get(wk.LABEL_PIN) == value:
         return None
     return {"metadata": {"resourceVersion": node.resource_version, "labels": {wk.LABEL_PIN: value}}}
+
+
+def warm_patch(node: NodeInfo, record: WarmRecord | None) -> dict[str, Any] | None:
+    """Set (or, with None, remove) warm lending's record on the node."""
+    if node.warm == record and (record is not None or wk.ANNOTATION_WARM not in node.annotations):
+        return None
+    return {"metadata": {"resourceVersion": node.resource_version,
+                         "annotations": {wk.ANNOTATION_WARM: str(record) if record is not None else None}}}
+
+
+def awake_patch(pod: PodInfo, awake: bool, now: str) -> dict[str, Any] | None:
+    """The readiness-gate condition (pods/status; conditions merge by type). ``now``: RFC 3339."""
+    if pod.awake is awake:
+        return None
+    cond = {"type": wk.CONDITION_AWAKE, "status": "True" if awake else "False", "lastTransitionTime": now,
+            "reason": "Awake" if awake else "AsleepLentToSlurm"}
+    return {"metadata": {"resourceVersion": pod.resource_version}, "status": {"conditions": [cond]}}
 
 
 def _taint_dict(key: str, value: str, effect: str) -> dict[str, str]:

@@ -7,8 +7,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from bridge.model import LoadSignals
-
 from .types import (
     E2E_COUNT, E2E_SUM, KV_V0, KV_V1, RUNNING, SUCCESS, TAG, WAITING, DaemonHistory, PromPool, RequestHistory,
     _bad, _describe, _escape, _float, _pod_key, _replica_key, _tag, _window, selector,

@@ -31,10 +31,10 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import requests
 from prometheus_api_client import PrometheusConnect
@@ -52,6 +52,7 @@ from .types import (
 )
 
 log = logs.get(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +288,14 @@ def parse_range(result: Sequence[Mapping[str, Any]], *, pool: PromPool, start: f
     return tuple(out)
 
 
+def _parsed(kind: str, pool: PromPool, parse: Callable[[], T]) -> T:
+    """``parse()`` of a ``kind`` result; a result of an unexpected shape is an AdapterError."""
+    try:
+        return parse()
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise AdapterError("prometheus", f"pool {pool.name}: unexpected {kind} result: {str(e)[:ERROR_CAP]}") from None
+
+
 # --- the adapter ------------------------------------------------------------------------------
 
 
@@ -332,12 +341,9 @@ class PromAdapter:
         query = build_query(pool, rate_window_s=self.rate_window_s)
         params = {"time": f"{at:.3f}"} if at is not None else {}
         result = self._run("query", pool, lambda: self._client.custom_query(query, params=params, timeout=self.timeout_s))
-        try:
-            if not result and at is None:
-                at = datetime.now(UTC).timestamp()
-            reading = parse_instant(result, pool=pool, staleness_s=self.staleness_s, at=at, live_pods=live_pods)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-            raise AdapterError("prometheus", f"pool {pool.name}: unexpected query result: {str(e)[:ERROR_CAP]}") from None
+        if not result and at is None:
+            at = datetime.now(UTC).timestamp()
+        reading = _parsed("query", pool, lambda: parse_instant(result, pool=pool, staleness_s=self.staleness_s, at=at, live_pods=live_pods))
         if reading.problems:
             # the series left out say why, e.g. a Prometheus without the namespace or pod label
             log.info("signals_incomplete", pool=pool.name, problems=dict(reading.problems), ignored=list(reading.ignored[:5]))
@@ -363,10 +369,7 @@ class PromAdapter:
         window = max(step_s, 2 * self.scrape_interval_s)
         query = build_query(pool, rate_window_s=self.rate_window_s, gauge_window_s=window)
         result = self.query_range(query, pool, start=start, end=end, step_s=step_s)
-        try:
-            return parse_range(result, pool=pool, start=start, end=end, step_s=step_s)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-            raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
+        return _parsed("query_range", pool, lambda: parse_range(result, pool=pool, start=start, end=end, step_s=step_s))
 
     def query_range(self, query: str, pool: PromPool, *, start: float, end: float, step_s: float) -> Any:
         """One ``query_range`` (start/end in whole seconds, as the client sends them), errors
@@ -410,10 +413,7 @@ class PromAdapter:
             a, b = start + i * step_s, start + (i + n - 1) * step_s
             results.append(self.query_range(query, pool, start=a, end=b, step_s=step_s))
             i += n
-        try:
-            return parse_request_range(results, pool=pool, start=start, step_s=step_s, steps=steps)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-            raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
+        return _parsed("query_range", pool, lambda: parse_request_range(results, pool=pool, start=start, step_s=step_s, steps=steps))
 
     def daemon_history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> DaemonHistory:
         """The daemon's own metrics for the pool over [start, end] (``gpu-bridge web``'s history):
@@ -424,10 +424,7 @@ class PromAdapter:
         start, end = float(round(start)), float(round(end))
         query = build_daemon_query(pool, step_s=step_s)
         result = self.query_range(query, pool, start=start, end=end, step_s=step_s)
-        try:
-            return parse_daemon_history(result, start=start, end=end, step_s=step_s)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-            raise AdapterError("prometheus", f"pool {pool.name}: unexpected query_range result: {str(e)[:ERROR_CAP]}") from None
+        return _parsed("query_range", pool, lambda: parse_daemon_history(result, start=start, end=end, step_s=step_s))
 
     def _run(self, kind: Literal["query", "query_range"], pool: PromPool, fn: Any) -> Any:
         with self._lock:

@@ -139,9 +139,6 @@ class RequestHistory:
     series: Mapping[str, Mapping[str, Mapping[int, float]]]
     ignored: tuple[str, ...] = ()
 
-    def t(self, i: int) -> float:
-        return self.start + i * self.step_s
-
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -24,6 +24,7 @@ from .parse import (
     REQUEUE_CHECK_FORMAT, parse_grace_time, parse_jobs, parse_nodes, parse_ping, parse_requeue_check,
     parse_scontrol_node, parse_sdiag_time, parse_show_config, parse_show_partitions, validate_partition,
 )
+from .hostlist import expand
 from .types import SlurmJobInfo, SlurmNode
 
 SINFO_ARGV = ("sinfo", "--json", "--Node")
@@ -147,6 +148,7 @@ class CliSlurm:
         command_prefix: Sequence[str] = (),
         fence: Callable[[Sequence[str], float], None] | None = None,
         preempt_partition: str = wellknown.SLURM_PREEMPT_PARTITION,
+        fast_partition: str | None = None,
     ) -> None:
         self.run_cmd: CommandRunner = runner or SubprocessRunner({**os.environ, **(env or {})}, prefix=command_prefix)
         # called with (argv, timeout) right before each command that changes Slurm; raises to
@@ -156,7 +158,8 @@ class CliSlurm:
         self.timeout_s = timeout_s
         self.hold_partition = hold_partition
         self.hold_user = hold_user  # only hold jobs of this user count as ours (None: any user)
-        self.preempt_partition = preempt_partition  # the only partition whose jobs are ever requeued
+        self.preempt_partition = preempt_partition  # with fast_partition: the only ones whose jobs are ever requeued
+        self.fast_partition = fast_partition  # the fast-grace tier (slurm.fast_partition), None: none
 
     # ---- plumbing ----------------------------------------------------------------------
     def _run(self, argv: Sequence[str], *, ok_codes: tuple[int, ...] = (0,)) -> CommandResult:
@@ -354,13 +357,36 @@ class CliSlurm:
             return False  # gone (squeue: "Invalid job id specified")
         if now.partition == self.hold_partition:
             raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
-        why = now.refusal(self.preempt_partition, restart_count)
+        why = now.refusal((self.preempt_partition, self.fast_partition), restart_count)
         if why:
             _log().info("slurm_requeue_skipped", job=jid, reason=why)
             return False
         self._run(["scontrol", "requeue", jid])
         _log().info("slurm_job_requeued", job=jid, restart_count=now.restart_count)
         return True
+
+    def set_tier(self, node: str, partition: str) -> bool:
+        """Lend ``node`` to one tier: put it in ``partition`` (the preempt or the fast one) and
+        take it out of the other (``scontrol update PartitionName=P Nodes=...``), so only that
+        tier's jobs start there. Slurm keeps the lists until a reconfigure or restart resets
+        slurm.conf's (the node is then in both: read as the normal tier)."""
+        validate_node_name(node)
+        tiers = (self.preempt_partition, self.fast_partition)
+        if self.fast_partition is None or partition not in tiers:
+            raise AdapterError("slurm", f"set_tier {node}: {partition!r} is not a tier partition {tiers}")
+        parts, changed = self.partitions(), False
+        for p in sorted(tiers, key=lambda p: p != partition):  # into the new tier first, then out of the old
+            if p not in parts or parts[p].get("Nodes", "").upper() == "ALL":
+                raise AdapterError("slurm", f"set_tier {node}: partition {p} missing or Nodes=ALL (needs a node list)")
+            nodes = expand(parts[p].get("Nodes", ""))
+            if (node in nodes) == (p == partition):
+                continue
+            new = (*nodes, node) if p == partition else tuple(n for n in nodes if n != node)
+            self._run(["scontrol", "update", f"PartitionName={p}", f"Nodes={','.join(new)}"])
+            changed = True
+        if changed:
+            _log().info("slurm_tier_set", node=node, partition=partition)
+        return changed
 
     # ---- Slurm's own holds and drains (after a controller crash; docs/slurm-adapter.md) ----
     def release(self, job_id: str, reason: str) -> bool:

@@ -154,6 +154,8 @@ def _node_22(rec: Any, i: int) -> SlurmNode:
         raise _fail(what, f"bad 'state'/'state_flags': {state!r} {flags!r}")
     base, fl = _split_state([state, *flags], what)
     parts = rec.get("partitions") or []
+    if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
+        raise _fail(what, f"bad 'partitions' (the node's tier is read from it): {parts!r:.80}")
     return SlurmNode(
         name=name,
         state=base,
@@ -419,12 +421,12 @@ class RequeueCheck:
     preempted: bool  # Slurm recorded a PreemptTime
     restart_count: int
 
-    def refusal(self, preempt_partition: str, restart_count: int | None) -> str:
-        """Why this job must not be requeued now ("" = it may)."""
+    def refusal(self, partitions: tuple[str | None, ...], restart_count: int | None) -> str:
+        """Why this job must not be requeued now ("" = it may); ``partitions``: the preempt ones."""
         if self.state != "running":
             return f"not running ({self.state})"
-        if self.partition != preempt_partition:
-            return f"partition {self.partition}, not {preempt_partition}"
+        if self.partition not in partitions:
+            return f"partition {self.partition}, not {'/'.join(p for p in partitions if p)}"
         if not self.preempted:
             return "Slurm has not preempted it (no PreemptTime): it gets its signal and GraceTime first"
         if restart_count is not None and self.restart_count != restart_count:

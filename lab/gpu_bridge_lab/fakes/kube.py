@@ -36,7 +36,7 @@ from bridge.adapters.kube.objects import (
 )
 from bridge.adapters.protocols import CacheStatus, KubeAdapterProtocol, Leader, PoolTarget, PromReader
 from bridge.adapters.prom.types import PromPool, SignalsReading
-from bridge.model import LoadSignals, Phase, Pin
+from bridge.model import LoadSignals, Phase, Pin, WarmRecord
 
 
 def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
@@ -69,12 +69,14 @@ class _Pool:
     min_available: int | None  # PDB; None = no PDB
     start_delay_s: float
     grace_s: float
+    readiness_gate: bool = False  # the pod template declares gpu-bridge.io/awake (warm lending)
 
 
 class FakeKube:
     """Implements KubeReader + KubeWriter in memory. Time only moves through ``step(now)``."""
 
-    def __init__(self, *, identity: str = "fake-bridge", max_conflict_retries: int = 5, now: float = 0.0) -> None:
+    def __init__(self, *, identity: str = "fake-bridge", max_conflict_retries: int = 5, now: float = 0.0,
+                 pod_network: str = "10.0") -> None:
         self.identity = identity
         self.now = now
         self.synced = True
@@ -92,6 +94,8 @@ class FakeKube:
         self._conflicts: Counter[str] = Counter()  # object key -> concurrent writes to simulate
         self._failures: Counter[str] = Counter()  # verb -> failures to inject
         self._names = itertools.count(1)
+        self._ips = 0
+        self._pod_network = pod_network  # pods get <pod_network>.X.Y (127.0: reachable servers on loopback)
 
     # --- seeding and fault injection ----------------------------------------------------
     def add_node(self, name: str, pool: str, *, gpus: int = 4, labels: Mapping[str, str] | None = None,
@@ -107,9 +111,10 @@ class FakeKube:
         }
 
     def add_pool(self, target: PoolTarget, *, replicas: int, min_available: int | None = None,
-                 start_delay_s: float = 0.0, grace_s: float = 0.0, ready: bool = True) -> None:
-        """A Deployment with ``replicas`` pods placed at once (Ready at once if ``ready``)."""
-        self._pools[target.name] = _Pool(target, replicas, min_available, start_delay_s, grace_s)
+                 start_delay_s: float = 0.0, grace_s: float = 0.0, ready: bool = True, readiness_gate: bool = False) -> None:
+        """A Deployment with ``replicas`` pods placed at once (Ready at once if ``ready``). With
+        ``readiness_gate`` a started pod is Ready only while its gpu-bridge.io/awake condition is True."""
+        self._pools[target.name] = _Pool(target, replicas, min_available, start_delay_s, grace_s, readiness_gate)
         self._deploy_rv[target.name] = self._next_rv()
         for _ in range(replicas):
             node = self._free_node(target.name)
@@ -200,6 +205,31 @@ class FakeKube:
             raise KubeApiError("get", "pods", f"{namespace}/{pod}", 404, "NotFound")
         return self._patch(f"pod/{pod}", "pods", obj, lambda: patches.deletion_cost_patch(parse_pod(obj, self._pod_pool[pod]), cost))
 
+    def set_warm(self, node: str, record: WarmRecord | None) -> bool:
+        return self._patch_node(node, lambda n: patches.warm_patch(n, record))
+
+    def set_pod_awake(self, namespace: str, pod: str, awake: bool) -> bool:
+        """The condition merged by type, as the API server's strategic merge does; with the
+        pool's readiness gate the pod's Ready follows at once (the kubelet's next sync)."""
+        obj = self._pods.get(pod)
+        if obj is None or obj["metadata"]["namespace"] != namespace:
+            raise KubeApiError("get", "pods", f"{namespace}/{pod}", 404, "NotFound")
+        pool = self._pools[self._pod_pool[pod]]
+
+        def build() -> dict[str, Any] | None:
+            body = patches.awake_patch(parse_pod(obj, self._pod_pool[pod]), awake, "1970-01-01T00:00:00Z")
+            if body is None:
+                return None
+            kept = [dict(c) for c in obj.get("status", {}).get("conditions", []) if c.get("type") != wk.CONDITION_AWAKE]
+            started = not obj["metadata"].get("deletionTimestamp") and self.now >= self._pod_times[pod] + pool.start_delay_s
+            if pool.readiness_gate and started:
+                for c in kept:
+                    if c.get("type") == "Ready":
+                        c["status"] = "True" if awake else "False"
+            body["status"]["conditions"] = kept + body["status"]["conditions"]
+            return body
+        return self._patch(f"pod/{pod}", "pods/status", obj, build)
+
     def scale(self, namespace: str, deployment: str, replicas: int) -> bool:
         if replicas < 0:
             raise ValueError(f"replicas: expected >= 0, got {replicas}")
@@ -260,8 +290,13 @@ class FakeKube:
         for name, obj in self._pods.items():
             pool = self._pools[self._pod_pool[name]]
             if not obj["metadata"].get("deletionTimestamp") and now >= self._pod_times[name] + pool.start_delay_s:
-                if obj["status"]["conditions"][0]["status"] != "True":
-                    obj["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+                conds = obj["status"]["conditions"]
+                gate_open = not pool.readiness_gate or any(
+                    c.get("type") == wk.CONDITION_AWAKE and c.get("status") == "True" for c in conds)
+                want = "True" if gate_open else "False"
+                if obj["status"].get("phase") != "Running" or conds[0]["status"] != want:
+                    obj["status"]["phase"] = "Running"
+                    conds[0] = {"type": "Ready", "status": want}
                     self._bump(obj)
         for pool_name, pool in self._pools.items():
             live = [p for p in self.pods(pool_name) if not p.terminating]
@@ -349,8 +384,10 @@ class FakeKube:
             "metadata": {"name": name, "namespace": t.namespace, "uid": f"uid-{name}", "resourceVersion": self._next_rv(),
                          "labels": {"app": t.deployment}, "annotations": {}},
             "spec": {"nodeName": node},
-            "status": {"phase": "Running" if ready else "Pending", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+            "status": {"phase": "Running" if ready else "Pending", "podIP": f"{self._pod_network}.{self._ips // 250}.{self._ips % 250 + 1}",
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
         }
+        self._ips += 1
         self._pod_pool[name] = pool
         self._pod_times[name] = self.now if not ready else self.now - self._pools[pool].start_delay_s
 

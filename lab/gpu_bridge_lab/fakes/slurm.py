@@ -33,6 +33,7 @@ class _Node:
     responding: bool = True
     reason: str = ""
     reason_user: str = ""
+    tiers: tuple[str, ...] | None = None  # its preempt partitions when set by set_tier; None: slurm.conf's (all)
 
 
 @dataclass
@@ -60,6 +61,8 @@ class FakeSlurm:
     now: float = 1_000_000.0
     requeue_lag_s: float = 0.0
     bridge_user: str = "root"
+    fast_partition: str | None = None  # a second preempt partition (the fast-grace tier) over the same nodes
+    fast_grace_s: float = 4.0
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _jobs: dict[str, _Job] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -71,10 +74,10 @@ class FakeSlurm:
         self._nodes[validate_node_name(name)] = _Node(name, gpus)
 
     def add_job(self, node: str | None = None, *, name: str = "research", user: str = "alice",
-                requeueable: bool = True, comment: str = "") -> str:
-        """A research job in the preempt partition, started at once on ``node`` if given and free."""
+                requeueable: bool = True, comment: str = "", partition: str = wellknown.SLURM_PREEMPT_PARTITION) -> str:
+        """A research job in the preempt partition (or ``partition``), started at once on ``node`` if given and free."""
         jid = str(next(self._ids))
-        self._jobs[jid] = _Job(jid, name, user, wellknown.SLURM_PREEMPT_PARTITION, "pending", node,
+        self._jobs[jid] = _Job(jid, name, user, partition, "pending", node,
                                requeueable=requeueable, comment=comment)
         self._schedule()
         return jid
@@ -155,7 +158,8 @@ class FakeSlurm:
             if busy:
                 for v in busy:
                     if v.preempt_time is None:
-                        v.preempt_time, v.end_time = self.now, self.now + self.grace_s
+                        grace = self.fast_grace_s if v.partition == self.fast_partition else self.grace_s
+                        v.preempt_time, v.end_time = self.now, self.now + grace
                 continue
             h.state, h.nodes, h.start_time = "running", (n.name,), self.now
         for j in sorted((j for j in self._jobs.values()
@@ -165,9 +169,13 @@ class FakeSlurm:
             for c in cands:
                 n = self._nodes[c]
                 held = any(self._is_hold(h) and h.node == c for h in self._jobs.values())
-                if self._usable(n) and not self._running_on(c) and not held:
+                if self._usable(n) and not self._running_on(c) and not held and j.partition in self._tiers(n):
                     j.state, j.nodes, j.start_time = "running", (c,), self.now
                     break
+
+    def _tiers(self, n: _Node) -> tuple[str, ...]:
+        every = (wellknown.SLURM_PREEMPT_PARTITION,) + ((self.fast_partition,) if self.fast_partition else ())
+        return every if n.tiers is None else n.tiers
 
     def _info(self, j: _Job) -> SlurmJobInfo:
         from bridge.adapters.slurm.parse import checkpoint_time, signal_save_s
@@ -191,7 +199,7 @@ class FakeSlurm:
             flags.add("NOT_RESPONDING")
         return SlurmNode(name=n.name, state=state, flags=frozenset(flags), reason=n.reason, gpus=n.gpus,
                          gpus_used=n.gpus if busy else 0,
-                         partitions=tuple(sorted((wellknown.SLURM_PREEMPT_PARTITION, wellknown.SLURM_HOLD_PARTITION))),
+                         partitions=tuple(sorted((*self._tiers(n), wellknown.SLURM_HOLD_PARTITION))),
                          reason_user=n.reason_user)
 
     # ---- SlurmReader -------------------------------------------------------------------
@@ -215,8 +223,10 @@ class FakeSlurm:
 
     def grace_time_s(self, partition: str) -> float:
         self._check("grace_time_s")
-        if partition not in (wellknown.SLURM_PREEMPT_PARTITION, wellknown.SLURM_HOLD_PARTITION):
+        if partition not in (wellknown.SLURM_PREEMPT_PARTITION, wellknown.SLURM_HOLD_PARTITION, self.fast_partition):
             raise AdapterError("slurm", f"scontrol show partition {partition}: Partition {partition} not found")
+        if partition == self.fast_partition:
+            return self.fast_grace_s
         return self.grace_s if partition == wellknown.SLURM_PREEMPT_PARTITION else 0.0
 
     def jobs(self, *, partition: str | None = None, node: str | None = None,
@@ -294,7 +304,7 @@ class FakeSlurm:
         j = self._jobs.get(jid)
         if j is not None and self._is_hold(j):
             raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
-        if j is None or j.state != "running" or j.partition != wellknown.SLURM_PREEMPT_PARTITION:
+        if j is None or j.state != "running" or j.partition not in (wellknown.SLURM_PREEMPT_PARTITION, self.fast_partition):
             return False
         if j.preempt_time is None or (restart_count is not None and j.restart_count != restart_count):
             return False  # not preempted by Slurm, or another run than the one preempted
@@ -302,6 +312,18 @@ class FakeSlurm:
             raise AdapterError("slurm", "scontrol requeue failed (rc 1): Requested operation is presently disabled")
         self._requeue(j)
         self.writes.append(("requeue", jid))
+        self._schedule()
+        return True
+
+    def set_tier(self, node: str, partition: str) -> bool:
+        self._check("set_tier")
+        n = self._nodes[validate_node_name(node)]
+        if self.fast_partition is None or partition not in (wellknown.SLURM_PREEMPT_PARTITION, self.fast_partition):
+            raise AdapterError("slurm", f"set_tier {node}: {partition!r} is not a tier partition")
+        if self._tiers(n) == (partition,):
+            return False
+        n.tiers = (partition,)
+        self.writes.append(("set_tier", node))
         self._schedule()
         return True
 

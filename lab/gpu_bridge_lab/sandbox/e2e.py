@@ -145,6 +145,9 @@ class World:
 
     def __init__(self, sb: Any) -> None:
         self.sb = sb
+        # research partitions: the sandbox's preempt-fast too when it runs one (issue 23's tier)
+        fast = getattr(sb, "fast_grace_s", None)
+        self.research_partitions = (wk.SLURM_PREEMPT_PARTITION,) + (("preempt-fast",) if fast else ())
         api = k8s_config.new_client_from_config(config_file=str(sb.kubeconfig))
         self.api = api
         self.core = k8s.CoreV1Api(api)
@@ -200,7 +203,7 @@ class World:
     def research_running_by_node(self, jobs: list[dict[str, Any]] | None = None) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for j in jobs if jobs is not None else self.jobs():
-            if j["partition"] != wk.SLURM_PREEMPT_PARTITION or j["job_state"] != "RUNNING":
+            if j["partition"] not in self.research_partitions or j["job_state"] != "RUNNING":
                 continue
             out.setdefault(j.get("nodes") or "", []).append(str(j["job_id"]))
         return out

@@ -1,0 +1,349 @@
+"""Warm lending through the whole daemon (observe -> reconcile -> actuate) over the lab's
+fakes: FakeKube with the pool's readiness gate, FakeSlurm, and one fake vLLM engine per pod
+reached by its IP. A lend keeps each lent node's replica asleep and out of the Service, a
+reclaim wakes it (no new pod), a failed wake falls back to a cold start; the daemon killed
+right after each warm write (the lab's crash injection point, ``after_write``) and restarted
+from nothing but the nodes converges with no research job lost and never a research job
+beside a pod that may serve."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import pytest
+
+from bridge import wellknown as wk
+from bridge.adapters.prom.types import PromPool
+from bridge.adapters.protocols import PoolTarget, SleepControl
+from bridge.config import Config, parse_config
+from bridge.daemon import Daemon
+from bridge.errors import AdapterError
+from bridge.model import LoadSignals, Phase, WarmState
+from bridge.wiring import policy_memory
+from gpu_bridge_lab.fakes.kube import FakeKube, FakeProm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm
+from gpu_bridge_lab.sandbox.vllm.server import SimServer
+from gpu_bridge_lab.sandbox.vllm.sim import Simulation
+from tests.unit.test_daemon_loop import HIGH, LOW, NODES, T0
+from tests.unit.test_vllm_adapter import FAST, IDLE
+
+POOL = PoolTarget("default", "serving", "vllm")
+
+
+def config(*, wake_s: float = 1.0, vllm_port: int = 8000) -> Config:
+    """test_daemon_loop's seconds-scale world, the pool lending warm."""
+    return parse_config(
+        {
+            "pools": [{"name": "default", "namespace": "serving", "deployment": "vllm", "model_name": "m",
+                       "min_serving": 1, "cold_start_s": 3, "drain_s": 2, "headroom": 0.2, "headroom_replicas": 0.2,
+                       "warm_lending": True, "wake_s": wake_s, "vllm_port": vllm_port,
+                       "target": {"concurrency_per_replica": 60, "kv_cache_usage": None}}],
+            "slurm": {"grace_s": 5, "min_runtime_s": 0},
+            "policy": {"tick_s": 1, "scale_down_window_s": 5, "min_lend_s": 3, "max_lends_per_tick": 1,
+                       "signal_max_age_s": 10, "blind_after_s": 30,
+                       "forecast": {"margin_s": 1, "burst_window_s": 5, "trend_window_s": 10,
+                                    "compare_window_s": 10, "burst_history_s": 86400},
+                       "calibration": {"enabled": False}},
+            "prometheus": {"scrape_interval_s": 1, "step_s": 1},
+        }
+    )
+
+
+class Crash(BaseException):
+    """The injected SIGKILL: nothing of the process survives it (not an AdapterError)."""
+
+
+class Engine:
+    """One pod's vLLM engine; ``fail_wake`` makes its wake fail (an HTTP error)."""
+
+    def __init__(self) -> None:
+        self.asleep = False
+        self.fail_wake = False
+        self.wakes = 0
+
+    def sleep(self, level: int = 1) -> None:
+        self.asleep = True
+
+    def wake_up(self, tags: object = ()) -> None:
+        self.wakes += 1
+        if self.fail_wake:
+            raise AdapterError("vllm", "POST /wake_up: HTTP 500")
+        self.asleep = False
+
+    def is_sleeping(self) -> bool:
+        return self.asleep
+
+
+class World:
+    """``http_port``: each pod's engine is the lab's vLLM simulator (sleep mode on) listening
+    on the pod's IP (127.0.0.N) at that port, reached by the daemon's own vLLM clients."""
+
+    def __init__(self, *, crash_at: str | None = None, http_port: int | None = None) -> None:
+        self.t = T0
+        self.http_port = http_port
+        self.kube = FakeKube(now=self.t, pod_network="127.0" if http_port else "10.0")
+        for n in NODES:
+            self.kube.add_node(n, "default")
+        self.kube.add_pool(POOL, replicas=len(NODES), min_available=1, start_delay_s=3.0, grace_s=2, readiness_gate=True)
+        for p in self.kube.pods("default"):  # serving already: their gates were opened by an earlier run
+            self.kube.set_pod_awake(POOL.namespace, p.name, True)
+        self.slurm = FakeSlurm(grace_s=5, now=self.t)
+        for n in NODES:
+            self.slurm.add_node(n)
+        self.prom = FakeProm()
+        self.engines: dict[str, Engine] = {}  # pod name -> its engine (a new pod starts awake)
+        self.fail_wakes = False
+        self.load = LOW
+        self.config = config(wake_s=10.0, vllm_port=http_port) if http_port else config()
+        self.servers: dict[str, SimServer] = {}  # pod name -> its simulated vLLM server (http_port)
+        if http_port:
+            for p in self.kube.pods("default"):
+                sim = Simulation(IDLE, ["m"], seed=1, sleep_params=FAST)
+                sim.add_replica("r0", "m", p.node or "")
+                self.servers[p.name] = SimServer(sim, p.ip or "", http_port, tick_s=0.02, dev_mode=True).start()
+        self.crash_at = crash_at
+        self.crashes = 0
+        self.durations: dict[str, float] = {}
+        self.violations: list[str] = []
+        self.daemon = self.new_daemon()
+
+    def control(self, pool: str, ip: str | None) -> SleepControl:
+        pod = next((p for p in self.kube.pods("default") if p.ip == ip and not p.terminating), None)
+        if pod is None:
+            raise AdapterError("vllm", f"{ip}: connection refused")
+        engine = self.engines.setdefault(pod.name, Engine())
+        engine.fail_wake = self.fail_wakes
+        return engine
+
+    def crash_hook(self, point: str) -> None:
+        if point == self.crash_at and not self.crashes:
+            self.crashes += 1
+            raise Crash(point)
+
+    def new_daemon(self) -> Daemon:
+        pools = {"default": PromPool("default", "m")}
+        d = Daemon(self.config, kube=self.kube, slurm=self.slurm, prom=self.prom, prom_pools=pools, clock=lambda: self.t,
+                   memory=policy_memory(self.config, self.prom, pools, self.t), after_write=self.crash_hook)
+        if not self.http_port:
+            d.actuator.sleep_control = self.control
+        return d
+
+    def close(self) -> None:
+        for srv in self.servers.values():
+            srv.stop()
+
+    def asleep(self, pod: str) -> bool | None:
+        """The pod's engine sleeps (None: no engine known for it)."""
+        if self.http_port:
+            srv = self.servers.get(pod)
+            return None if srv is None else srv.sim.sleep["r0"].sleep_state() != "awake"
+        engine = self.engines.get(pod)
+        return None if engine is None else engine.asleep
+
+    def ready_pods(self) -> int:
+        return sum(1 for p in self.kube.pods("default") if p.ready and not p.terminating)
+
+    def tick(self) -> None:
+        self.t += 1.0
+        self.kube.step(self.t)
+        self.slurm.advance(1.0)
+        for job in self.slurm.snapshot().values():
+            if job.state == "running" and job.job_id in self.durations and self.t - (job.start_time or self.t) >= self.durations[job.job_id]:
+                self.slurm.finish(job.job_id)
+        self.prom.set("default", LoadSignals(self.t, running=self.load, waiting=0.0, kv_cache_usage_sum=None,
+                                             tokens_per_s=None, replicas_reporting=self.ready_pods()))
+        try:
+            self.daemon.iterate()
+        except Crash:
+            self.daemon = self.new_daemon()  # restarted from what is on the nodes only
+        self.check()
+
+    def check(self) -> None:
+        if self.ready_pods() < 1:
+            self.violations.append(f"t={self.t - T0:.0f}: no Ready serving pod")
+        pods = [p for p in self.kube.pods("default") if p.node and not p.terminating]
+        for job in self.slurm.snapshot().values():
+            if job.partition != wk.SLURM_PREEMPT_PARTITION or job.state != "running":
+                continue
+            for pod in (p for p in pods if p.node in job.nodes):
+                asleep = self.asleep(pod.name)
+                if pod.ready or pod.awake is not False or not asleep:
+                    self.violations.append(f"t={self.t - T0:.0f}: {pod.node} runs {job.job_id} beside {pod.name} "
+                                           f"(ready={pod.ready}, gate={pod.awake}, asleep={asleep})")
+
+    def phases(self) -> dict[str, Phase | None]:
+        return {n.name: n.phase for n in self.kube.nodes()}
+
+    def count(self, phase: Phase) -> int:
+        return sum(1 for p in self.phases().values() if p is phase)
+
+    def run_until(self, cond: Callable[[], bool], limit: int, what: str) -> int:
+        for i in range(limit):
+            if cond():
+                return i
+            self.tick()
+        raise AssertionError(f"not {what} after {limit} ticks: {self.phases()}, warm {self.warm()}")
+
+    def warm(self) -> dict[str, str | None]:
+        return {n.name: str(n.warm) if n.warm else None for n in self.kube.nodes()}
+
+    def sbatch(self, name: str, duration_s: float) -> str:
+        job_id = self.slurm.add_job(name=name)
+        self.durations[job_id] = duration_s
+        return job_id
+
+    def lost_jobs(self, jobs: list[str]) -> list[str]:
+        snap = self.slurm.snapshot()
+        return [j for j in jobs if j not in snap or snap[j].state not in ("pending", "running", "completed")]
+
+    def lend_then_reclaim(self) -> tuple[list[str], set[str], int]:
+        """Lend down to min_serving, research on the lent nodes, reclaim: (jobs, pods before, ticks to serve)."""
+        self.run_until(lambda: self.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+        jobs = [self.sbatch(f"research-{i}", duration_s=60) for i in range(3)]
+        self.run_until(lambda: all(self.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+        before = {p.name for p in self.kube.pods("default") if not p.terminating}
+        self.load = HIGH
+        ticks = self.run_until(lambda: self.count(Phase.SERVING) == 4 and self.ready_pods() == 4, 80, "all serving again")
+        return jobs, before, ticks
+
+
+def test_a_warm_lend_keeps_the_replica_asleep_and_the_reclaim_wakes_it() -> None:
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    lent = [n for n, p in w.phases().items() if p is Phase.LENT]
+    for node in lent:
+        n = w.kube.node(node)
+        assert n is not None and n.warm is not None and n.warm.state is WarmState.ASLEEP
+        (pod,) = [p for p in w.kube.pods("default") if p.node == node and not p.terminating]
+        assert pod.name == n.warm.pod and not pod.ready and pod.awake is False and w.engines[pod.name].asleep
+    assert w.kube.deployment("default").replicas == 4  # type: ignore[union-attr]  # the sleeping replicas stay counted
+    jobs = [w.sbatch(f"research-{i}", duration_s=60) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    before = {p.name for p in w.kube.pods("default") if not p.terminating}
+    w.load = HIGH
+    ticks = w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 80, "all serving again")
+    assert {p.name for p in w.kube.pods("default") if not p.terminating} == before  # woken, none cold-started
+    assert all(w.engines[p].wakes == 1 for p in before if p in w.engines and w.engines[p].wakes)
+    assert all(v is None for v in w.warm().values())
+    assert ticks <= 12, ticks  # grace 5 s + the wake, not a cold start on top
+    assert not w.violations and not w.lost_jobs(jobs)
+    assert all(w.slurm.snapshot()[j].state == "pending" and w.slurm.snapshot()[j].restart_count == 1 for j in jobs)
+
+
+def test_a_failed_wake_falls_back_to_a_cold_start() -> None:
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    jobs = [w.sbatch(f"research-{i}", duration_s=60) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    before = {p.name for p in w.kube.pods("default") if not p.terminating}
+    w.fail_wakes = True
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 120, "all serving again")
+    after = {p.name for p in w.kube.pods("default") if not p.terminating}
+    assert len(after - before) == 3  # the three that failed to wake were replaced by new pods
+    assert any(e.reason == "GpuBridgeWarmFailed" for e in w.kube.events)
+    assert all(v is None for v in w.warm().values())
+    assert not w.violations and not w.lost_jobs(jobs)
+
+
+def test_an_engine_that_wakes_under_research_is_evicted_and_the_node_stays_lent() -> None:
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    jobs = [w.sbatch(f"research-{i}", duration_s=600) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    node = sorted(n for n, p in w.phases().items() if p is Phase.LENT)[0]
+    (pod,) = [p for p in w.kube.pods("default") if p.node == node and not p.terminating]
+    w.engines[pod.name].asleep = False  # its container restarted: vLLM is back on the GPUs, awake
+    w.tick()
+    assert not any(p.name == pod.name and not p.terminating for p in w.kube.pods("default"))  # evicted in that pass
+    n = w.kube.node(node)
+    assert n is not None and n.phase is Phase.LENT and n.warm is not None and n.warm.state is WarmState.COLD
+    assert any(e.reason == "GpuBridgeWarmFailed" and "awake on a lent node" in e.message for e in w.kube.events)
+    w.tick(); w.tick()
+    assert all(w.slurm.snapshot()[j].state == "running" for j in jobs)  # research untouched
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 80, "all serving again")
+    assert all(v is None for v in w.warm().values())
+    assert not w.violations and not w.lost_jobs(jobs)
+
+
+# every write of the warm path, the transitions' starts and the scale around them
+WARM_POINTS = ("close_gate", "sleep_replica", "cancel_hold", "resume", "mark_lent", "submit_hold", "drain",
+               "mark_returning", "wake_replica", "open_gate", "unfence", "mark_serving", "clear_warm")
+
+
+@pytest.mark.parametrize("point", WARM_POINTS)
+def test_a_crash_right_after_each_warm_write_converges_with_no_job_lost(point: str) -> None:
+    w = World(crash_at=point)
+    jobs, before, _ = w.lend_then_reclaim()
+    assert w.crashes == 1, f"{point} never written"
+    assert {p.name for p in w.kube.pods("default") if not p.terminating} == before  # still warm: nothing cold-started
+    w.run_until(lambda: all(v is None for v in w.warm().values()), 10, "the warm records cleared")
+    assert not w.violations and not w.lost_jobs(jobs)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_over_http_the_daemon_sleeps_and_wakes_the_simulated_vllm_servers() -> None:
+    """The real path: sleep_controls' clients (pod IP + vllm_port) against the simulator's
+    /sleep, /wake_up, /is_sleeping, its wake taking real seconds."""
+    w = World(http_port=_free_port())
+    try:
+        w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+        lent = {n for n, p in w.phases().items() if p is Phase.LENT}
+        asleep = {p.node for p in w.kube.pods("default") if w.asleep(p.name)}
+        assert asleep == lent
+        assert all(w.servers[p].sim.sleep["r0"].sleep_state() == "weights_offloaded"
+                   for p, srv in w.servers.items() if srv.sim.replicas["r0"].node in lent)
+        jobs = [w.sbatch(f"research-{i}", duration_s=60) for i in range(3)]
+        w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+        before = {p.name for p in w.kube.pods("default") if not p.terminating}
+        w.load = HIGH
+        started = time.monotonic()
+        w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 80, "all serving again")
+        wall = time.monotonic() - started
+        assert {p.name for p in w.kube.pods("default") if not p.terminating} == before  # woken, none cold-started
+        assert not any(w.asleep(p) for p in before)
+        assert not w.violations and not w.lost_jobs(jobs)
+        assert wall < 30, wall  # three wakes of ~1.2 s each (the simulator's FAST model), not cold starts
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("point", ["wake_replica", "delete_asleep", "open_gate", "clear_warm"])
+def test_a_crash_on_the_cold_fallback_of_a_failed_wake_converges(point: str) -> None:
+    w = World(crash_at=point)
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    jobs = [w.sbatch(f"research-{i}", duration_s=60) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    w.fail_wakes = True
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 120, "all serving again")
+    w.run_until(lambda: all(v is None for v in w.warm().values()), 10, "the warm records cleared")
+    assert w.crashes == 1, f"{point} never written"
+    assert not w.violations and not w.lost_jobs(jobs)
+
+
+@pytest.mark.parametrize("point", ["check_asleep", "delete_asleep"])
+def test_a_crash_after_noticing_an_awake_engine_converges(point: str) -> None:
+    w = World(crash_at=point)
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    jobs = [w.sbatch(f"research-{i}", duration_s=60) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    node = sorted(n for n, p in w.phases().items() if p is Phase.LENT)[0]
+    (pod,) = [p for p in w.kube.pods("default") if p.node == node and not p.terminating]
+    w.engines[pod.name].asleep = False
+    w.run_until(lambda: not any(p.name == pod.name and not p.terminating for p in w.kube.pods("default")), 5, "the pod evicted")
+    assert w.crashes == 1, f"{point} never written"
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 120, "all serving again")
+    w.run_until(lambda: all(v is None for v in w.warm().values()), 10, "the warm records cleared")
+    assert not w.lost_jobs(jobs)
+    # research beside the awake engine for at most the one pass the crash interrupted
+    assert len(w.violations) <= 1 and all(node in v for v in w.violations), w.violations

@@ -274,15 +274,11 @@ def next_step(
                 return got
         elif facts.warm is not None and facts.warm.state is WarmState.COLD and warm_pod(facts) is not None:
             return Step.DELETE_ASLEEP  # its engine woke or went silent under Slurm: the pod goes, the node stays lent
-        # Re-assert the release (idempotent): e.g. a crash between resume and mark.
-        if facts.hold is not None:
-            return Step.CANCEL_HOLD
-        if facts.slurm_drained_by_us:
-            return Step.RESUME
-        if facts.slurm_own_drain is not None:
-            # Slurm drained it itself (e.g. "Duplicate jobid" after a controller crash) and
-            # nothing runs there now: lent again, not unusable forever
-            return Step.CLEAR_SLURM_DRAIN
+        # Re-assert the release (idempotent): e.g. a crash between resume and mark, or Slurm's
+        # own drain ("Duplicate jobid" after a controller crash) with nothing running there
+        release = _release(facts)
+        if release is not Step.MARK_LENT:
+            return release
         return Step.CHECK_ASLEEP if _asleep(facts) else None
     if phase is Phase.RECLAIMING:
         if _asleep(facts) and warm_pod(facts) is None:

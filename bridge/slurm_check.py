@@ -102,19 +102,12 @@ def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, 
         out.append(Finding(f"PartitionName={pname}", "", "missing: research jobs run there (slurm.preempt_partition)"))
     else:
         key = f"PartitionName={pname}"
-        if "REQUEUE" not in preempt.get("PreemptMode", "").upper().split(","):
-            out.append(Finding(f"{key} PreemptMode", preempt.get("PreemptMode", ""),
-                               "needs REQUEUE: a reclaimed node's jobs are requeued, never cancelled"))
+        out += _preemptible(key, preempt)
         grace = _seconds(preempt.get("GraceTime", ""))
         if grace is None or abs(grace - config.slurm.grace_s) > 0.5:
             out.append(Finding(f"{key} GraceTime", preempt.get("GraceTime", ""),
                                f"differs from slurm.grace_s ({config.slurm.grace_s:g} s in the config): gpu-bridge "
                                "would requeue jobs before their checkpoint time is over, or wait for nothing"))
-        over = preempt.get("OverTimeLimit", "")
-        if over.upper() != "UNLIMITED" and (_seconds(over) or 0) < wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN:
-            out.append(Finding(f"{key} OverTimeLimit", over,
-                               f"needs at least {wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN} (minutes): a preempted job "
-                               "that finishes its work during GraceTime otherwise ends TIMEOUT"))
     if hold is None:
         out.append(Finding(f"PartitionName={hname}", "", "missing: the bridge's hold jobs run there (slurm.hold_partition)"))
     else:
@@ -155,6 +148,21 @@ def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, 
     return out
 
 
+def _preemptible(key: str, part: Mapping[str, str]) -> list[Finding]:
+    """What both research tiers need: requeue on preemption, and an OverTimeLimit that lets a
+    job finishing during its GraceTime complete."""
+    out: list[Finding] = []
+    if "REQUEUE" not in part.get("PreemptMode", "").upper().split(","):
+        out.append(Finding(f"{key} PreemptMode", part.get("PreemptMode", ""),
+                           "needs REQUEUE: a reclaimed node's jobs are requeued, never cancelled"))
+    over = part.get("OverTimeLimit", "")
+    if over.upper() != "UNLIMITED" and (_seconds(over) or 0) < wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN:
+        out.append(Finding(f"{key} OverTimeLimit", over,
+                           f"needs at least {wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN} (minutes): a preempted job "
+                           "that finishes its work during GraceTime otherwise ends TIMEOUT"))
+    return out
+
+
 def _fast_tier(config: Config, fname: str, fast: Mapping[str, str] | None, preempt: Mapping[str, str] | None,
                hold: Mapping[str, str] | None) -> list[Finding]:
     """The fast-grace partition (slurm.fast_partition): a second `preempt` over the same nodes
@@ -164,10 +172,7 @@ def _fast_tier(config: Config, fname: str, fast: Mapping[str, str] | None, preem
     if fast is None:
         return [Finding(key, "", "missing: slurm.fast_partition names it (the fast-grace tier); add the "
                                  "preempt-fast line of slurm_conf/slurm.conf.snippet or set fast_partition: null")]
-    out: list[Finding] = []
-    if "REQUEUE" not in fast.get("PreemptMode", "").upper().split(","):
-        out.append(Finding(f"{key} PreemptMode", fast.get("PreemptMode", ""),
-                           "needs REQUEUE: a reclaimed node's jobs are requeued, never cancelled"))
+    out = _preemptible(key, fast)
     grace = _seconds(fast.get("GraceTime", ""))
     fast_grace = config.slurm.fast_grace_s
     if grace is None or abs(grace - fast_grace) > 0.5:
@@ -179,11 +184,6 @@ def _fast_tier(config: Config, fname: str, fast: Mapping[str, str] | None, preem
         out.append(Finding(f"{key} GraceTime", fast.get("GraceTime", ""),
                            f"must be shorter than {config.slurm.preempt_partition}'s ({normal:g} s): the fast tier "
                            "exists to give nodes back sooner"))
-    over = fast.get("OverTimeLimit", "")
-    if over.upper() != "UNLIMITED" and (_seconds(over) or 0) < wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN:
-        out.append(Finding(f"{key} OverTimeLimit", over,
-                           f"needs at least {wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN} (minutes): a preempted job "
-                           "that finishes its work during GraceTime otherwise ends TIMEOUT"))
     if hold is not None:
         try:
             below = int(fast.get("PriorityTier", "")) < int(hold.get("PriorityTier", ""))

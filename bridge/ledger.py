@@ -14,7 +14,7 @@ from bridge.actuate import REQUEST_POINT, RELEASE_POINT, START_POINTS, StepRecor
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import Step
 from bridge.metrics import BridgeMetrics, NullMetrics
-from bridge.model import Action, ActionKind, Calibration, Phase, Plan, Tier
+from bridge.model import Action, ActionKind, Calibration, Phase, Plan, ReclaimMode, Tier, WarmState
 from bridge.observe import LAUNCH_FAILED_HELD, Observation, Snapshot
 from bridge.policy.forecast import horizon_s
 from bridge.policy.memory import PoolMemory
@@ -160,11 +160,13 @@ class Ledger:
         elif record.step is Step.MARK_SERVING:
             times.ready = record.at
             del self._reclaims[record.node]
+            f = obs.facts.get(record.node)  # woken: its warm record says awake until serving clears it
+            mode = ReclaimMode.WARM if f and f.warm and f.warm.state is WarmState.AWAKE else ReclaimMode.COLD
             if times.slurm_released is not None:  # measured: decision -> Slurm release -> Ready
-                self.memory[times.pool].add_delay(times.ready - times.decided, times.tier)
+                self.memory[times.pool].add_delay(times.ready - times.decided, times.tier, mode)
             b = times.breakdown()
-            log.info("node_reclaimed", node=record.node, pool=times.pool, tier=str(times.tier), **b)
-            m.record_reclaim(pool=times.pool, reason="policy", tier=str(times.tier),
+            log.info("node_reclaimed", node=record.node, pool=times.pool, tier=str(times.tier), mode=str(mode), **b)
+            m.record_reclaim(pool=times.pool, reason="policy", tier=str(times.tier), mode=str(mode),
                              **{k: max(0.0, b.get(k, 0.0)) for k in ("detection_s", "slurm_release_s", "kubernetes_ready_s")})
 
     def _refresh_outlook(self, now: float, obs: Observation) -> None:

@@ -141,13 +141,14 @@ class BridgeMetrics:
         )
         self.reclaim_latency = Histogram(
             "gpu_bridge_reclaim_duration_seconds",
-            "From the load change that called for a node to its Ready replica, by the tier the node was lent to.",
-            ["pool", "tier"], buckets=RECLAIM_BUCKETS_S, registry=r,
+            "From the load change that called for a node to its Ready replica, by the tier the node was lent to "
+            "and mode (warm: its replica woken, cold: cold-started).",
+            ["pool", "tier", "mode"], buckets=RECLAIM_BUCKETS_S, registry=r,
         )
         self.reclaim_phase_latency = Histogram(
             "gpu_bridge_reclaim_phase_duration_seconds",
-            "Reclaim latency by phase: detection, slurm_release, kubernetes_ready; and tier (normal, fast).",
-            ["pool", "phase", "tier"], buckets=RECLAIM_BUCKETS_S, registry=r,
+            "Reclaim latency by phase: detection, slurm_release, kubernetes_ready; tier (normal, fast) and mode (warm, cold).",
+            ["pool", "phase", "tier", "mode"], buckets=RECLAIM_BUCKETS_S, registry=r,
         )
         self.preempted_jobs = Counter(
             "gpu_bridge_preempted_jobs", "Slurm jobs preempted (requeued) by reclaims.", ["pool"], registry=r,
@@ -290,16 +291,17 @@ class BridgeMetrics:
 
     def record_reclaim(
         self, *, pool: str, reason: str, detection_s: float, slurm_release_s: float, kubernetes_ready_s: float,
-        tier: str = "normal",
+        tier: str = "normal", mode: str = "cold",
     ) -> None:
         """A completed reclaim: total latency is the sum of its three phases; ``tier``: the
-        partition tier the node was lent to (its grace bounds ``slurm_release``)."""
+        partition tier the node was lent to (its grace bounds ``slurm_release``); ``mode``: warm
+        when its replica was woken, cold when one cold-started (bounds ``kubernetes_ready``)."""
         phases = {"detection": detection_s, "slurm_release": slurm_release_s, "kubernetes_ready": kubernetes_ready_s}
         for phase, seconds in phases.items():
             if seconds < 0:
                 raise ValueError(f"record_reclaim: {phase}_s must be >= 0, got {seconds}")
-            self.reclaim_phase_latency.labels(pool=pool, phase=phase, tier=tier).observe(seconds)
-        self.reclaim_latency.labels(pool=pool, tier=tier).observe(sum(phases.values()))
+            self.reclaim_phase_latency.labels(pool=pool, phase=phase, tier=tier, mode=mode).observe(seconds)
+        self.reclaim_latency.labels(pool=pool, tier=tier, mode=mode).observe(sum(phases.values()))
         self.reclaims.labels(pool=pool, reason=reason).inc()
 
     def record_slurm_repair(self, *, kind: str, pool: str) -> None:

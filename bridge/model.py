@@ -113,6 +113,13 @@ class Tier(enum.StrEnum):
     FAST = "fast"  # slurm.fast_partition, slurm.fast_grace_s
 
 
+class ReclaimMode(enum.StrEnum):
+    """How a reclaimed node's replica came back: its reclaim delay differs by minutes."""
+
+    WARM = "warm"  # the sleeping replica was woken (warm lending)
+    COLD = "cold"  # a new replica cold-started (no warm lend, or its wake failed)
+
+
 class ActionKind(enum.StrEnum):
     LEND = "lend"  # serving -> lending -> lent
     RECLAIM = "reclaim"  # lent -> reclaiming -> returning -> serving

@@ -64,7 +64,12 @@ def return_s(pool: PoolConfig) -> float:
     """The vLLM part of a reclaim once Slurm released the node: the wake for a pool that
     lends warm (docs/warm-lending.md; the lifecycle keeps a node's replica only when it is the
     node's one pod), else the cold start."""
-    return pool.wake_s if pool.warm_lending and pool.replicas_per_node == 1 else pool.cold_start_s
+    return pool.wake_s if lends_warm(pool) else pool.cold_start_s
+
+
+def lends_warm(pool: PoolConfig) -> bool:
+    """The pool's reclaims wake a sleeping replica (else, or when a wake fails, cold-start one)."""
+    return pool.warm_lending and pool.replicas_per_node == 1
 
 
 def measured_horizon(config: Config, pool: PoolConfig, delays: Sequence[float], *, fast: bool = False) -> float | None:

@@ -8,9 +8,9 @@ import math
 from dataclasses import replace
 
 from bridge.config import Config, PoolConfig
-from bridge.model import LoadSignals, PoolState, Tier
+from bridge.model import LoadSignals, PoolState, ReclaimMode, Tier
 from bridge.policy.calibrate import Calibrator
-from bridge.policy.forecast import history_windows, measured_horizon
+from bridge.policy.forecast import history_windows, lends_warm, measured_horizon
 from bridge.policy.history import HistoryRecorder
 
 
@@ -33,7 +33,12 @@ class PoolMemory:
         if calibration and self.calibrator is not None:
             self.calibrator.add(sample)
 
-    def add_delay(self, seconds: float, tier: Tier = Tier.NORMAL) -> None:
+    def add_delay(self, seconds: float, tier: Tier = Tier.NORMAL, mode: ReclaimMode = ReclaimMode.COLD) -> None:
+        """A measured reclaim. A warm pool plans with both modes (a failed wake costs a cold
+        start: the quantile covers it); a cold one never with a wake (a node lent warm before
+        the pool stopped lending warm), which would lower its horizon below its cold starts."""
+        if mode is ReclaimMode.WARM and not lends_warm(self.pool):
+            return
         delays = self.fast_delays if tier is Tier.FAST else self.delays
         delays.append(seconds)
         del delays[:-512]

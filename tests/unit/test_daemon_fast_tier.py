@@ -46,8 +46,8 @@ def test_fast_backlog_is_lent_to_the_fast_tier_and_reclaimed_within_the_fast_gra
     w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 60, "all serving again")
     assert all(w.job(j.job_id).restart_count == 1 for j in running)  # type: ignore[attr-defined]
     sample = w.daemon.ledger.metrics.registry.get_sample_value
-    release = {t: (sample("gpu_bridge_reclaim_phase_duration_seconds_count", {"pool": "default", "phase": "slurm_release", "tier": t}) or 0,
-                   sample("gpu_bridge_reclaim_phase_duration_seconds_sum", {"pool": "default", "phase": "slurm_release", "tier": t}) or 0)
+    release = {t: (sample("gpu_bridge_reclaim_phase_duration_seconds_count", {"pool": "default", "phase": "slurm_release", "tier": t, "mode": "cold"}) or 0,
+                   sample("gpu_bridge_reclaim_phase_duration_seconds_sum", {"pool": "default", "phase": "slurm_release", "tier": t, "mode": "cold"}) or 0)
                for t in ("fast", "normal")}
     assert release["fast"][0] == len(fast) and release["normal"][0] == 3 - len(fast)
     # released in about the fast grace (2 s) plus a tick, not the normal one (5 s)

@@ -100,13 +100,17 @@ def test_record_reclaim_observes_total_and_phases() -> None:
     m = BridgeMetrics()
     m.record_reclaim(pool="llama", reason="spike", detection_s=4, slurm_release_s=11, kubernetes_ready_s=30)
     assert sample(m, "gpu_bridge_reclaims_total", pool="llama", reason="spike") == 1
-    assert sample(m, "gpu_bridge_reclaim_duration_seconds_sum", pool="llama", tier="normal") == 45
-    assert sample(m, "gpu_bridge_reclaim_duration_seconds_bucket", pool="llama", tier="normal", le="45.0") == 1
-    assert sample(m, "gpu_bridge_reclaim_duration_seconds_bucket", pool="llama", tier="normal", le="30.0") == 0
-    assert sample(m, "gpu_bridge_reclaim_phase_duration_seconds_sum", pool="llama", phase="slurm_release", tier="normal") == 11
-    m.record_reclaim(pool="llama", reason="spike", detection_s=4, slurm_release_s=3, kubernetes_ready_s=30, tier="fast")
-    assert sample(m, "gpu_bridge_reclaim_phase_duration_seconds_sum", pool="llama", phase="slurm_release", tier="fast") == 3
-    assert sample(m, "gpu_bridge_reclaim_duration_seconds_sum", pool="llama", tier="fast") == 37
+    assert sample(m, "gpu_bridge_reclaim_duration_seconds_sum", pool="llama", tier="normal", mode="cold") == 45
+    assert sample(m, "gpu_bridge_reclaim_duration_seconds_bucket", pool="llama", tier="normal", mode="cold", le="45.0") == 1
+    assert sample(m, "gpu_bridge_reclaim_duration_seconds_bucket", pool="llama", tier="normal", mode="cold", le="30.0") == 0
+    assert sample(m, "gpu_bridge_reclaim_phase_duration_seconds_sum", pool="llama", phase="slurm_release", tier="normal", mode="cold") == 11
+    m.record_reclaim(pool="llama", reason="spike", detection_s=4, slurm_release_s=3, kubernetes_ready_s=30, tier="fast", mode="cold")
+    assert sample(m, "gpu_bridge_reclaim_phase_duration_seconds_sum", pool="llama", phase="slurm_release", tier="fast", mode="cold") == 3
+    assert sample(m, "gpu_bridge_reclaim_duration_seconds_sum", pool="llama", tier="fast", mode="cold") == 37
+    m.record_reclaim(pool="llama", reason="spike", detection_s=4, slurm_release_s=3, kubernetes_ready_s=6, tier="fast", mode="warm")
+    assert sample(m, "gpu_bridge_reclaim_phase_duration_seconds_sum", pool="llama", phase="kubernetes_ready", tier="fast", mode="warm") == 6
+    assert sample(m, "gpu_bridge_reclaim_duration_seconds_sum", pool="llama", tier="fast", mode="warm") == 13
+    assert sample(m, "gpu_bridge_reclaim_duration_seconds_sum", pool="llama", tier="fast", mode="cold") == 37
     with pytest.raises(ValueError, match="record_reclaim: detection_s must be >= 0, got -1"):
         m.record_reclaim(pool="llama", reason="spike", detection_s=-1, slurm_release_s=0, kubernetes_ready_s=0)
 

@@ -30,6 +30,7 @@ SCALE_POINT = "scale"  # a pool's Deployment scale
 RELEASE_POINT = "release_job"  # a research job Slurm held, released
 REQUEST_POINT = "request"  # an operator's request, carried out or refused
 START_POINTS = {ActionKind.LEND: "start_lending", ActionKind.RECLAIM: "start_reclaiming"}  # a policy action's first mark
+TIER_POINT = "set_tier"  # a lend's Slurm partition (the fast tier), written before its first mark
 
 
 def _no_hook(point: str) -> None:
@@ -133,7 +134,8 @@ class Actuator:
         job a reclaim preempts on the node, with the work it loses (``gpu-bridge web`` reads it)."""
         phase = Phase.LENDING if action.kind is ActionKind.LEND else Phase.RECLAIMING
         if action.kind is ActionKind.LEND and self.tiers:  # the tier lives in Slurm, set before the mark
-            self.slurm.set_tier(action.node, self.tiers[action.tier])
+            if self.slurm.set_tier(action.node, self.tiers[action.tier]):
+                self.after_write(TIER_POINT)
         changed = self._mark(action.node, phase, action.detail, now)
         if changed:
             self.after_write(START_POINTS[action.kind])

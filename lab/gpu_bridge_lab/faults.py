@@ -10,7 +10,7 @@ unless BOTH are set in the daemon's environment (read once, at the first write):
 
 ``<point>`` is a ``bridge.lifecycle.Step`` value (``fence``, ``resume``, ``drain``, ...), or
 ``scale`` (the pool's Deployment scale write), or ``start_lending`` / ``start_reclaiming``
-(the policy's initial phase mark). A write is counted only when it changed something.
+(the policy's initial phase mark), or ``set_tier`` (a lend's partition, with a fast tier). A write is counted only when it changed something.
 
 Why a real SIGKILL (not an exception): the point is to leave the outside world exactly as a
 crash would, with no ``finally`` or atexit handler tidying up. ``GPU_BRIDGE_CRASH_AT`` alone
@@ -34,6 +34,7 @@ CRASH_ENV = "GPU_BRIDGE_CRASH_AT"
 SCALE = "scale"  # = bridge.actuate.SCALE_POINT
 START_LENDING = "start_lending"  # = bridge.actuate.START_POINTS values
 START_RECLAIMING = "start_reclaiming"
+SET_TIER = "set_tier"  # = bridge.actuate.TIER_POINT (only with slurm.fast_partition)
 
 
 def parse_crash_at(value: str) -> tuple[str, int]:

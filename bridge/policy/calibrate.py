@@ -212,12 +212,21 @@ def _by_hour(logs: np.ndarray, hour: np.ndarray, k: int, alpha: float) -> tuple[
 # ``CP_LAMBDA``: a single burst of a minute does not reach it, a level shift (every step of a
 # lookback far above its base) or a new burstiness (many steps beyond it) does, within minutes.
 CP_DELTA = 4.0
-CP_LAMBDA = 40.0
+CP_LAMBDA = 20.0
 # The old regime is forgotten at this rate: from the step where the new regime's own scores
 # begin (the base forecast no longer reaches back before the change), the history before it
 # that the calibration keeps halves every ``CP_HALF_LIFE_S``; after about a day only the new
 # regime's own history counts. The margins widened at once (the change's own scores are in).
 CP_HALF_LIFE_S = 3 * 3600.0
+# A change is a new regime only while its level holds: in most whole hours since it (the
+# median), demand at least this many times the level of the same hour of the day before it.
+# A burst episode that ends (BurstGPT's spikes: hours far above a near-idle level, then back)
+# stops being one as soon as its calm hours outnumber its busy ones, and the history it would
+# have forgotten (the earlier spikes, which recur) counts again. And only once it held for
+# ``CP_HOLD_HOURS``: most of BurstGPT's episodes end sooner (with one hour, forgetting cost it
+# 13 points of its harvest, with six 7), and a level shift's recovery is as fast (the x3 cases).
+CP_LEVEL_RATIO = 1.5
+CP_HOLD_HOURS = 6
 
 
 def change_point(logs: np.ndarray, mu_hour: np.ndarray | None) -> int | None:
@@ -237,6 +246,28 @@ def change_point(logs: np.ndarray, mu_hour: np.ndarray | None) -> int | None:
         last = start + int(hit[0])
         start = last + 1
     return last
+
+
+def level_held(d: np.ndarray, at: int, hours: np.ndarray, steps_per_hour: int) -> bool:
+    """Whether the load's level since step ``at`` held above ``CP_LEVEL_RATIO`` x the level
+    before it: the median, over the whole hours since ``at``, of each hour's mean demand over
+    the mean of the same hour of the day before ``at`` (the overall mean before ``at`` for an
+    hour of the day it did not see). False before ``CP_HOLD_HOURS`` whole hours."""
+    m = (d.size - at) // steps_per_hour
+    if m < CP_HOLD_HOURS or at < steps_per_hour:
+        return False
+    pre, ph = d[:at], hours[:at]
+    overall = float(np.nanmean(pre)) if np.isfinite(pre).any() else math.nan
+    sums = np.bincount(ph, weights=np.nan_to_num(pre), minlength=24)[:24]
+    counts = np.bincount(ph, weights=np.isfinite(pre).astype(float), minlength=24)[:24]
+    profile = np.where(counts > 0, sums / np.maximum(counts, 1.0), overall)
+    post = d[at : at + m * steps_per_hour].reshape(m, steps_per_hour)
+    seen = np.isfinite(post).any(axis=1)
+    if not seen.any() or not math.isfinite(overall):
+        return False
+    level = np.nanmean(post[seen], axis=1)
+    before = profile[hours[at : at + m * steps_per_hour : steps_per_hour][seen]]
+    return bool(np.median(level / np.maximum(before, 1e-9)) >= CP_LEVEL_RATIO)
 
 
 class Calibrator:
@@ -314,10 +345,12 @@ class Calibrator:
         )
 
     def _forget(
-        self, d: np.ndarray, r: np.ndarray, hours: np.ndarray | None, *, h: float, lookback_s: float, min_samples: int
+        self, d: np.ndarray, r: np.ndarray, hours: np.ndarray | None, *, h: float, lookback_s: float, min_samples: int,
+        level_hours: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The window with the regime before the last change point forgotten at the stated
-        rate (``CP_HALF_LIFE_S``), never shorter than the history needed to calibrate."""
+        rate (``CP_HALF_LIFE_S``) while the change's level holds (``level_held``), never
+        shorter than the history needed to calibrate. ``level_hours``: each step's hour of the day."""
         hs = max(1, math.ceil(h / self.step_s - 1e-9))
         ls = max(1, math.ceil(lookback_s / self.step_s - 1e-9))
         rises, where = _rises(d, step_s=self.step_s, horizon_s=h, lookback_s=lookback_s,
@@ -339,6 +372,8 @@ class Calibrator:
         age_s = (d.size - n0) * self.step_s
         if age_s <= 0:
             return d, r, hours  # the change is still under way: its scores widen the margin at once
+        if not level_held(d, n0, level_hours, round(3600.0 / self.step_s)):
+            return d, r, hours  # a burst that ended, not a new regime: its history still counts
         keep = int(n0 * 0.5 ** (age_s / CP_HALF_LIFE_S))
         start = min(n0 - keep, d.size - (min_samples + hs + ls))
         if start <= 0:
@@ -381,7 +416,9 @@ class Calibrator:
         lookback_s = max(f.lend_lookback_s, f.burst_window_s)
         min_samples = math.ceil(cal.min_history_s / self.step_s)
         if cal.change_points:
-            d, r, hours = self._forget(d, r, hours, h=h, lookback_s=lookback_s, min_samples=min_samples)
+            d, r, hours = self._forget(
+                d, r, hours, h=h, lookback_s=lookback_s, min_samples=min_samples, level_hours=self._hours(now)
+            )
         got = calibrate(
             d,
             r,

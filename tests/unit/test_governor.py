@@ -326,3 +326,68 @@ def test_after_a_level_shift_the_margin_widens_at_once_and_the_old_regime_is_for
     assert during is not None and before is not None and after is not None
     assert during > 1.3 * before  # the change's own rises are in at once
     assert after < 1.1 * before  # a day later the new regime's own history sets it
+
+
+def test_a_change_is_a_new_regime_only_while_its_level_holds() -> None:
+    from bridge.policy.calibrate import CP_HOLD_HOURS, CP_LEVEL_RATIO, level_held
+
+    rng = np.random.default_rng(11)
+    hours = (np.arange(6 * 1440) // 60) % 24
+    base = 4.0 + 2.0 * np.sin(2 * np.pi * hours / 24.0)  # a daily shape
+    calm = base * rng.gamma(50.0, 0.02, size=base.size)
+    shift = calm.copy()
+    shift[3 * 1440 :] *= 3.0  # x3 from day 3 on, and it stays
+    assert level_held(shift, 3 * 1440, hours, 60)
+    late = calm.copy()
+    at = 6 * 1440 - 60 * CP_HOLD_HOURS  # held exactly the hours it must: a new level
+    late[at:] *= 3.0
+    assert level_held(late, at, hours, 60)
+    late[at : at + 30] /= 3.0
+    assert not level_held(late, at + 30, hours, 60)  # not yet held for CP_HOLD_HOURS whole hours
+    assert not level_held(calm, 3 * 1440, hours, 60)  # nothing changed
+    # a burst episode: 10 hours far above the level, then back; a new regime while it lasts,
+    # not once its calm hours outnumber its busy ones
+    episode = calm.copy()
+    episode[3 * 1440 : 3 * 1440 + 600] *= 10.0
+    assert level_held(episode[: 3 * 1440 + 600], 3 * 1440, hours, 60)
+    assert not level_held(episode[: 3 * 1440 + 1320], 3 * 1440, hours, 60)
+    # the ratio is the stated one: a lasting x(ratio * 0.9) is not a new level, x(ratio * 1.2) is
+    lo, hi = calm.copy(), calm.copy()
+    lo[3 * 1440 :] *= 0.9 * CP_LEVEL_RATIO
+    hi[3 * 1440 :] *= 1.2 * CP_LEVEL_RATIO
+    assert not level_held(lo, 3 * 1440, hours, 60)
+    assert level_held(hi, 3 * 1440, hours, 60)
+
+
+def test_a_burst_episode_that_ended_keeps_the_history_it_would_have_forgotten() -> None:
+    """BurstGPT's pattern: a near-idle level with episodes of hours far above it, recurring
+    every few days. The change-point test alarms at an episode; once the episode is over the
+    calibration must be the one without change points (its earlier episodes still count),
+    while after a lasting x3 shift it forgets the old regime within a day."""
+    from bridge.model import LoadSignals
+    from bridge.policy.calibrate import Calibrator
+
+    def history(change_points: bool, lasting: bool) -> int:
+        """The number of scores the calibration rests on at the end of day 6."""
+        cfg = config(0.001)
+        cfg = dataclasses.replace(
+            cfg,
+            policy=dataclasses.replace(
+                cfg.policy, calibration=dataclasses.replace(cfg.policy.calibration, change_points=change_points)
+            ),
+        )
+        cal = Calibrator(cfg, cfg.pools[0])
+        t0 = 1_000_000 * 60.0
+        rng = np.random.default_rng(7)
+        end = 6 * 1440
+        for m in range(end):
+            level = 2.0
+            if 2 * 1440 + 600 <= m < 2 * 1440 + 1200 or 4 * 1440 + 600 <= m < (end if lasting else 4 * 1440 + 1200):
+                level = 12.0
+            d = level * float(rng.gamma(100.0, 0.01))
+            cal.add(LoadSignals(t0 + 60 * m, d * 24.0, 0.0, None, None, 24))
+        return cal.calibration(t0 + 60 * (end - 1), capacity=24.0).samples
+
+    assert history(True, lasting=False) == history(False, lasting=False)  # the episodes recur: nothing forgotten
+    # a level that held since day 4.4: the regime before it forgotten, about a day and a half kept
+    assert history(True, lasting=True) < 0.4 * history(False, lasting=True)

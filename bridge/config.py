@@ -419,7 +419,7 @@ class CalibrationConfig:
     delay_quantile: Num = Field(default=0.95, gt=0, lt=1, description="quantile of measured reclaim delays the horizon uses")
     delay_min_samples: Int = Field(default=5, ge=1, description="measured reclaims needed before they replace the configured delays")
     change_points: Bool = Field(
-        default=False, description="experimental (off: it ruins BurstGPT's hourly steps, docs/policy.md section 7): detect changes in the load's character (Page-Hinkley on the forecast's residuals) and forget the regime before at a stated rate (half-life 3 h)"
+        default=True, description="recovery when the load changes level: a change (Page-Hinkley on the forecast's residuals) whose level held for 6 whole hours at >= 1.5x the same hours before it forgets the regime before at a stated rate (half-life 3 h); docs/policy.md section 7"
     )
 
     @model_validator(mode="after")

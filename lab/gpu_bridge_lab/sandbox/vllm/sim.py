@@ -207,6 +207,15 @@ class Simulation:
             self._reap()
             return rep
 
+    def set_routed(self, name: str, routed: bool) -> Replica:
+        """In or out of the load balancing (its pod Ready or not), the engine left running."""
+        with self.lock:
+            rep = self.replicas.get(name)
+            if rep is None:
+                raise SimError(f"replica {name!r} not found", 404)
+            rep.routed = routed
+            return rep
+
     def replica_list(self) -> list[dict[str, Any]]:
         with self.lock:
             return [r.snapshot() for r in self.replicas.values()]

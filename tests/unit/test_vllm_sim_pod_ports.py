@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import requests
 
 from bridge.adapters.vllm import VllmSleepClient
 from bridge.errors import AdapterError
@@ -32,13 +33,14 @@ def test_each_pod_ip_reaches_its_own_replica() -> None:
     server = SimServer(sim, "127.0.0.1", 0, tick_s=0.02, dev_mode=True).start()
     port = _free_port()
     ports = PodPorts(server, port)
+    session = requests.Session()
     try:
         pods = {"vllm-a": PodView("vllm-a", "n1", "m", True, ip="127.1.7.1"),
                 "vllm-b": PodView("vllm-b", "n2", "m", True, ip="127.1.7.2"),
                 "pending": PodView("pending", "", "m", False)}  # no IP yet: nothing to listen on
         ports.sync(pods)
         assert ports.addresses() == {"127.1.7.1": "vllm-a", "127.1.7.2": "vllm-b"}
-        a, b = (VllmSleepClient(f"http://127.1.7.{i}:{port}", timeout_s=10) for i in (1, 2))
+        a, b = (VllmSleepClient(f"http://127.1.7.{i}:{port}", timeout_s=10, session=session) for i in (1, 2))
         a.sleep(1)
         assert a.is_sleeping() and not b.is_sleeping()
         assert sim.is_sleeping("vllm-a") and not sim.is_sleeping("vllm-b")
@@ -47,6 +49,7 @@ def test_each_pod_ip_reaches_its_own_replica() -> None:
         with pytest.raises(urllib.error.HTTPError) as err:  # only the sleep routes and /health are served
             urllib.request.urlopen(f"http://127.1.7.1:{port}/replicas", timeout=5)
         assert err.value.code == 404
+        err.value.close()
         with urllib.request.urlopen(f"http://127.1.7.1:{port}/health", timeout=5) as resp:
             assert resp.status == 200
         # the pod gone: its address refuses, as a deleted pod's would; the other one still answers
@@ -57,9 +60,10 @@ def test_each_pod_ip_reaches_its_own_replica() -> None:
         with pytest.raises(AdapterError, match="ConnectionError"):  # a new one: refused
             a.is_sleeping()
         with pytest.raises(AdapterError, match="ConnectionError"):
-            VllmSleepClient(f"http://127.1.7.1:{port}", timeout_s=5).is_sleeping()
+            VllmSleepClient(f"http://127.1.7.1:{port}", timeout_s=5, session=session).is_sleeping()
         assert b.is_sleeping() is False
     finally:
+        session.close()
         ports.stop()
         server.stop()
 

@@ -156,3 +156,9 @@ def test_a_gated_out_pod_keeps_its_engine_out_of_the_load_balancing() -> None:
     # not Ready without containers ready (a crash, a failing probe): drained as before
     tr.event("MODIFIED", pod("vllm-1", ready=False, node="gpu-node-02"))
     assert sim.replicas["vllm-1"].state == DRAINING
+    # gated out, then drained (its container failed), then Ready again: serving and routed
+    tr.event("MODIFIED", gated("vllm-0", awake=False))
+    tr.event("MODIFIED", pod("vllm-0", ready=False))
+    assert rep.state == DRAINING and not rep.routed
+    tr.event("MODIFIED", gated("vllm-0", awake=True))
+    assert rep.state == SERVING and rep.routed and rep.accepting

@@ -183,6 +183,7 @@ class Simulation:
             if existing is not None:
                 if existing.state == DRAINING and existing.model == model:
                     existing.resume()
+                    existing.routed = True  # its pod is Ready: in the load balancing again
                     if node:
                         existing.node = node
                     return existing

@@ -102,6 +102,10 @@ class Actuator:
     tiers: Mapping[Tier, str] = field(default_factory=dict)  # tier -> its partition; empty: no fast tier
     # (pool, pod IP) -> the pod's vLLM sleep mode (bridge.adapters.vllm.sleep_controls: warm pools only)
     sleep_control: Callable[[str, str | None], SleepControl] = field(default=_no_sleep_control)
+    # pool -> pools[].drain_s: for that long into a warm lend a failed sleep is retried each pass,
+    # not taken as a failure (vLLM refuses to sleep while requests are in flight, and the ones
+    # the replica had when its gate closed take that long to finish); absent: no retry
+    sleep_retry_s: Mapping[str, float] = field(default_factory=dict)
 
     def apply(self, intents: Intents) -> list[StepRecord]:
         """Carry out what ``bridge.reconcile`` decided, in its order. A write that fails is
@@ -348,7 +352,9 @@ def _warm_call(a: Actuator, pool: PoolTarget, pod: PodFacts, wake: bool) -> None
 
 def _sleep_or_wake(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
     """The engine's call, then the record: asleep/awake on success, cold on any failure (the
-    lifecycle then deletes the pod and takes the cold path). The record is written last, so a
+    lifecycle then deletes the pod and takes the cold path), except a sleep that fails within
+    the pool's ``sleep_retry_s`` of the lend's start: vLLM refuses to sleep while requests are
+    in flight, so it is tried again next pass, the gate still closed. The record is written last, so a
     crash before it repeats the call, which is harmless (sleep is skipped when asleep, a
     wake of an awake engine is a no-op)."""
     wake = step is Step.WAKE_REPLICA
@@ -358,6 +364,10 @@ def _sleep_or_wake(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now:
     try:
         _warm_call(a, pool, pod, wake)
     except AdapterError as exc:
+        retry_s = a.sleep_retry_s.get(pool.name, 0.0)
+        if not wake and now - f.phase_since < retry_s:  # its in-flight requests may still be running: next pass
+            return False, (f"sleep of {pod.name} not done ({exc}): retried until {retry_s:g} s into the lend "
+                           "(pools[].drain_s), then lent cold")
         detail = f"{'wake' if wake else 'sleep'} of {pod.name} failed ({exc}): {'reclaimed' if wake else 'lent'} cold"
         changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, pod.name))
         log.warning("warm_fallback", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)

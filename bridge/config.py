@@ -186,7 +186,10 @@ class PoolConfig:
         default=True, description="plan reclaims with a high quantile of measured Slurm release + cold start once known (configured values are a floor)"
     )
     cold_start_s: Num = Field(default=300.0, ge=0, description="vLLM pod start to Ready on a reclaimed node")
-    drain_s: Num = Field(default=60.0, ge=0, description="time for a serving replica to drain and stop (vLLM --shutdown-timeout)")
+    drain_s: Num = Field(
+        default=60.0, ge=0, description="time for a serving replica to drain and stop (vLLM --shutdown-timeout); warm lending: "
+        "how long into a lend a sleep vLLM refuses (requests still in flight) is retried before the node is lent cold",
+    )
     warm_lending: Bool = Field(
         default=False,
         description="lend nodes with the vLLM replica asleep (sleep mode level 1) and wake it at the reclaim instead of a cold "

@@ -86,7 +86,8 @@ class Daemon:
         fast = config.slurm.fast_partition
         tiers = {Tier.NORMAL: config.slurm.preempt_partition, Tier.FAST: fast} if fast else {}
         self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, targets=targets, grace_s=config.slurm.grace_s, tiers=tiers,
-                                 sleep_control=sleep_controls(config.pools))  # vLLM clients for warm pools only
+                                 sleep_control=sleep_controls(config.pools),  # vLLM clients for warm pools only
+                                 sleep_retry_s={p.name: p.drain_s for p in config.pools if p.warm_lending})
         if after_write is not None:  # a lab's hook (crash injection); the product sets none
             self.actuator.after_write = after_write
         # the policy's memory: empty unless given back-filled (bridge.wiring.policy_memory)

@@ -126,6 +126,43 @@ def test_a_failed_sleep_or_wake_is_recorded_cold(step: Step, fail: str) -> None:
     assert len(failed) == 1 and failed[0].event_type == "Warning" and pod in failed[0].message
 
 
+@pytest.mark.parametrize("fail", ["error", "lie"])
+def test_a_sleep_refused_early_in_the_lend_is_retried_then_taken_cold_after_drain_s(fail: str) -> None:
+    """vLLM refuses to sleep while requests are in flight (HTTP 500): within the pool's drain_s
+    of the lend's start the step writes nothing and is named again next pass; after it, cold."""
+    kube, act, engine, pod = world()
+    act.sleep_retry_s = {"default": 30.0}
+    engine.fail = fail
+    facts = node_facts(kube, Phase.LENDING)  # the lend began at 0
+    got = act.execute(Step.SLEEP_REPLICA, facts, POOL, now=29.0)
+    assert got.changed is False and "retried until 30 s into the lend" in got.detail
+    assert warm(kube) is None and not kube.events
+    engine.fail = None  # its requests finished
+    assert act.execute(Step.SLEEP_REPLICA, facts, POOL, now=29.5).changed is True
+    assert warm(kube) == WarmRecord(WarmState.ASLEEP, pod)
+
+    kube, act, engine, pod = world()
+    act.sleep_retry_s = {"default": 30.0}
+    engine.fail = fail
+    assert act.execute(Step.SLEEP_REPLICA, node_facts(kube, Phase.LENDING), POOL, now=30.0).changed is True
+    assert warm(kube) == WarmRecord(WarmState.COLD, pod)  # still refused after drain_s: lent cold
+    # only the pool's own window counts
+    kube2, act2, engine2, pod2 = world()
+    act2.sleep_retry_s = {"other-pool": 30.0}
+    engine2.fail = fail
+    assert act2.execute(Step.SLEEP_REPLICA, node_facts(kube2, Phase.LENDING), POOL, now=1.0).changed is True
+    assert warm(kube2) == WarmRecord(WarmState.COLD, pod2)
+
+
+def test_a_wake_is_never_retried() -> None:
+    kube, act, engine, pod = world()
+    act.sleep_retry_s = {"default": 30.0}
+    run(act, kube, Step.SLEEP_REPLICA, Phase.LENDING)
+    engine.fail = "error"
+    assert act.execute(Step.WAKE_REPLICA, node_facts(kube, Phase.RETURNING), POOL, now=1.0).changed is True
+    assert warm(kube) == WarmRecord(WarmState.COLD, pod)  # a failed wake falls back cold at once
+
+
 def test_no_sleep_control_is_a_failure_too() -> None:
     kube = FakeKube(now=0.0)
     kube.add_node(NODE, "default")

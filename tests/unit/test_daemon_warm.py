@@ -58,12 +58,17 @@ class Crash(BaseException):
 class Engine:
     """One pod's vLLM engine; ``fail_wake`` makes its wake fail (an HTTP error)."""
 
-    def __init__(self) -> None:
+    def __init__(self, busy_sleeps: int = 0) -> None:
         self.asleep = False
         self.fail_wake = False
         self.wakes = 0
+        self.busy_sleeps = busy_sleeps  # this many sleeps refused first (requests still in flight)
+        self.sleeps = 0
 
     def sleep(self, level: int = 1) -> None:
+        self.sleeps += 1
+        if self.sleeps <= self.busy_sleeps:
+            raise AdapterError("vllm", "POST /sleep: HTTP 500: Cannot put engine to sleep while requests are being processed")
         self.asleep = True
 
     def wake_up(self, tags: object = ()) -> None:
@@ -95,6 +100,7 @@ class World:
         self.prom = FakeProm()
         self.engines: dict[str, Engine] = {}  # pod name -> its engine (a new pod starts awake)
         self.fail_wakes = False
+        self.busy_sleeps = 0  # each new engine refuses this many sleeps first
         self.load = LOW
         self.config = config(wake_s=10.0, vllm_port=http_port) if http_port else config()
         self.servers: dict[str, SimServer] = {}  # pod name -> its simulated vLLM server (http_port)
@@ -113,7 +119,7 @@ class World:
         pod = next((p for p in self.kube.pods("default") if p.ip == ip and not p.terminating), None)
         if pod is None:
             raise AdapterError("vllm", f"{ip}: connection refused")
-        engine = self.engines.setdefault(pod.name, Engine())
+        engine = self.engines.setdefault(pod.name, Engine(self.busy_sleeps))
         engine.fail_wake = self.fail_wakes
         return engine
 
@@ -230,6 +236,27 @@ def test_a_warm_lend_keeps_the_replica_asleep_and_the_reclaim_wakes_it() -> None
     assert ticks <= 12, ticks  # grace 5 s + the wake, not a cold start on top
     assert not w.violations and not w.lost_jobs(jobs)
     assert all(w.slurm.snapshot()[j].state == "pending" and w.slurm.snapshot()[j].restart_count == 1 for j in jobs)
+
+
+@pytest.mark.parametrize("busy", [2, 10_000])
+def test_a_sleep_refused_while_requests_finish_is_retried_within_drain_s(busy: int) -> None:
+    """vLLM refuses to sleep while requests are in flight: the lend tries again each pass
+    for the pool's drain_s (2 s here), the gate closed; still refused after it, the node is
+    lent cold (its pod evicted), never left half-way."""
+    w = World()
+    assert w.daemon.actuator.sleep_retry_s == {"default": 2.0}
+    w.busy_sleeps = busy
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    records = {n.name: n.warm for n in w.kube.nodes() if n.phase is Phase.LENT}
+    assert len(records) == 3
+    if busy == 2:  # drained in time: asleep, each engine asked until it accepted
+        assert all(r is not None and r.state is WarmState.ASLEEP for r in records.values()), records
+        assert all(w.engines[r.pod].sleeps == 3 for r in records.values() if r is not None)
+    else:  # never drained: cold, and the pod is gone from the node
+        assert all(r is not None and r.state is WarmState.COLD for r in records.values()), records
+        w.run_until(lambda: not any(p.node in records and not p.terminating for p in w.kube.pods("default")), 30,
+                    "the cold-lent nodes' pods evicted")
+    assert not w.violations
 
 
 def test_a_failed_wake_falls_back_to_a_cold_start() -> None:

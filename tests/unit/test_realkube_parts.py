@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bridge.errors import SandboxError
-from gpu_bridge_lab.sandbox.realkube import binaries, component
+from gpu_bridge_lab.sandbox.realkube import binaries, component, serving_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,6 +42,12 @@ def test_kube_args_are_the_emulators_flags() -> None:
                                    "--pod-start-delay-s", "1.5", "--grace-s", "7", "--spare-nodes", "1"])
     assert (a.seed_serving, a.nodes, a.pool, a.model, a.pod_start_delay_s, a.grace_s, a.spare_nodes) == (
         True, 3, "p", "m", 1.5, 7, 1)
+    assert a.readiness_gates == ()
+    gated = component.parse_kube_args(["--readiness-gate", "gpu-bridge.io/awake"])
+    assert gated.readiness_gates == ("gpu-bridge.io/awake",)
+    dep = serving_model.deployment_object(serving_model.ServingModel(readiness_gates=gated.readiness_gates))
+    assert dep["spec"]["template"]["spec"]["readinessGates"] == [{"conditionType": "gpu-bridge.io/awake"}]
+    assert "readinessGates" not in serving_model.deployment_object(serving_model.ServingModel())["spec"]["template"]["spec"]
     with pytest.raises(SandboxError, match="--grace-s: must be >= 0"):
         component.parse_kube_args(["--grace-s", "-1"])
     with pytest.raises(SandboxError, match="--node-heartbeat-s: must be > 0"):
@@ -55,8 +61,22 @@ def test_kwok_stages_carry_the_cold_start_and_the_grace() -> None:
     assert docs[0]["kind"] == "KwokConfiguration" and docs[0]["options"]["nodeLeaseDurationSeconds"] == 240
     assert yaml.safe_load_all(component.stages_yaml(0)).__next__()["options"]["nodeLeaseDurationSeconds"] == 40
     stages = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Stage"}
-    assert set(stages) == {"node-initialize", "pod-create", "pod-ready", "pod-delete"}
+    assert set(stages) == {"node-initialize", "pod-create", "pod-ready", "pod-running-gated", "pod-gate-closed",
+                           "pod-gate-open", "pod-delete"}
     assert stages["pod-ready"]["delay"]["durationMilliseconds"] == 2500
+    # readiness gates: Ready only once every gate is True (kwok's jq counts the gates not True)
+    gates = {name: next(e for e in spec["selector"]["matchExpressions"] if e["key"] == component.GATES_CLOSED)
+             for name, spec in stages.items() if name.startswith("pod-") and name not in ("pod-create", "pod-delete")}
+    assert {n: (e["operator"], e["values"]) for n, e in gates.items()} == {
+        "pod-ready": ("In", ["0"]), "pod-running-gated": ("NotIn", ["0"]),
+        "pod-gate-closed": ("NotIn", ["0"]), "pod-gate-open": ("In", ["0"])}
+    assert stages["pod-running-gated"]["delay"]["durationMilliseconds"] == 2500  # the same cold start
+    for name, ready in (("pod-running-gated", "False"), ("pod-gate-closed", "False"), ("pod-gate-open", "True")):
+        status = yaml.safe_load(stages[name]["next"]["statusTemplate"].replace("{{ $now := Now }}", "")
+                                .replace("{{ $now | Quote }}", "x").replace("{{ Now | Quote }}", "x")
+                                .replace("{{ range .spec.containers }}", "").replace("{{ end }}", "")
+                                .replace("{{ .image | Quote }}", "i").replace("{{ .name | Quote }}", "n"))
+        assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == ready, name
     assert "jitterDurationMilliseconds" not in stages["pod-ready"]["delay"]
     # a deleted pod leaves when its deletionTimestamp (now + grace) is reached, not before
     assert stages["pod-delete"]["delay"]["durationFrom"]["expressionFrom"] == ".metadata.deletionTimestamp"

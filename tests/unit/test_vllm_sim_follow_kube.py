@@ -111,3 +111,54 @@ def test_pod_of_an_unknown_model_is_logged_not_fatal() -> None:
     assert sim.replicas == {}
     tr.event("ADDED", pod("y"))
     assert set(sim.replicas) == {"y"}
+
+
+def gated(name: str, *, awake: bool, node: str = "gpu-node-01", ip: str = "127.1.0.9") -> dict[str, Any]:
+    """A pod with the readiness gate gpu-bridge.io/awake, its containers ready, as kwok reports it."""
+    p = pod(name, ready=awake, node=node)
+    p["status"]["conditions"] += [{"type": "ContainersReady", "status": "True"},
+                                  {"type": "gpu-bridge.io/awake", "status": "True" if awake else "False"}]
+    p["status"]["podIP"] = ip
+    return p
+
+
+def test_a_gated_out_pod_keeps_its_engine_out_of_the_load_balancing() -> None:
+    """A closed readiness gate takes the pod out of the Service, not its process: the replica
+    gets no new requests, finishes the ones it has, can sleep and wake, and serves again once
+    Ready. A pod not Ready for any other reason is drained as before."""
+    from gpu_bridge_lab.sandbox.vllm.sleep import SleepParams
+
+    sim = Simulation(FLAT, ["m"], seed=2, sleep_params=SleepParams())
+    tr = PodTracker(sim, "m")
+    tr.event("ADDED", gated("vllm-0", awake=True))
+    tr.event("ADDED", gated("vllm-1", awake=True, node="gpu-node-02", ip="127.1.0.10"))
+    assert pod_view(gated("vllm-0", awake=False), "m") == PodView("vllm-0", "gpu-node-01", "m", False, True, "127.1.0.9")
+    sim.advance(20)
+    rep = sim.replicas["vllm-0"]
+    assert rep.load > 0
+    tr.event("MODIFIED", gated("vllm-0", awake=False))
+    assert rep.state == SERVING and not rep.routed and not rep.accepting
+    finished = sum(rep.success.values())
+    sim.advance(120)  # longer than any request: the ones it had finish, no new one arrives
+    assert rep.load == 0 and sum(rep.success.values()) > finished and rep.aborted_total == 0
+    assert sim.replicas["vllm-1"].load > 0  # the traffic went to the other replica
+    sim.sleep_replica("vllm-0", 1)
+    sim.advance(10)
+    assert sim.is_sleeping("vllm-0")
+    tr.event("MODIFIED", gated("vllm-0", awake=False))  # more events while asleep: nothing changes
+    assert sim.replicas["vllm-0"] is rep and sim.is_sleeping("vllm-0")
+    sim.wake_replica("vllm-0")
+    sim.advance(10)
+    tr.event("MODIFIED", gated("vllm-0", awake=True))
+    assert rep.routed and rep.accepting
+    sim.advance(10)
+    assert rep.load > 0
+    # not Ready without containers ready (a crash, a failing probe): drained as before
+    tr.event("MODIFIED", pod("vllm-1", ready=False, node="gpu-node-02"))
+    assert sim.replicas["vllm-1"].state == DRAINING
+    # gated out, then drained (its container failed), then Ready again: serving and routed
+    tr.event("MODIFIED", gated("vllm-0", awake=False))
+    tr.event("MODIFIED", pod("vllm-0", ready=False))
+    assert rep.state == DRAINING and not rep.routed
+    tr.event("MODIFIED", gated("vllm-0", awake=True))
+    assert rep.state == SERVING and rep.routed and rep.accepting

@@ -49,6 +49,7 @@ def serving_sandbox(
     job_submit_lua: Path | str | None = None,
     timeout_s: float = 60.0,
     pool_b_nodes: int = 0,
+    warm_port: int | None = None,
 ) -> Sandbox:
     """A Sandbox (not started) with the serving side: ``nodes`` GPU nodes in pool ``default``,
     Deployment ``serving/vllm`` with one 4-GPU replica per node, its PDB, and the simulator's
@@ -56,7 +57,13 @@ def serving_sandbox(
     cold start; ``pod_grace_s`` is the pods' terminationGracePeriodSeconds.
 
     ``pool_b_nodes`` > 0: the simulator also serves ``MODEL_B``; after ``up()``, call
-    ``split_pool(sb, pool_b_nodes)`` to give that many of the nodes to pool ``pool-b``."""
+    ``split_pool(sb, pool_b_nodes)`` to give that many of the nodes to pool ``pool-b``.
+
+    ``warm_port``: the serving side warm lending needs (docs/warm-lending.md): the simulator in
+    sleep mode (``--enable-sleep-mode``, dev endpoints on), each pod's engine reachable at
+    ``http://<pod IP>:warm_port`` (the daemon's ``pools[].vllm_port``; pod IPs are loopback
+    addresses), and the pods declaring the readiness gate ``gpu-bridge.io/awake``: they start
+    not Ready, and serve once the daemon opens their gates (``up()`` waits for them started only)."""
     if not 0 <= pool_b_nodes < nodes:
         raise ValueError(f"pool_b_nodes: must be between 0 and nodes - 1 ({nodes - 1}), got {pool_b_nodes}")
     d = Path(dir).absolute()
@@ -78,6 +85,9 @@ def serving_sandbox(
         "--shutdown-timeout", str(shutdown_timeout_s),
         "--speed", str(speed),
     ]
+    if warm_port is not None:
+        kube_args += ["--readiness-gate", wellknown.CONDITION_AWAKE]
+        vllm_args += ["--enable-sleep-mode", "--dev-mode", "--pod-port", str(warm_port)]
     if trace_start_s is not None:
         vllm_args += ["--trace-start-s", str(trace_start_s)]
     if peak_rps is not None:

@@ -40,6 +40,14 @@ RBAC_EXAMPLE_NAMESPACE = "llm-serving"  # rbac.yaml's per-serving-namespace Role
 DAEMON_SA = ("gpu-bridge", "gpu-bridge")  # (namespace, name) in rbac.yaml
 WEB_SA = ("gpu-bridge", "gpu-bridge-web")  # (namespace, name) in web-rbac.yaml
 SERVICE_CIDR = "10.0.0.0/24"
+# Pod IPs (kwok --cidr): loopback addresses, every one of them local on Linux (127.0.0.0/8), so
+# a lab process can answer at a pod's own IP as the pod's server would (the vLLM simulator's
+# --pod-port: warm lending reaches each replica at http://<pod IP>:<vllm_port>). No Service
+# selects the pods, so no Endpoints carries them (its validation refuses loopback addresses).
+POD_CIDR = "127.1.0.0/16"
+# kwok stage selector (jq): how many of a pod's readiness gates are not True (0 without gates)
+GATES_CLOSED = ('[(.spec.readinessGates // [])[] | .conditionType] - '
+                '[(.status.conditions // [])[] | select(.status == "True") | .type] | length')
 TOKEN_TTL_S = 7 * 24 * 3600
 
 
@@ -56,6 +64,7 @@ class KubeArgs:
     grace_s: int = 30
     pod_start_delay_s: float = 2.0
     node_heartbeat_s: float = 10.0
+    readiness_gates: tuple[str, ...] = ()  # the Deployment's pods declare these condition types
 
 
 def parse_kube_args(argv: Sequence[str]) -> KubeArgs:
@@ -73,6 +82,9 @@ def parse_kube_args(argv: Sequence[str]) -> KubeArgs:
     # cores fall behind 10 s and would go NotReady, which real kubelets on their own machines
     # would not: bench_scale raises it.
     p.add_argument("--node-heartbeat-s", type=float, default=10.0)
+    # a readiness gate of the vLLM pods (repeatable): a pod is Ready once its condition is True
+    # (warm lending's gpu-bridge.io/awake, which the daemon opens)
+    p.add_argument("--readiness-gate", action="append", default=[])
     try:
         a = p.parse_args(list(argv))
     except SystemExit:
@@ -84,7 +96,7 @@ def parse_kube_args(argv: Sequence[str]) -> KubeArgs:
     if a.node_heartbeat_s <= 0:
         raise SandboxError(f"kube_args: --node-heartbeat-s: must be > 0, got {a.node_heartbeat_s}")
     return KubeArgs(a.seed_serving, a.nodes, a.spare_nodes, a.replicas, a.pool, a.model, a.grace_s,
-                    a.pod_start_delay_s, a.node_heartbeat_s)
+                    a.pod_start_delay_s, a.node_heartbeat_s, tuple(a.readiness_gate))
 
 
 def stages_yaml(pod_ready_ms: int, node_heartbeat_s: float = 10.0) -> str:
@@ -95,6 +107,7 @@ def stages_yaml(pod_ready_ms: int, node_heartbeat_s: float = 10.0) -> str:
     tpl = (Path(__file__).parent / "kwok-stages.yaml").read_text()
     # kwok renews a node's Lease at a quarter of its duration (as kubelet does)
     return (tpl.replace("__POD_READY_MS__", str(int(pod_ready_ms)))
+            .replace("__GATES_CLOSED__", GATES_CLOSED)
             .replace("__NODE_LEASE_S__", str(max(4, round(4 * node_heartbeat_s)))))
 
 
@@ -208,7 +221,7 @@ class RealKubeComponent:
         stages.write_text(stages_yaml(round(self.args.pod_start_delay_s * 1000), self.args.node_heartbeat_s))
         sb.spawn("kwok", [
             str(b.kwok), f"--kubeconfig={kcs['kwok']}", "--manage-all-nodes=true", f"--config={stages}",
-            "--node-ip=10.0.1.1", "--cidr=10.1.0.0/16", "--v=INFO",
+            "--node-ip=10.0.1.1", f"--cidr={POD_CIDR}", "--v=INFO",
         ], sb.log_dir / "kwok.log")
         self._bootstrap(sb, pki)
         self.timings["bootstrap_s"] = time.monotonic() - t0
@@ -257,21 +270,43 @@ class RealKubeComponent:
 
     def model(self) -> ServingModel:
         a = self.args
-        return ServingModel(nodes=a.nodes, pool=a.pool, model=a.model, replicas=a.replicas, termination_grace_s=a.grace_s)
+        return ServingModel(nodes=a.nodes, pool=a.pool, model=a.model, replicas=a.replicas, termination_grace_s=a.grace_s,
+                            readiness_gates=a.readiness_gates)
 
     # ---- the Component protocol -------------------------------------------------------
     def wait_ready(self, sb: Sandbox, timeout_s: float) -> None:
         """Every seeded node Ready, and the vLLM Deployment's replicas all available (so a
-        sandbox is up with its serving capacity, as it would be on a site)."""
+        sandbox is up with its serving capacity, as it would be on a site). With readiness
+        gates, every replica started instead (Running, its containers ready): it is Ready only
+        once someone opens its gates (the daemon, for gpu-bridge.io/awake)."""
         t0 = time.monotonic()
         want = self.args.nodes + self.args.spare_nodes if self.args.seed_serving else 0
         sb.wait(lambda: self._nodes_ready(sb) >= want, timeout_s, f"{want} Kubernetes nodes Ready (kwok)", "kwok")
         if self.args.seed_serving:
             replicas = self.args.nodes if self.args.replicas is None else self.args.replicas
             left = max(1.0, timeout_s - (time.monotonic() - t0))
+            if self.args.readiness_gates:
+                sb.wait(lambda: self._started(sb) >= replicas, left,
+                        f"{replicas} vLLM replicas started (cold start {self.args.pod_start_delay_s:g} s; "
+                        f"Ready once their gates {', '.join(self.args.readiness_gates)} are True)", "kwok")
+                return
             sb.wait(lambda: self._available(sb) >= replicas, left,
                     f"{replicas} vLLM replicas available (cold start {self.args.pod_start_delay_s:g} s)",
                     "kube-controller-manager")
+
+    def _started(self, sb: Sandbox) -> int:
+        from kubernetes import config as k8s_config
+
+        from gpu_bridge_lab.sandbox.realkube.serving_model import started_replicas
+
+        try:
+            api = k8s_config.new_client_from_config(config_file=str(sb.kubeconfig))
+        except Exception:  # noqa: BLE001
+            return -1
+        try:
+            return started_replicas(api, self.model())
+        finally:
+            api.close()
 
     def _available(self, sb: Sandbox) -> int:
         from kubernetes import config as k8s_config

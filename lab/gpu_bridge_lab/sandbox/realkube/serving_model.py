@@ -38,6 +38,7 @@ class ServingModel:
     max_unavailable: int = 1
     node_prefix: str = "gpu-node-"
     image: str = "vllm/vllm-openai:v0.6.3"
+    readiness_gates: tuple[str, ...] = ()  # condition types the pods declare (spec.readinessGates)
 
     def node_names(self, spare_nodes: int = 0) -> list[str]:
         return [f"{self.node_prefix}{i:02d}" for i in range(1, self.nodes + spare_nodes + 1)]
@@ -80,6 +81,7 @@ def deployment_object(m: ServingModel) -> dict[str, Any]:
                 "spec": {
                     "terminationGracePeriodSeconds": m.termination_grace_s,
                     "nodeSelector": {wellknown.LABEL_POOL: m.pool},
+                    **({"readinessGates": [{"conditionType": g} for g in m.readiness_gates]} if m.readiness_gates else {}),
                     "containers": [{
                         "name": "vllm", "image": m.image,
                         "args": ["--model", m.model, "--tensor-parallel-size", str(m.gpus_per_node)],
@@ -142,6 +144,29 @@ def available_replicas(api: Any, m: ServingModel) -> int:
     except Exception:  # noqa: BLE001 - not there yet / apiserver busy: poll again
         return -1
     return int(d.status.available_replicas or 0) if d.status.observed_generation == d.metadata.generation else -1
+
+
+def started_replicas(api: Any, m: ServingModel) -> int:
+    """The Deployment's pods Running with their containers ready (Ready or not: a pod with a
+    readiness gate is Ready only once its gate's condition is True), else -1 on an error."""
+    import json
+
+    from kubernetes import client as k8s
+
+    try:
+        resp: Any = k8s.CoreV1Api(api).list_namespaced_pod(m.namespace, label_selector=f"app={APP_LABEL}",
+                                                      _request_timeout=5, _preload_content=False)
+        pods = json.loads(resp.data).get("items") or []
+    except Exception:  # noqa: BLE001 - apiserver busy: poll again
+        return -1
+    n = 0
+    for p in pods:
+        status = p.get("status") or {}
+        conds = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+        if status.get("phase") == "Running" and not (p.get("metadata") or {}).get("deletionTimestamp") \
+                and conds.get("ContainersReady") == "True":
+            n += 1
+    return n
 
 
 def wait_serving_ready(api: Any, m: ServingModel, timeout_s: float = 60.0) -> bool:

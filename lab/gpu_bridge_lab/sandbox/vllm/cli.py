@@ -93,6 +93,8 @@ def register_cli(subparsers: Any) -> None:
     g.add_argument("--enable-sleep-mode", action="store_true",
                    help="like vllm --enable-sleep-mode: /sleep, /wake_up, /is_sleeping (also needs "
                    "VLLM_SERVER_DEV_MODE=1 in the environment, as vLLM), memory accounting and its metrics")
+    g.add_argument("--dev-mode", action="store_true",
+                   help="as VLLM_SERVER_DEV_MODE=1 in the environment (for a process started without it: the sandbox's)")
     g = p.add_argument_group("load")
     g.add_argument("--trace", default=None, help="trace CSV (default: the shipped ServeGen trace)")
     g.add_argument("--speed", type=_positive, default=1.0, help="trace seconds per wall second (288: a day in 5 min)")
@@ -107,6 +109,10 @@ def register_cli(subparsers: Any) -> None:
     g.add_argument("--namespace", default="default")
     g.add_argument("--selector", default="", help="label selector of the vLLM Deployment's pods")
     g.add_argument("--model-label", default=None, help="pod label naming the model (default gpu-bridge.io/model)")
+    g.add_argument("--pod-port", type=int, default=None, metavar="PORT",
+                   help="also answer each pod's vLLM sleep routes (/sleep, /wake_up, /is_sleeping, /health) at "
+                   "http://<pod IP>:PORT for that pod's replica, as its own server would (needs --kubeconfig, and "
+                   "pod IPs local to this machine: the sandbox's are loopback addresses)")
     p.set_defaults(func=run)
 
 
@@ -152,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
         trace = trace.scaled(args.peak_rps / trace.peak_rate)
     elif args.scale is not None:
         trace = trace.scaled(args.scale)
+    if args.pod_port is not None and (not args.kubeconfig or not 0 < args.pod_port < 65536):
+        print("gpu-bridge sandbox vllm: --pod-port: needs --kubeconfig and a port 1-65535", file=sys.stderr)
+        return 2
     models = args.models or [DEFAULT_MODEL]
     sim = Simulation(trace, models, params, speed=args.speed, trace_start_s=args.trace_start_s, seed=args.seed,
                      step_s=args.step_s, max_cv=args.max_cv,
@@ -167,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"gpu-bridge sandbox vllm: --model {model}: {exc}", file=sys.stderr)
                 return 2
     try:
-        server = SimServer(sim, args.host, args.port, metrics_version=args.metrics_version, tick_s=args.tick_s)
+        server = SimServer(sim, args.host, args.port, metrics_version=args.metrics_version, tick_s=args.tick_s,
+                           dev_mode=True if args.dev_mode else None)
     except OSError as exc:
         print(f"gpu-bridge sandbox vllm: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
@@ -180,10 +190,14 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     server.start()
     follower = None
+    pod_ports = None
     if args.kubeconfig:
         from gpu_bridge_lab.sandbox.vllm.follow_kube import MODEL_LABEL, KubeFollower, PodTracker
+        from gpu_bridge_lab.sandbox.vllm.pod_ports import PodPorts
 
-        tracker = PodTracker(sim, models[0], args.model_label or MODEL_LABEL)
+        pod_ports = PodPorts(server, args.pod_port) if args.pod_port is not None else None
+        tracker = PodTracker(sim, models[0], args.model_label or MODEL_LABEL,
+                             on_pods=pod_ports.sync if pod_ports is not None else None)
         try:
             follower = KubeFollower(tracker, args.kubeconfig, args.namespace, args.selector).start()
         except Exception as exc:
@@ -200,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if follower is not None:
             follower.stop()
+        if pod_ports is not None:
+            pod_ports.stop()
         server.stop()
         log.info("vllm_sim_stopped", reason="signal")
     return 0

@@ -7,7 +7,11 @@ any other error.
 
 - a pod Ready and not being deleted -> a serving replica (name = pod name, node =
   spec.nodeName, model = the pod's ``MODEL_LABEL`` label or the default model);
-- a pod no longer Ready, or with deletionTimestamp set -> drain (the replica stops taking
+- a pod Running with its containers ready but not Ready (a readiness gate not True, e.g. warm
+  lending's ``gpu-bridge.io/awake`` closed) -> its replica leaves the load balancing only: the
+  engine goes on (in-flight requests finish, it can sleep and wake), as the pod's process does
+  when the Service drops it; Ready again -> back in the load balancing;
+- a pod no longer Ready otherwise, or with deletionTimestamp set -> drain (the replica stops taking
   requests and finishes in-flight ones within the shutdown timeout), then it disappears;
 - a pod gone (DELETED, or absent from a re-list) -> removed at once: its process is gone,
   whatever was still running is aborted.
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,19 +40,25 @@ class PodView:
     node: str
     model: str
     serving: bool  # Ready and not being deleted
+    gated_out: bool = False  # Running, containers ready, not Ready, not being deleted: out of the Service only
+    ip: str = ""  # status.podIP
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    kind: str  # "add" | "drain" | "remove"
+    kind: str  # "add" | "drain" | "remove" | "unroute" | "route"
     name: str
     model: str = ""
     node: str = ""
 
 
 def pod_is_ready(pod: Mapping[str, Any]) -> bool:
+    return _condition(pod, "Ready")
+
+
+def _condition(pod: Mapping[str, Any], kind: str) -> bool:
     for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
+        if cond.get("type") == kind:
             return str(cond.get("status")) == "True"
     return False
 
@@ -63,21 +73,31 @@ def pod_view(pod: Mapping[str, Any], default_model: str, model_label: str = MODE
     model = labels.get(model_label) or default_model
     deleting = bool(meta.get("deletionTimestamp"))
     phase = (pod.get("status") or {}).get("phase")
-    serving = pod_is_ready(pod) and not deleting and phase in (None, "Running")
-    return PodView(str(name), str((pod.get("spec") or {}).get("nodeName") or ""), str(model), serving)
+    ready = pod_is_ready(pod)
+    serving = ready and not deleting and phase in (None, "Running")
+    gated_out = not ready and not deleting and phase == "Running" and _condition(pod, "ContainersReady")
+    return PodView(str(name), str((pod.get("spec") or {}).get("nodeName") or ""), str(model), serving, gated_out,
+                   str((pod.get("status") or {}).get("podIP") or ""))
 
 
-def plan(pods: Mapping[str, PodView], replicas: Mapping[str, str], owned: set[str]) -> list[Action]:
+def plan(pods: Mapping[str, PodView], replicas: Mapping[str, str], owned: set[str],
+         unrouted: Collection[str] = ()) -> list[Action]:
     """Actions that make the simulator's replicas match the pods.
 
     ``replicas`` maps replica name -> state (starting/serving/draining) for every replica
-    the simulator has; only names in ``owned`` (those this follower created) are drained
-    or removed, so replicas added by hand or by ``--replicas`` are left alone."""
+    the simulator has, ``unrouted`` names those out of the load balancing; only names in
+    ``owned`` (those this follower created) are drained, removed or unrouted, so replicas
+    added by hand or by ``--replicas`` are left alone."""
     actions: list[Action] = []
     for name, pv in sorted(pods.items()):
         state = replicas.get(name)
         if pv.serving and (state is None or state == DRAINING):
             actions.append(Action("add", name, pv.model, pv.node))
+        elif pv.serving and name in unrouted:
+            actions.append(Action("route", name))
+        elif pv.gated_out and state in (SERVING, STARTING) and name in owned:
+            if name not in unrouted:
+                actions.append(Action("unroute", name))
         elif not pv.serving and state in (SERVING, STARTING) and name in owned:
             actions.append(Action("drain", name))
     for name in sorted(owned):
@@ -94,6 +114,11 @@ def apply_actions(sim: Simulation, actions: list[Action], owned: set[str]) -> No
                 sim.add_replica(a.name, a.model, a.node, warmup_s=0.0)
                 owned.add(a.name)
                 log.info("replica_follows_pod", pod=a.name, node=a.node, model=a.model, phase=SERVING)
+            elif a.kind in ("route", "unroute"):
+                sim.set_routed(a.name, a.kind == "route")
+                log.info("replica_follows_pod", pod=a.name, phase=SERVING,
+                         reason="pod Ready: in the load balancing" if a.kind == "route"
+                         else "pod running but not Ready (a readiness gate): out of the load balancing, engine kept")
             elif a.kind == "drain":
                 sim.remove_replica(a.name)
                 log.info("replica_draining", pod=a.name, phase=DRAINING, reason="pod not ready or deleting")
@@ -108,12 +133,14 @@ def apply_actions(sim: Simulation, actions: list[Action], owned: set[str]) -> No
 class PodTracker:
     """Pod state from list/watch events, reconciled into the simulation after each one."""
 
-    def __init__(self, sim: Simulation, default_model: str, model_label: str = MODEL_LABEL) -> None:
+    def __init__(self, sim: Simulation, default_model: str, model_label: str = MODEL_LABEL,
+                 on_pods: Callable[[Mapping[str, PodView]], None] | None = None) -> None:
         self.sim = sim
         self.default_model = default_model
         self.model_label = model_label
         self.pods: dict[str, PodView] = {}
         self.owned: set[str] = set()
+        self.on_pods = on_pods  # called with the pods after each reconcile (the per-pod servers)
 
     def replace(self, pod_objs: list[Mapping[str, Any]]) -> None:
         """A full (re-)list."""
@@ -136,8 +163,11 @@ class PodTracker:
         with self.sim.lock:
             self.owned &= set(self.sim.replicas)  # drained replicas the simulation reaped
             states = {n: r.state for n, r in self.sim.replicas.items()}
-            apply_actions(self.sim, plan(self.pods, states, self.owned), self.owned)
+            unrouted = {n for n, r in self.sim.replicas.items() if not r.routed}
+            apply_actions(self.sim, plan(self.pods, states, self.owned, unrouted), self.owned)
             self.owned &= set(self.sim.replicas)
+        if self.on_pods is not None:
+            self.on_pods(dict(self.pods))
 
 
 class KubeFollower:

@@ -164,6 +164,9 @@ class Replica:
         self.queue_time = Hist(REQUEST_LATENCY_BUCKETS_S)
         self.last_pick = 0  # load-balancer tie-break: least recently picked first
         self.paused = False  # asleep, or a sleep/wake in progress (sleep mode: the simulation sets it)
+        # in the Service's load balancing: False for a pod that runs but is not Ready (a closed
+        # readiness gate): no new requests, in-flight ones go on, the engine lives (it can sleep)
+        self.routed = True
 
     # --- observations ------------------------------------------------------------------
     @property
@@ -172,7 +175,7 @@ class Replica:
 
     @property
     def accepting(self) -> bool:
-        return self.state == SERVING and not self.paused
+        return self.state == SERVING and not self.paused and self.routed
 
     @property
     def exposed(self) -> bool:
@@ -199,7 +202,7 @@ class Replica:
             "kv_cache_usage": round(self.kv_usage(), 4),
             "finished": dict(self.success), "aborted": self.aborted_total,
             "preemptions": self.preemptions_total,
-            "drain_deadline_s": self.drain_deadline,
+            "drain_deadline_s": self.drain_deadline, "routed": self.routed,
         }
 
     # --- inputs --------------------------------------------------------------------------

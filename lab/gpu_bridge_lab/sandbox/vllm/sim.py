@@ -183,6 +183,7 @@ class Simulation:
             if existing is not None:
                 if existing.state == DRAINING and existing.model == model:
                     existing.resume()
+                    existing.routed = True  # its pod is Ready: in the load balancing again
                     if node:
                         existing.node = node
                     return existing
@@ -205,6 +206,15 @@ class Simulation:
                 raise SimError(f"shutdown_timeout_s: expected a number >= 0, got {shutdown_timeout_s!r}")
             rep.drain(self.t, shutdown_timeout_s)
             self._reap()
+            return rep
+
+    def set_routed(self, name: str, routed: bool) -> Replica:
+        """In or out of the load balancing (its pod Ready or not), the engine left running."""
+        with self.lock:
+            rep = self.replicas.get(name)
+            if rep is None:
+                raise SimError(f"replica {name!r} not found", 404)
+            rep.routed = routed
             return rep
 
     def replica_list(self) -> list[dict[str, Any]]:

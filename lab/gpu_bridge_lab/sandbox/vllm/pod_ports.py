@@ -1,0 +1,112 @@
+"""Each followed pod's own vLLM server address: ``http://<pod IP>:<port>``, as on a site.
+
+On a site every vLLM pod is a server of its own at its pod IP; gpu-bridge's warm lending calls
+``POST /sleep``, ``POST /wake_up``, ``GET /is_sleeping`` there (``pools[].vllm_port``). The
+simulator is one process serving every replica under ``/replicas/{name}/...``. ``PodPorts``
+listens on ``(pod IP, port)`` for every pod the follower sees with an IP and answers those
+routes for the replica of that pod (replica name = pod name, follow-kube mode), through the
+simulator's own handler, so the answers are the same as at ``/replicas/{name}/...``.
+
+It can listen only on addresses local to this machine: the sandbox's kwok gives pods loopback
+IPs (``127.1.0.0/16``; all of ``127.0.0.0/8`` is local on Linux). A pod whose IP cannot be
+bound (another host's address) is logged and skipped: the bridge then sees its engine as not
+answering, as it would an unreachable pod. A pod that is gone closes its listener, so calls to
+its IP are refused, as they would be.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from http.server import ThreadingHTTPServer
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from bridge import logs
+from gpu_bridge_lab.sandbox.vllm.follow_kube import PodView
+from gpu_bridge_lab.sandbox.vllm.server import SLEEP_ACTIONS, SimServer, _make_handler
+
+log = logs.get(__name__)
+
+
+class PodPorts:
+    """Listeners at ``(pod IP, port)`` for the pods given to ``sync`` (a ``PodTracker.on_pods``)."""
+
+    def __init__(self, server: SimServer, port: int) -> None:
+        if not 0 < port < 65536:
+            raise ValueError(f"port: expected 1-65535, got {port}")
+        self.server = server
+        self.port = port
+        self._lock = threading.Lock()
+        self._pods: dict[str, str] = {}  # pod IP -> pod name (the replica's name)
+        self._listeners: dict[str, ThreadingHTTPServer] = {}
+        self._refused: set[str] = set()  # IPs that could not be bound (logged once)
+        self._handler = _pod_handler(server, self)
+
+    def pod_at(self, ip: str) -> str | None:
+        with self._lock:
+            return self._pods.get(ip)
+
+    def addresses(self) -> dict[str, str]:
+        """Pod IP -> pod name, for every IP listened on."""
+        with self._lock:
+            return {ip: self._pods[ip] for ip in self._listeners if ip in self._pods}
+
+    def sync(self, pods: Mapping[str, PodView]) -> None:
+        """Listen at each pod's IP, stop listening at the IPs no pod has any more."""
+        want = {pv.ip: pv.name for pv in pods.values() if pv.ip}
+        with self._lock:
+            self._pods = want
+            gone = [ip for ip in self._listeners if ip not in want]
+            new = [ip for ip in want if ip not in self._listeners and ip not in self._refused]
+            stopped = [self._listeners.pop(ip) for ip in gone]
+        for httpd in stopped:
+            httpd.shutdown()
+            httpd.server_close()
+        for ip in new:
+            try:
+                httpd = ThreadingHTTPServer((ip, self.port), self._handler)
+            except OSError as exc:
+                with self._lock:
+                    self._refused.add(ip)
+                log.warning("pod_port_unavailable", pod=want[ip], reason=f"{ip}:{self.port}: {exc.strerror or exc}")
+                continue
+            httpd.daemon_threads = True
+            threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                             name=f"vllm-sim-pod-{ip}", daemon=True).start()
+            with self._lock:
+                self._listeners[ip] = httpd
+            log.info("pod_port_listening", pod=want[ip], reason=f"http://{ip}:{self.port}")
+
+    def stop(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners.values())
+            self._listeners.clear()
+        for httpd in listeners:
+            httpd.shutdown()
+            httpd.server_close()
+
+
+def _pod_handler(server: SimServer, ports: PodPorts) -> Any:
+    base: Any = _make_handler(server)
+
+    class PodHandler(base):  # type: ignore[misc]
+        """The simulator's handler at one pod's address: its sleep routes and /health, for
+        the replica of the pod whose IP the connection arrived at."""
+
+        def _route(self, method: str) -> None:
+            parts = urlsplit(str(getattr(self, "path")))
+            path = parts.path.rstrip("/") or "/"
+            pod = ports.pod_at(self.connection.getsockname()[0])
+            if pod is not None and path.lstrip("/") in SLEEP_ACTIONS:
+                self.path = f"/replicas/{quote(pod, safe='')}{path}" + (f"?{parts.query}" if parts.query else "")
+                super()._route(method)
+            elif pod is not None and path in ("/health", "/healthz"):
+                super()._route(method)
+            elif pod is not None:  # a route this stand-in does not serve
+                self._error(404, f"no such path {path} at this pod")
+            else:  # the pod is gone (a connection kept alive from before): answer, then hang up
+                self.close_connection = True
+                self._error(404, "no pod at this address")
+
+    return PodHandler

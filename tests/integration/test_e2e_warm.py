@@ -1,0 +1,189 @@
+"""Warm lending, live: the daemon (`gpu-bridge run`, as an operator runs it) on the serving
+sandbox (real Slurm 22.05, a real kube-apiserver with kwok's pods, Prometheus, the vLLM
+simulator) with its pool's ``warm_lending`` on.
+
+The sandbox's serving side is what docs/warm-lending.md asks of a site: the simulator in sleep
+mode, each pod's engine at ``http://<pod IP>:<vllm_port>`` (kwok gives pods loopback IPs; the
+simulator's ``--pod-port`` answers there for that pod's replica), the pods declaring the
+readiness gate ``gpu-bridge.io/awake`` (kwok keeps a pod not Ready until its gate is True).
+
+Research jobs wait in ``preempt`` -> load falls -> the daemon lends nodes warm: each lent
+node's replica sleeps (the same pod, not Ready) while the research job runs there -> load
+rises -> the job is preempted and requeued (never cancelled), the replica woken (the same pod,
+Ready again, no cold start), and the daemon's log says the reclaim was warm. The cold start
+(kwok's pod start delay) is made long, so a cold reclaim would be visibly slower.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge import wellknown as wk
+from bridge.config import SlurmConfig
+from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
+from gpu_bridge_lab.sandbox.e2e import (
+    DaemonProc,
+    Watcher,
+    World,
+    event_time,
+    put_load,
+    read_events,
+    replica_sleeping,
+    wait_until,
+)
+from gpu_bridge_lab.sandbox.serving import serving_sandbox
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
+
+NODES = 3
+MIN_SERVING = 1
+GRACE_S = 10
+POD_START_S = 25.0  # the cold start: a cold reclaim would take grace + this
+WAKE_S = 10.0  # the daemon's wake timeout (the simulator's level-1 wake takes ~2.6 s)
+STATE_SAVE_S = SlurmConfig().state_save_s  # the daemon's default: a reclaimed node serves once its drain is saved
+DRAIN_S = 45.0  # how long a lend retries the sleep while the replica's in-flight requests finish
+
+
+def _free_port() -> int:
+    """A port free on every address (each pod IP gets a listener on it)."""
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[tuple[Any, World, Path, int]]:
+    d = Path(tempfile.mkdtemp(prefix="gb-e2e-warm-", dir="/tmp"))
+    port = _free_port()
+    sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
+                         shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), warm_port=port, timeout_s=90.0)
+    sb.up()
+    w = World(sb)
+    try:
+        yield sb, w, d, port
+    finally:
+        w.close()
+        sb.down()
+
+
+def _pods(w: World) -> dict[str, tuple[str, str, str, bool]]:
+    """node -> (pod name, uid, pod IP, Ready) of its one live serving pod."""
+    out = {}
+    for p in w._pods():
+        if p.spec.node_name and p.metadata.deletion_timestamp is None:
+            ready = any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())
+            out[p.spec.node_name] = (p.metadata.name, p.metadata.uid, p.status.pod_ip or "", ready)
+    return out
+
+
+def _is_sleeping_at(ip: str, port: int) -> bool:
+    """What the daemon asks: ``GET http://<pod IP>:<vllm_port>/is_sleeping``."""
+    with urllib.request.urlopen(f"http://{ip}:{port}/is_sleeping", timeout=5) as resp:  # noqa: S310 - loopback only
+        return bool(json.loads(resp.read())["is_sleeping"])
+
+
+def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tuple[Any, World, Path, int]) -> None:
+    sb, w, d, port = world
+    out = d / "jobs"
+    out.mkdir()
+    out.chmod(0o777)
+    # the lendable nodes start drained by gpu-bridge (slurm_conf/README.md's install), so the
+    # waiting jobs start only on nodes the daemon lends
+    nodes = f"gpu-node-[01-{NODES:02d}]"
+    assert sb.run_slurm(["scontrol", "update", f"NodeName={nodes}", "State=DRAIN", "Reason=gpu-bridge: serving"]).returncode == 0
+    before = _pods(w)
+    assert len(before) == NODES and not any(r for *_, r in before.values()), before  # gated: not Ready yet
+    assert all(ip.startswith("127.") for _, _, ip, _ in before.values()), before
+    job_ids = []
+    for i in range(NODES - MIN_SERVING):
+        res = sb.run_slurm(["sbatch", "--parsable", "-p", wk.SLURM_PREEMPT_PARTITION, "--requeue", "--gres=gpu:4",
+                            "-J", f"train-{i}", "-o", str(out / f"job-{i}-%j.out"),
+                            "--wrap", f"echo start $SLURM_RESTART_COUNT >> {out}/runs-{i}; sleep 600"])
+        assert res.returncode == 0, res.stderr
+        job_ids.append(res.stdout.strip().split(";")[0])
+    put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})
+    doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf,
+                         grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6,
+                         min_lend_s=5)
+    doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=port, drain_s=DRAIN_S)
+    cfg = write_config(d / "gpu-bridge.yaml", doc)
+    log_path = d / "daemon.log"
+    daemon = DaemonProc(cfg, log_path, sb.env).start()
+    watcher = Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod))
+    try:
+        # the daemon opens the gates of the pods it serves with: Ready, the same pods
+        wait_until(lambda: all(r for *_, r in _pods(w).values()), 60, "the daemon to open every pod's gate (Ready)")
+        assert {n: p[:2] for n, p in _pods(w).items()} == {n: p[:2] for n, p in before.items()}
+        watcher.start()
+
+        def jobs_running() -> bool:
+            return sum(len(v) for v in w.research_running_by_node().values()) == len(job_ids)
+
+        wait_until(jobs_running, 150, "the research jobs to run on nodes lent warm")
+        lent = sorted(w.research_running_by_node())
+        lent_pods = _pods(w)
+        phases = w.phases()
+        for node in lent:
+            name, uid, ip, ready = lent_pods[node]
+            assert (name, uid) == before[node][:2], (node, lent_pods[node], before[node])  # kept, not deleted
+            assert not ready and phases[node] == "lent", (node, ready, phases[node])
+            assert _is_sleeping_at(ip, port) is True and replica_sleeping(sb.vllm_url, name) is True
+            record = (w.nodes()[node].metadata.annotations or {}).get(wk.ANNOTATION_WARM)
+            assert record == f"asleep/{name}", record
+        time.sleep(2)
+
+        spike_at = time.time()
+        put_load(sb.vllm_url, {"rate": 75.0, "cv": 1.0})
+        wait_until(lambda: all(w.phases().get(n) == "serving" for n in lent)
+                   and all(_pods(w).get(n, ("", "", "", False))[3] for n in lent), 90, "the warm nodes back to serving")
+        after = _pods(w)
+        for node in lent:
+            name, uid, ip, ready = after[node]
+            assert (name, uid) == before[node][:2] and ready, (node, after[node], before[node])  # woken, not cold-started
+            assert _is_sleeping_at(ip, port) is False
+        jobs = {str(j["job_id"]): j for j in w.jobs()}
+        for jid in job_ids:
+            assert jid in jobs, f"job {jid} vanished from squeue (lost?)"
+            assert jobs[jid]["job_state"] in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING"), jobs[jid]["job_state"]
+            assert jobs[jid]["restart_cnt"] >= 1  # requeued, never cancelled
+    finally:
+        watcher.close()
+        rc = daemon.stop()
+        print(log_path.read_text()[-3000:] if rc else "")
+    assert rc == 0
+    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.warm_samples > 0  # it did see research jobs beside sleeping pods
+
+    ts = event_time
+    decisions = [e for e in read_events(log_path, "decision") if e["action"] == "reclaim" and ts(e) >= spike_at]
+    reclaimed = {e["node"]: e for e in read_events(log_path, "node_reclaimed") if ts(e) >= spike_at}
+    fallbacks = read_events(log_path, "warm_fallback")
+    assert not fallbacks, fallbacks
+    print(f"\nwarm reclaim (GraceTime {GRACE_S} s, state save {STATE_SAVE_S:g} s, cold start {POD_START_S:g} s): "
+          "load spike at t=0")
+    for node in lent:
+        decided = min(ts(e) for e in decisions if e["node"] == node)
+        ev = reclaimed[node]
+        total = ts(ev) - decided
+        release, back = ev["slurm_release_s"], ev["kubernetes_ready_s"]
+        print(f"{node}: decided {decided - spike_at:.1f} s; Slurm released it {release:.1f} s after, serving (woken, "
+              f"Ready) {back:.1f} s later: {total:.1f} s from decision to serving, mode={ev.get('mode')}")
+        assert ev.get("mode") == "warm", ev
+        # Slurm's part, as in a cold reclaim: the grace, then the daemon's requeue and drain
+        assert GRACE_S - 1 <= release <= GRACE_S + 8, release
+        # the vLLM part: the drain saved (the wait every reclaim has before its node serves
+        # again), the wake (~2.6 s; the wakes of one pass run one after the other), the gate;
+        # a cold start alone would be longer than all of it
+        assert back <= STATE_SAVE_S + 10, back
+        assert back < POD_START_S, back
+        assert total <= GRACE_S + STATE_SAVE_S + 16, total
+        assert total < GRACE_S + STATE_SAVE_S + POD_START_S - 8, total

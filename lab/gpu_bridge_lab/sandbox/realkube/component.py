@@ -15,7 +15,7 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -295,30 +295,25 @@ class RealKubeComponent:
                     "kube-controller-manager")
 
     def _started(self, sb: Sandbox) -> int:
-        from kubernetes import config as k8s_config
-
         from gpu_bridge_lab.sandbox.realkube.serving_model import started_replicas
 
-        try:
-            api = k8s_config.new_client_from_config(config_file=str(sb.kubeconfig))
-        except Exception:  # noqa: BLE001
-            return -1
-        try:
-            return started_replicas(api, self.model())
-        finally:
-            api.close()
+        return self._replicas(sb, started_replicas)
 
     def _available(self, sb: Sandbox) -> int:
-        from kubernetes import config as k8s_config
-
         from gpu_bridge_lab.sandbox.realkube.serving_model import available_replicas
+
+        return self._replicas(sb, available_replicas)
+
+    def _replicas(self, sb: Sandbox, count: Callable[[Any, ServingModel], int]) -> int:
+        """``count(api, model)`` over a fresh client; -1 while the API cannot be reached."""
+        from kubernetes import config as k8s_config
 
         try:
             api = k8s_config.new_client_from_config(config_file=str(sb.kubeconfig))
         except Exception:  # noqa: BLE001
             return -1
         try:
-            return available_replicas(api, self.model())
+            return count(api, self.model())
         finally:
             api.close()
 

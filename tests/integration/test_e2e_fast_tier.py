@@ -21,7 +21,16 @@ from typing import Any
 import pytest
 
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
-from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, wait_until
+from gpu_bridge_lab.sandbox.e2e import (
+    DaemonProc,
+    Watcher,
+    World,
+    event_time,
+    put_load,
+    read_events,
+    submit_backlog,
+    wait_until,
+)
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -58,17 +67,8 @@ def test_the_daemon_lends_to_the_fast_tier_and_reclaims_within_the_fast_grace(wo
     out = d / "jobs"
     out.mkdir()
     out.chmod(0o777)
-    # as slurm_conf/README.md's install says: the lendable nodes start drained by gpu-bridge, so
-    # the waiting jobs only start on nodes the daemon lends
-    nodes = f"gpu-node-[01-{NODES:02d}]"
-    assert sb.run_slurm(["scontrol", "update", f"NodeName={nodes}", "State=DRAIN", "Reason=gpu-bridge: serving"]).returncode == 0
-    job_ids = []
-    for i in range(NODES - MIN_SERVING):  # fast-tier backlog first: the lends go to the fast tier
-        res = sb.run_slurm(["sbatch", "--parsable", "-p", FAST, "--requeue", "--time=5", "--gres=gpu:4", "-J", f"eval-{i}",
-                            "-o", str(out / f"job-{i}-%j.out"),
-                            "--wrap", f"echo start $SLURM_RESTART_COUNT >> {out}/runs-{i}; sleep 600"])
-        assert res.returncode == 0, res.stderr
-        job_ids.append(res.stdout.strip().split(";")[0])
+    # fast-tier backlog only: the lends go to the fast tier
+    job_ids = submit_backlog(sb, NODES, FAST, NODES - MIN_SERVING, out, "eval", "--time=5")
     put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})
     doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf,
                          grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6,

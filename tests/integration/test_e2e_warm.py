@@ -38,6 +38,7 @@ from gpu_bridge_lab.sandbox.e2e import (
     put_load,
     read_events,
     replica_sleeping,
+    submit_backlog,
     wait_until,
 )
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
@@ -96,20 +97,10 @@ def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tu
     out = d / "jobs"
     out.mkdir()
     out.chmod(0o777)
-    # the lendable nodes start drained by gpu-bridge (slurm_conf/README.md's install), so the
-    # waiting jobs start only on nodes the daemon lends
-    nodes = f"gpu-node-[01-{NODES:02d}]"
-    assert sb.run_slurm(["scontrol", "update", f"NodeName={nodes}", "State=DRAIN", "Reason=gpu-bridge: serving"]).returncode == 0
+    job_ids = submit_backlog(sb, NODES, wk.SLURM_PREEMPT_PARTITION, NODES - MIN_SERVING, out, "train")
     before = _pods(w)
     assert len(before) == NODES and not any(r for *_, r in before.values()), before  # gated: not Ready yet
     assert all(ip.startswith("127.") for _, _, ip, _ in before.values()), before
-    job_ids = []
-    for i in range(NODES - MIN_SERVING):
-        res = sb.run_slurm(["sbatch", "--parsable", "-p", wk.SLURM_PREEMPT_PARTITION, "--requeue", "--gres=gpu:4",
-                            "-J", f"train-{i}", "-o", str(out / f"job-{i}-%j.out"),
-                            "--wrap", f"echo start $SLURM_RESTART_COUNT >> {out}/runs-{i}; sleep 600"])
-        assert res.returncode == 0, res.stderr
-        job_ids.append(res.stdout.strip().split(";")[0])
     put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})
     doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf,
                          grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6,

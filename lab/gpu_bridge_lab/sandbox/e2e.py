@@ -58,6 +58,24 @@ def replica_sleeping(vllm_url: str, pod: str) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+def submit_backlog(sb: Any, nodes: int, partition: str, jobs: int, out: Path, name: str, *extra: str) -> list[str]:
+    """Drain ``gpu-node-[01-NN]`` as gpu-bridge's own (slurm_conf/README.md's install: the
+    lendable nodes start drained, so waiting jobs start only on nodes the daemon lends) and
+    submit ``jobs`` whole-node jobs to ``partition`` that requeue and record each start in
+    ``out/runs-I``; their job ids."""
+    drained = sb.run_slurm(["scontrol", "update", f"NodeName=gpu-node-[01-{nodes:02d}]", "State=DRAIN",
+                            "Reason=gpu-bridge: serving"])
+    assert drained.returncode == 0, drained.stderr
+    ids = []
+    for i in range(jobs):
+        res = sb.run_slurm(["sbatch", "--parsable", "-p", partition, "--requeue", *extra, "--gres=gpu:4",
+                            "-J", f"{name}-{i}", "-o", str(out / f"job-{i}-%j.out"),
+                            "--wrap", f"echo start $SLURM_RESTART_COUNT >> {out}/runs-{i}; sleep 600"])
+        assert res.returncode == 0, res.stderr
+        ids.append(res.stdout.strip().split(";")[0])
+    return ids
+
+
 def wait_until(check: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.25) -> Any:
     """Poll ``check`` until truthy; AssertionError naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout_s

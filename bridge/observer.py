@@ -1,7 +1,7 @@
 """The loop's read side: one pass over the three systems, nothing written, nothing remembered.
 
 Each ``read`` is the Kubernetes watch cache, one ``sinfo``/``squeue`` and one Prometheus query
-per pool. A system that cannot be read is a ``None`` (Slurm) or a missing reading (Prometheus)
+per pool (and, at the first answer after a query outage, one range query of the gap). A system that cannot be read is a ``None`` (Slurm) or a missing reading (Prometheus)
 in the ``Snapshot``, and named in ``errors``: ``bridge.observe.join`` then holds what it cannot
 see, and the daemon counts the error. ``outlook`` is the one read apart from it: the metrics'
 range queries, made every ``OUTLOOK_STEP_S`` and only while metrics are served."""

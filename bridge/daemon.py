@@ -112,7 +112,7 @@ class Daemon:
         why_not = self._why_not_act()
         if why_not is not None:
             return TickResult(observed=False, error=why_not or None)
-        snapshot = self.observer.read(now)
+        snapshot = self.observer.read(now, since={name: m.last_t for name, m in self.memory.items()})
         intents = reconcile(self.ledger.remember(snapshot), self.memory, self.config, self.state)
         records = [] if self.dry_run else self.actuator.apply(intents)
         return self.ledger.consume(intents, records, now)

@@ -78,7 +78,8 @@ class Ledger:
             self.count_error(system)
         for name, r in snapshot.readings.items():
             if r.current is not None and name in self.memory:
-                self.memory[name].add(r.current)
+                for sample in (*r.recovered, r.current):
+                    self.memory[name].add(sample)
         return snapshot
 
     def consume(self, intents: Intents, records: list[StepRecord], now: float) -> TickResult:

@@ -230,6 +230,10 @@ class PoolState:
     horizon_s: float | None = None  # reclaim horizon from measured delays; None: the configured one
     fast_horizon_s: float | None = None  # the same for fast-tier nodes (fast grace); None: the configured one
     governor: Governor | None = None  # the SLO budget as a hard cap; None: no governor
+    # the samples of a gap in the signals that the source kept (Prometheus scraped on while
+    # its queries failed), oldest first, read once the signals are back: the memory takes
+    # them before ``signals``, so the governor's count of the gap is the real one
+    recovered: tuple[LoadSignals, ...] = ()
 
 
 # Seconds a lending node's serving pod may outlive the Deployment's scale-down before it is

@@ -92,6 +92,9 @@ class Readings:
     current: LoadSignals | None
     problem: str | None = None  # why ``current`` is None, for logs
     inflight_by_pod: Mapping[str, float] = field(default_factory=dict)  # pod -> running + waiting
+    # the samples of the gap before ``current`` that Prometheus kept (``Observer.read``'s
+    # ``since``), oldest first: the memory takes them first, so the governor recounts the gap
+    recovered: tuple[LoadSignals, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

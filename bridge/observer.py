@@ -1,7 +1,7 @@
 """The loop's read side: one pass over the three systems, nothing written, nothing remembered.
 
 Each ``read`` is the Kubernetes watch cache, one ``sinfo``/``squeue`` and one Prometheus query
-per pool. A system that cannot be read is a ``None`` (Slurm) or a missing reading (Prometheus)
+per pool (and, at the first answer after a query outage, one range query of the gap). A system that cannot be read is a ``None`` (Slurm) or a missing reading (Prometheus)
 in the ``Snapshot``, and named in ``errors``: ``bridge.observe.join`` then holds what it cannot
 see, and the daemon counts the error. ``outlook`` is the one read apart from it: the metrics'
 range queries, made every ``OUTLOOK_STEP_S`` and only while metrics are served."""
@@ -17,7 +17,7 @@ from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PromReader, SlurmAdapterProtocol
 from bridge.config import Config, PoolConfig
 from bridge.errors import AdapterError
-from bridge.model import Calibration, SlurmJob
+from bridge.model import Calibration, LoadSignals, SlurmJob
 from bridge.observe import Readings, Snapshot, SlurmNodeLike
 from bridge.policy.outlook import OUTLOOK_HOURS, OUTLOOK_STEP_S, HourOutlook, lendable_outlook, outlook_span_s
 
@@ -32,7 +32,10 @@ class Observer:
     prom: PromReader
     prom_pools: Mapping[str, PromPool]
 
-    def read(self, now: float) -> Snapshot:
+    def read(self, now: float, since: Mapping[str, float] | None = None) -> Snapshot:
+        """One pass over the three systems. ``since``: pool -> its newest sample in the policy
+        memory; a valid reading after a gap of more than two ticks brings the gap's samples
+        Prometheus kept (``recovered``: one range query, made only then)."""
         errors: list[str] = []
         kube_nodes = self.kube.nodes()
         pods = {p.name: self.kube.pods(p.name) for p in self.config.pools}
@@ -61,13 +64,31 @@ class Observer:
                 # during a Prometheus outage is then dropped instead of blocking lending
                 r = self.prom.current(self.prom_pools[p.name], live_pods={pod.name for pod in pods[p.name]})
                 problem = "; ".join(f"{k}: {v}" for k, v in r.problems.items()) or None
-                readings[p.name] = Readings(r.signals, problem, r.inflight_by_pod)
+                last = (since or {}).get(p.name)
+                recovered = self._recovered(p, last, r.signals.t) if r.signals is not None and last is not None else ()
+                readings[p.name] = Readings(r.signals, problem, r.inflight_by_pod, recovered)
             except AdapterError as exc:
                 errors.append("prometheus")
                 log.warning("prometheus_unavailable", pool=p.name, error=str(exc))
                 readings[p.name] = Readings(None, str(exc), {})
         return Snapshot(now, kube_nodes, pods, desired, pool_problems, slurm_nodes, slurm_jobs, slurm_now,
                         readings, tuple(errors))
+
+    def _recovered(self, pool: PoolConfig, last: float, t: float) -> tuple[LoadSignals, ...]:
+        """The samples Prometheus kept between the memory's newest (``last``) and ``t``, one a
+        tick, when more than two ticks lie between them (a query outage, not a late tick).
+        What Prometheus did not scrape stays a gap, counted conservatively; a failed read too."""
+        tick = self.config.policy.tick_s
+        if not math.isfinite(last) or t - last <= 2 * tick:
+            return ()
+        try:
+            got = self.prom.history(self.prom_pools[pool.name], start=last + tick, end=t - tick / 2, step_s=tick)
+        except AdapterError as exc:
+            log.warning("gap_history_unavailable", pool=pool.name, error=str(exc), gap_s=round(t - last, 1))
+            return ()
+        out = tuple(s for s in got if last < s.t < t)
+        log.info("gap_history", pool=pool.name, gap_s=round(t - last, 1), samples=len(out))
+        return out
 
     def outlook(self, pool: PoolConfig, now: float, nodes: int, calibration: Calibration | None) -> tuple[HourOutlook, ...] | None:
         """The pool's lendable capacity ahead, as ``gpu-bridge forecast`` has it; None: unreadable."""

@@ -136,8 +136,8 @@ class BridgeController(_Base):
 
     def decide(self, view: ClusterView) -> Sequence[Action]:
         ps = view.pools[self.pool.name]
-        if ps.signals is not None:
-            self.memory.add(ps.signals)
+        for sample in (*ps.recovered, *((ps.signals,) if ps.signals is not None else ())):
+            self.memory.add(sample)
         ps = self.memory.pool_state(ps, view.now, self.setup.nodes)
         hist, cal = ps.history, ps.calibration
         if ps.governor is not None:

@@ -44,6 +44,7 @@ from bridge.model import (
     Action,
     ActionKind,
     ClusterView,
+    LoadSignals,
     NodeState,
     Phase,
     PoolState,
@@ -92,6 +93,9 @@ class Setup:
     # stretches (simulation seconds, [start, end)) in which Prometheus answers nothing: the
     # policy sees no signal while the load goes on (outages, the stress suite's data gaps)
     signal_gaps: tuple[tuple[float, float], ...] = ()
+    # whether Prometheus kept scraping through those gaps (only its queries failed): the
+    # policy then reads the gap's samples once the signals are back, as the daemon does
+    signal_gaps_recorded: bool = True
 
     @property
     def pool(self) -> PoolConfig:
@@ -221,6 +225,7 @@ class Engine:
         self.ready_count = setup.nodes
         self.ready_t: list[float] = [0.0]
         self.ready_v: list[int] = [setup.nodes]
+        self._unseen: list[float] = []  # scrape times of a recorded gap the policy has not been given
         self.lent_free: set[str] = set()
         self.lent_s = 0.0
         self.lends = 0
@@ -383,14 +388,23 @@ class Engine:
             out[jid] = got
         return out
 
+    def _scraped(self, scrape_t: float) -> LoadSignals:
+        """What Prometheus scraped at ``scrape_t`` (simulation seconds)."""
+        s = self.s
+        return signals(s.start_unix + scrape_t, s.workload.at(scrape_t), self.ready_at(scrape_t) * self.rpn, self.pool.target)
+
     def view(self, t: float) -> ClusterView:
         s = self.s
         base = s.start_unix
         scrape_t = (math.ceil(t / s.scrape_s - 1e-9) - 1) * s.scrape_s
+        recovered: tuple[LoadSignals, ...] = ()
         if scrape_t < 0 or any(a <= scrape_t < b for a, b in s.signal_gaps):
             sig = None
+            if scrape_t >= 0 and s.signal_gaps_recorded and (not self._unseen or self._unseen[-1] < scrape_t):
+                self._unseen.append(scrape_t)
         else:
-            sig = signals(base + scrape_t, s.workload.at(scrape_t), self.ready_at(scrape_t) * self.rpn, self.pool.target)
+            sig = self._scraped(scrape_t)
+            recovered, self._unseen = tuple(self._scraped(u) for u in self._unseen), []
         ready = self.ready_count
         # requests on each serving replica, as scraped (the load is spread evenly)
         inflight = None
@@ -423,7 +437,7 @@ class Engine:
         h = measured_horizon(s.config, self.pool, self.reclaim_delays)
         hf = measured_horizon(s.config, self.pool, self.fast_reclaim_delays, fast=True) if self.tiered else None
         pools = {self.pool.name: PoolState(self.pool.name, sig, (), ready_rep, committed * self.rpn, horizon_s=h,
-                                           fast_horizon_s=hf)}
+                                           fast_horizon_s=hf, recovered=recovered)}
         return ClusterView(
             now=base + t,
             nodes=tuple(states),

@@ -197,18 +197,19 @@ def adversarial(draw: st.DrawFn) -> tuple[np.ndarray, tuple[tuple[float, float],
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=adversarial(), budget=st.sampled_from([0.04, 0.08]), cold_start_s=st.sampled_from([60.0, 300.0]),
-       cold_start_cv=st.sampled_from([0.0, 0.25, 0.5]), seed=st.integers(1, 1000))
+       cold_start_cv=st.sampled_from([0.0, 0.25, 0.5]), seed=st.integers(1, 1000), recorded=st.booleans())
 def test_violations_stay_within_unavoidable_plus_budget_on_adversarial_traces(
     case: tuple[np.ndarray, tuple[tuple[float, float], ...]], budget: float, cold_start_s: float,
-    cold_start_cv: float, seed: int,
+    cold_start_cv: float, seed: int, recorded: bool,
 ) -> None:
     """Also with drawn (lognormal) cold starts of the latency grid's kind: the incident estimate
-    rests on the measured quantile plus ``forecast.margin_s``, not on a fixed delay."""
+    rests on the measured quantile plus ``forecast.margin_s``, not on a fixed delay. And with
+    gaps Prometheus recorded (recounted when the signals return) or did not (counted blind)."""
     load, gaps = case
     w = workload(load)
     c = config(budget, w.duration_s)
     c = dataclasses.replace(c, pools=tuple(dataclasses.replace(p, cold_start_s=cold_start_s) for p in c.pools))
-    setup = Setup(c, w, NODES, 4, seed=seed, signal_gaps=gaps, cold_start_cv=cold_start_cv)
+    setup = Setup(c, w, NODES, 4, seed=seed, signal_gaps=gaps, cold_start_cv=cold_start_cv, signal_gaps_recorded=recorded)
     ctl = BridgeController(setup)
     r = simulate(setup, ctl)
     avoidable = int((w.load[r.violation_minutes] <= NODES + 1e-9).sum())

@@ -30,6 +30,7 @@ from tests.unit.test_daemon_loop import HIGH, LOW, NODES, T0
 from tests.unit.test_vllm_adapter import FAST, IDLE
 
 POOL = PoolTarget("default", "serving", "vllm")
+HOLD_MB = 12_000  # the memory hold on a node lent warm (the fake's nodes have 16,000 MB)
 
 
 def config(*, wake_s: float = 1.0, vllm_port: int = 8000) -> Config:
@@ -38,7 +39,7 @@ def config(*, wake_s: float = 1.0, vllm_port: int = 8000) -> Config:
         {
             "pools": [{"name": "default", "namespace": "serving", "deployment": "vllm", "model_name": "m",
                        "min_serving": 1, "cold_start_s": 3, "drain_s": 2, "headroom": 0.2, "headroom_replicas": 0.2,
-                       "warm_lending": True, "wake_s": wake_s, "vllm_port": vllm_port,
+                       "warm_lending": True, "wake_s": wake_s, "vllm_port": vllm_port, "warm_hold_mb": HOLD_MB,
                        "target": {"concurrency_per_replica": 60, "kv_cache_usage": None}}],
             "slurm": {"grace_s": 5, "min_runtime_s": 0},
             "policy": {"tick_s": 1, "scale_down_window_s": 5, "min_lend_s": 3, "max_lends_per_tick": 1,

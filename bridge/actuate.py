@@ -291,8 +291,12 @@ def _evict(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) 
 
 def _abort_lend(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
     live = [p.name for p in f.pods if not p.terminating]
-    detail = (f"lend abandoned: serving pod(s) {', '.join(live)} still running after {now - f.phase_since:.0f} s "
-              "(a PodDisruptionBudget refusing the eviction?); serving again")
+    if f.warm is not None and f.warm.state is WarmState.ASLEEP and f.mem_hold is None:
+        detail = (f"lend abandoned: no memory hold for the sleeping replica {f.warm.pod} after {now - f.phase_since:.0f} s "
+                  "(Slurm refused it: slurm.warm_partition missing, pools[].warm_hold_mb over the node's memory?); serving again")
+    else:
+        detail = (f"lend abandoned: serving pod(s) {', '.join(live)} still running after {now - f.phase_since:.0f} s "
+                  "(a PodDisruptionBudget refusing the eviction?); serving again")
     changed = a.kube.set_phase(f.name, Phase.SERVING, detail, now)
     if changed:
         log.warning("lend_abandoned", node=f.name, pool=pool.name, phase=str(Phase.SERVING), detail=detail)

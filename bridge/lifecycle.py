@@ -263,9 +263,14 @@ def next_step(
             return Step.FENCE
         live = [p for p in facts.pods if not p.terminating]
         if _asleep(facts):
-            # the memory hold is queued before the node is released: it is the first job the node
-            # takes (its tier preempts a research job that got there first and leaves too little)
-            return _asleep_check(facts) or (Step.SUBMIT_MEM_HOLD if facts.mem_hold is None else _release(facts))
+            got = _asleep_check(facts)
+            if got is None and facts.mem_hold is None:
+                if lend_timeout_s is not None and now - facts.phase_since >= lend_timeout_s:
+                    return Step.ABORT_LEND  # never got its memory hold (sbatch refused it): abandoned, as any late lend
+                # queued before the node is released: it is the first job the node takes (its
+                # tier preempts a research job that got there first and leaves too little)
+                return Step.SUBMIT_MEM_HOLD
+            return got or _release(facts)
         if warm and facts.warm is None and len(live) == 1 and live[0].deletion_cost != LENDING_POD_DELETION_COST:
             # one replica to keep: out of the Service first, then asleep (else the cold path below)
             return Step.CLOSE_GATE if live[0].awake is not False else Step.SLEEP_REPLICA

@@ -39,7 +39,7 @@ POOL = PoolTarget("default", "serving", "vllm")
 HOLD_MB = 12_000  # the memory hold on a node lent warm (the fake's nodes have 16,000 MB)
 
 
-def config(*, wake_s: float = 1.0, vllm_port: int = 8000) -> Config:
+def config(*, wake_s: float = 1.0, vllm_port: int = 8000, lend_timeout_s: float = 600.0) -> Config:
     """test_daemon_loop's seconds-scale world, the pool lending warm."""
     return parse_config(
         {
@@ -49,6 +49,7 @@ def config(*, wake_s: float = 1.0, vllm_port: int = 8000) -> Config:
                        "target": {"concurrency_per_replica": 60, "kv_cache_usage": None}}],
             "slurm": {"grace_s": 5, "min_runtime_s": 0},
             "policy": {"tick_s": 1, "scale_down_window_s": 5, "min_lend_s": 3, "max_lends_per_tick": 1,
+                       "lend_timeout_s": lend_timeout_s,
                        "signal_max_age_s": 10, "blind_after_s": 30,
                        "forecast": {"margin_s": 1, "burst_window_s": 5, "trend_window_s": 10,
                                     "compare_window_s": 10, "burst_history_s": 86400},
@@ -497,3 +498,25 @@ def test_a_memory_hold_on_a_node_not_lent_warm_is_cancelled() -> None:
     assert w.mem_hold(lent[0]) is None and w.mem_hold(serving) is None
     assert all(w.slurm.snapshot()[j].state == "running" and w.slurm.snapshot()[j].restart_count == 0 for j in jobs)
     assert not w.violations
+
+
+def test_a_warm_lend_that_never_gets_its_memory_hold_is_abandoned() -> None:
+    """Slurm refuses the memory hold (here: every sbatch of it fails, as with the warm partition
+    missing): no research job ever runs beside the sleeping replica without it; after
+    policy.lend_timeout_s the lend is abandoned, as any lend that does not finish in time, and
+    the node serves again (its replica restarted: a sleeping one never serves). Lent again
+    later, it may be lent cold (its new replica not started yet), never warm without its hold."""
+    w = World()
+    w.config = config(lend_timeout_s=30.0)
+    w.daemon = w.new_daemon()
+    w.slurm.fail["submit_mem_hold"] = AdapterError("slurm", "sbatch failed (rc 1): invalid partition specified: gpu-bridge-warm")
+    for n in NODES:  # a site's lendable nodes start drained (slurm_conf/README.md): jobs start only where lent
+        w.slurm.drain(n, "serving")
+    jobs = [w.sbatch(f"research-{i}", duration_s=600) for i in range(3)]
+    w.run_until(lambda: any(e.reason == "GpuBridgeLendAborted" for e in w.kube.events), 80, "a lend abandoned")
+    (event,) = [e for e in w.kube.events if e.reason == "GpuBridgeLendAborted"][:1]
+    assert "no memory hold for the sleeping replica" in event.message, event.message
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 120, "every node serving again")
+    assert not any(w.mem_hold(n) for n in NODES) and not any(intent == "submit_mem_hold" for intent, _ in w.slurm.writes)
+    assert not w.violations and not w.lost_jobs(jobs)  # never research beside a sleeping replica without its hold

@@ -54,6 +54,8 @@ CASES = [
     # the memory hold is queued while the node is still ours (serving hold, drain): the first job it takes
     ("lending-asleep-mem-hold-before-release", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP), True,
      Step.SUBMIT_MEM_HOLD),
+    ("lending-asleep-no-mem-hold-in-time-abandoned", facts(phase=Phase.LENDING, phase_since=NOW - 700, fenced=True, pods=(GATED,),
+                                                           warm=ASLEEP), True, Step.ABORT_LEND),
     ("lending-asleep-mem-hold-before-resume", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP, hold=None), True,
      Step.SUBMIT_MEM_HOLD),
     ("lending-asleep-released-to-slurm", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP, mem_hold=MEM), True,
@@ -142,7 +144,7 @@ CASES = [
 
 @pytest.mark.parametrize(("node", "warm", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_next_step_warm(node: NodeFacts, warm: bool, expected: Step | None) -> None:
-    assert next_step(node, now=NOW, scaled_down=True, warm=warm, drain_saved_after_s=5.0) is expected
+    assert next_step(node, now=NOW, scaled_down=True, warm=warm, drain_saved_after_s=5.0, lend_timeout_s=600.0) is expected
 
 
 def test_a_node_lent_warm_keeps_its_replica_counted_until_it_is_lost() -> None:

@@ -406,7 +406,7 @@ class CliSlurm:
         now = parse_requeue_check(res.stdout, jid) if res.returncode == 0 else None
         if now is None:
             return False  # gone (squeue: "Invalid job id specified")
-        if now.partition == self.hold_partition:
+        if now.partition in (self.hold_partition, self.warm_partition):
             raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
         why = now.refusal((self.preempt_partition, self.fast_partition), restart_count)
         if why:

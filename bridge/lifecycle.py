@@ -22,10 +22,10 @@ jobs) -> release to Slurm as above -> lent. Reclaim: the serving hold job, then 
 cancelled at once (Slurm cannot start the whole-node serving hold, so never preempts for it,
 while the never-preempted memory hold runs), then as above up to the drain, then returning: wake
 the replica (recorded ``awake/<pod>``), open its gate, unfence -> serving. A warm-lent node
-carries exactly one memory hold; any other node none (an orphan is cancelled). A lent node
-whose memory hold is gone (an administrator cancelled it, it failed) turns cold like a lost pod. A sleep or wake that fails, or a
-sleeping pod that is lost, is recorded ``cold/<pod>``: the pod is evicted and the cold path
-(scale-down at lend, a new pod at reclaim) takes over. The record, not the pool's setting,
+carries exactly one memory hold; any other node none (an orphan is cancelled). A sleep or wake
+that fails, a sleeping pod that is lost, or a lent node whose memory hold is gone (an
+administrator cancelled it, it failed), is recorded ``cold/<pod>``: the pod is evicted and the
+cold path (scale-down at lend, a new pod at reclaim) takes over. The record, not the pool's setting,
 drives a node already lent warm.
 
 Invariant: research jobs never run on a node while a serving pod may be placed or run on

@@ -310,7 +310,7 @@ class _JobsByNode:
         for job in jobs:
             parts = frozenset(job.partition.split(","))  # a pending job's list: preempt,preempt-fast
             if is_mem_hold_job(job, config):
-                # not in ``allocated``: it is ours and small, as Slurm's research view has it
+                # not in ``allocated`` (research or a serving hold there): beside it the node takes research jobs
                 node = job.name[len(wk.SLURM_WARM_HOLD_JOB_PREFIX):]
                 running = job.state in JOB_STATES_HOLDING_NODES and node in job.nodes
                 if job.state != "completing" and (job.state == "pending" or running):  # completing: cancelled

@@ -59,6 +59,7 @@ EVENT_REASONS: Mapping[Step | Phase, str] = {
     Step.WAKE_REPLICA: "GpuBridgeReplicaAwake",
     Step.WARM_LOST: "GpuBridgeWarmLost",
     Step.DELETE_ASLEEP: "GpuBridgeWarmColdFallback",
+    Step.MEM_HOLD_LOST: "GpuBridgeMemoryHoldLost",
 }
 WARM_FAILED_EVENT = "GpuBridgeWarmFailed"  # a sleep or wake failed: the cold path from here on
 
@@ -106,6 +107,8 @@ class Actuator:
     # not taken as a failure (vLLM refuses to sleep while requests are in flight, and the ones
     # the replica had when its gate closed take that long to finish); absent: no retry
     sleep_retry_s: Mapping[str, float] = field(default_factory=dict)
+    # pool -> pools[].warm_hold_mb: the memory hold's size on a node lent warm (warm pools only)
+    mem_hold_mb: Mapping[str, int] = field(default_factory=dict)
 
     def apply(self, intents: Intents) -> list[StepRecord]:
         """Carry out what ``bridge.reconcile`` decided, in its order. A write that fails is
@@ -288,8 +291,12 @@ def _evict(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) 
 
 def _abort_lend(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
     live = [p.name for p in f.pods if not p.terminating]
-    detail = (f"lend abandoned: serving pod(s) {', '.join(live)} still running after {now - f.phase_since:.0f} s "
-              "(a PodDisruptionBudget refusing the eviction?); serving again")
+    if f.warm is not None and f.warm.state is WarmState.ASLEEP and f.mem_hold is None:
+        detail = (f"lend abandoned: no memory hold for the sleeping replica {f.warm.pod} after {now - f.phase_since:.0f} s "
+                  "(Slurm refused it: slurm.warm_partition missing, pools[].warm_hold_mb over the node's memory?); serving again")
+    else:
+        detail = (f"lend abandoned: serving pod(s) {', '.join(live)} still running after {now - f.phase_since:.0f} s "
+                  "(a PodDisruptionBudget refusing the eviction?); serving again")
     changed = a.kube.set_phase(f.name, Phase.SERVING, detail, now)
     if changed:
         log.warning("lend_abandoned", node=f.name, pool=pool.name, phase=str(Phase.SERVING), detail=detail)
@@ -412,6 +419,40 @@ def _check_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: 
     return changed, detail
 
 
+def _submit_mem_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    """The memory hold of a node lent warm, queued before it is released to Slurm. A pool with
+    no size for it (warm lending turned off mid-lend) lends the node cold instead."""
+    mb = a.mem_hold_mb.get(pool.name)
+    if mb is None:
+        pod = f.warm.pod if f.warm is not None else ""
+        detail = f"no pools[].warm_hold_mb for pool {pool.name} (warm_lending off?): {pod} lent cold"
+        changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, pod))
+        log.warning("warm_fallback", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
+        a._event(f.name, WARM_FAILED_EVENT, detail, "Warning")
+        return changed, detail
+    return True, f"memory hold {a.slurm.submit_mem_hold(f.name, mb)}: {mb} MB"
+
+
+def _cancel_mem_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    cancelled = a.slurm.cancel_mem_hold(f.name)
+    return bool(cancelled), f"memory hold {', '.join(cancelled)} cancelled" if cancelled else ""
+
+
+def _mem_hold_lost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    """A node lent asleep without its memory hold (an administrator cancelled it, it failed):
+    Slurm may give research jobs the memory the sleeping weights hold, so the replica goes
+    (recorded cold, then evicted: its memory is freed) rather than a new hold preempting them."""
+    if f.warm is None:
+        return False, ""
+    detail = (f"the memory hold of the sleeping replica {f.warm.pod} is gone from Slurm: its memory is no longer kept "
+              "from research jobs; the replica is evicted and the node counts as cold")
+    changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, f.warm.pod))
+    if changed:
+        log.warning("warm_lost", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
+        a._event(f.name, EVENT_REASONS[step], detail, "Warning")
+    return changed, detail
+
+
 def _delete_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
     """The cold fallback: evict the pod left asleep (it is not Ready, so a PDB already counts it
     gone); the Deployment starts a new one, the normal cold start."""
@@ -446,4 +487,7 @@ _STEPS: Mapping[Step, Handler] = {
     Step.CHECK_ASLEEP: _check_asleep,
     Step.DELETE_ASLEEP: _delete_asleep,
     Step.CLEAR_WARM: lambda a, s, f, p, now: (a.kube.set_warm(f.name, None), ""),
+    Step.SUBMIT_MEM_HOLD: _submit_mem_hold,
+    Step.CANCEL_MEM_HOLD: _cancel_mem_hold,
+    Step.MEM_HOLD_LOST: _mem_hold_lost,
 }

@@ -199,12 +199,22 @@ class PoolConfig:
         default=30.0, gt=0, description="warm lending: the wake's timeout and, in the simulator, its time (a failed wake falls back to cold_start_s)"
     )
     vllm_port: Port = Field(default=8000, ge=1, description="warm lending: port of the vLLM server's HTTP API on each pod")
+    warm_hold_mb: Int | None = Field(
+        default=None, gt=0,
+        description="warm lending: host memory (MB) the sleeping replica holds (its weights, ~130 GiB for a 70B bf16 "
+        "model, plus a margin); a node lent warm carries a memory-hold job of this size in `slurm.warm_partition`, so "
+        "Slurm never gives it to research jobs; required when `warm_lending` is on (docs/warm-lending.md)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         out: list[tuple[str, str]] = []
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?", self.name or ""):
             out.append(("name", f"expected a label value (lowercase letters, digits, - _ .), got {_show(self.name)}"))
+        if self.warm_lending and self.warm_hold_mb is None:
+            # without it Slurm would promise research jobs the memory the sleeping weights hold
+            out.append(("warm_hold_mb", "required when warm_lending is on (the host memory, in MB, the sleeping "
+                                        "replica holds: kept from research jobs by the memory-hold job), got null"))
         return _checked(self, out)
 
     @property
@@ -284,6 +294,12 @@ class SlurmConfig:
         description="the fast partition's GraceTime (SIGTERM to SIGKILL); less than `grace_s` when "
         "`fast_partition` is set (else it is not faster)",
     )
+    warm_partition: Str = Field(
+        default=wellknown.SLURM_WARM_PARTITION,
+        description="warm lending: partition of the memory-hold jobs (`gpu-bridge-warm:<node>`, 1 CPU, no GPU, "
+        "`pools[].warm_hold_mb`) a node lent warm carries; never preempted, above `preempt_partition`'s tier "
+        "(slurm_conf/slurm.conf.snippet); used only by pools with `warm_lending`",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -310,6 +326,12 @@ class SlurmConfig:
                 out.append(("fast_partition", f"expected a partition name, got {_show(self.fast_partition)}"))
             elif self.fast_partition in (self.preempt_partition, self.hold_partition):
                 out.append(("fast_partition", f"must differ from preempt_partition and hold_partition, got {_show(self.fast_partition)}"))
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.warm_partition):
+            out.append(("warm_partition", f"expected a partition name, got {_show(self.warm_partition)}"))
+        elif self.warm_partition in (self.preempt_partition, self.hold_partition, self.fast_partition):
+            # its jobs are recognised by partition and name: never mistaken for a research or serving hold
+            out.append(("warm_partition", "must differ from preempt_partition, hold_partition and fast_partition, "
+                                          f"got {_show(self.warm_partition)}"))
         return _checked(self, out)
 
 

@@ -87,7 +87,9 @@ class Daemon:
         tiers = {Tier.NORMAL: config.slurm.preempt_partition, Tier.FAST: fast} if fast else {}
         self.actuator = Actuator(kube=kube, slurm=slurm, clock=clock, targets=targets, grace_s=config.slurm.grace_s, tiers=tiers,
                                  sleep_control=sleep_controls(config.pools),  # vLLM clients for warm pools only
-                                 sleep_retry_s={p.name: p.drain_s for p in config.pools if p.warm_lending})
+                                 sleep_retry_s={p.name: p.drain_s for p in config.pools if p.warm_lending},
+                                 mem_hold_mb={p.name: p.warm_hold_mb for p in config.pools
+                                              if p.warm_lending and p.warm_hold_mb is not None})
         if after_write is not None:  # a lab's hook (crash injection); the product sets none
             self.actuator.after_write = after_write
         # the policy's memory: empty unless given back-filled (bridge.wiring.policy_memory)

@@ -16,11 +16,16 @@ Reclaim: lent -> reclaiming (submit a hold job pinned to the node in the high-ti
 
 Warm lending (a pool with ``warm_lending``, docs/warm-lending.md): the lend keeps the node's one
 replica and puts it to sleep instead: lending (fence, close the bridge's readiness gate so the
-pod leaves the Service, sleep level 1, recorded on the node as ``asleep/<pod>``) -> release to
-Slurm as above -> lent. Reclaim as above up to the drain, then returning: wake the replica
-(recorded ``awake/<pod>``), open its gate, unfence -> serving. A sleep or wake that fails, or a
-sleeping pod that is lost, is recorded ``cold/<pod>``: the pod is evicted and the cold path
-(scale-down at lend, a new pod at reclaim) takes over. The record, not the pool's setting,
+pod leaves the Service, sleep level 1, recorded on the node as ``asleep/<pod>``, submit the
+memory hold: a job pinned to the node that keeps the sleeping weights' host memory from research
+jobs) -> release to Slurm as above -> lent. Reclaim: the serving hold job, then the memory hold
+cancelled at once (Slurm cannot start the whole-node serving hold, so never preempts for it,
+while the never-preempted memory hold runs), then as above up to the drain, then returning: wake
+the replica (recorded ``awake/<pod>``), open its gate, unfence -> serving. A warm-lent node
+carries exactly one memory hold; any other node none (an orphan is cancelled). A sleep or wake
+that fails, a sleeping pod that is lost, or a lent node whose memory hold is gone (an
+administrator cancelled it, it failed), is recorded ``cold/<pod>``: the pod is evicted and the
+cold path (scale-down at lend, a new pod at reclaim) takes over. The record, not the pool's setting,
 drives a node already lent warm.
 
 Invariant: research jobs never run on a node while a serving pod may be placed or run on
@@ -80,6 +85,10 @@ class Step(enum.StrEnum):
     # each pass on a lent node recorded asleep: GET /is_sleeping; awake (an engine restarted
     # under research jobs) or silent -> recorded cold/<pod> and its pod evicted (DELETE_ASLEEP)
     CHECK_ASLEEP = "check_asleep"
+    # the memory hold (slurm.warm_partition, gpu-bridge-warm:<node>, pools[].warm_hold_mb)
+    SUBMIT_MEM_HOLD = "submit_mem_hold"  # lending, asleep: before the node is released to Slurm
+    CANCEL_MEM_HOLD = "cancel_mem_hold"  # reclaiming (right after the serving hold), or an orphan
+    MEM_HOLD_LOST = "mem_hold_lost"  # lent asleep without its memory hold: record cold/<pod> (an alarm)
 
 
 WAITS = frozenset({Step.WAIT_PODS_GONE, Step.WAIT_HOLD, Step.WAIT_DRAIN_SAVED, Step.WAIT_READY, Step.BLOCKED})
@@ -145,6 +154,7 @@ class NodeFacts:
     # reason time) are compared with it, never with ours (no clock skew); None = unknown
     slurm_now: float | None = None
     warm: WarmRecord | None = None  # warm lending's record on the node (None: never lent warm, or done)
+    mem_hold: HoldFacts | None = None  # our memory-hold job for the node (pending or running), if any
 
 
 def warm_pod(facts: NodeFacts) -> PodFacts | None:
@@ -213,6 +223,8 @@ def next_step(
             return Step.ADOPT_LENT if facts.fenced else Step.FENCE
         return Step.ADOPT
     if phase is Phase.SERVING:
+        if facts.mem_hold is not None:
+            return Step.CANCEL_MEM_HOLD  # an orphan (e.g. a crash): a serving node holds no memory for Slurm
         drained = facts.slurm_drained_by_us or facts.slurm_drained_by_other
         if facts.research_jobs:
             # Research on a serving node (adopted that way, or slipped in): Slurm preempts it
@@ -251,7 +263,14 @@ def next_step(
             return Step.FENCE
         live = [p for p in facts.pods if not p.terminating]
         if _asleep(facts):
-            return _asleep_check(facts) or _release(facts)
+            got = _asleep_check(facts)
+            if got is None and facts.mem_hold is None:
+                if lend_timeout_s is not None and now - facts.phase_since >= lend_timeout_s:
+                    return Step.ABORT_LEND  # never got its memory hold (sbatch refused it): abandoned, as any late lend
+                # queued before the node is released: it is the first job the node takes (its
+                # tier preempts a research job that got there first and leaves too little)
+                return Step.SUBMIT_MEM_HOLD
+            return got or _release(facts)
         if warm and facts.warm is None and len(live) == 1 and live[0].deletion_cost != LENDING_POD_DELETION_COST:
             # one replica to keep: out of the Service first, then asleep (else the cold path below)
             return Step.CLOSE_GATE if live[0].awake is not False else Step.SLEEP_REPLICA
@@ -266,14 +285,22 @@ def next_step(
             return Step.WAIT_PODS_GONE
         if facts.pods:  # terminating: vLLM drains in-flight requests within its grace
             return Step.WAIT_PODS_GONE
+        if facts.mem_hold is not None:
+            return Step.CANCEL_MEM_HOLD  # lent cold (its sleep failed, its pod lost): no memory to hold
         return _release(facts)
     if phase is Phase.LENT:
         if _asleep(facts):
             got = _asleep_check(facts)
             if got is not None:
                 return got
+            if facts.mem_hold is None:
+                # Slurm no longer keeps the sleeping weights' memory from research jobs: the
+                # replica goes (cold), as for a lost pod, rather than a new hold preempting them
+                return Step.MEM_HOLD_LOST
         elif facts.warm is not None and facts.warm.state is WarmState.COLD and warm_pod(facts) is not None:
             return Step.DELETE_ASLEEP  # its engine woke or went silent under Slurm: the pod goes, the node stays lent
+        elif facts.mem_hold is not None and not facts.pods:
+            return Step.CANCEL_MEM_HOLD  # lent cold, the replica gone: its memory is Slurm's again
         # Re-assert the release (idempotent): e.g. a crash between resume and mark, or Slurm's
         # own drain ("Duplicate jobid" after a controller crash) with nothing running there
         release = _release(facts)
@@ -292,6 +319,11 @@ def next_step(
             if slurm_empty_and_down:
                 return Step.DRAIN
             return Step.SUBMIT_HOLD
+        if facts.mem_hold is not None:
+            # right after the serving hold, not once the research jobs are gone: the serving hold
+            # takes the whole node, so while the memory hold (never preempted) runs, Slurm never
+            # starts it and never preempts the research jobs for it (shown on Slurm 22.05)
+            return Step.CANCEL_MEM_HOLD
         if not facts.slurm_drained_by_us:
             if facts.hold is not None and facts.hold.running and not facts.research_jobs:
                 return Step.DRAIN
@@ -308,6 +340,8 @@ def next_step(
             return Step.TAKE_OVER_DRAIN
         if not facts.slurm_drained_by_us and not facts.slurm_drained_by_other:
             return Step.DRAIN  # never unfence a node Slurm could still schedule on
+        if facts.mem_hold is not None:
+            return Step.CANCEL_MEM_HOLD  # before the wake: a node back to serving holds no memory apart in Slurm
         if facts.research_jobs:
             return Step.BLOCKED
         slurm_now = facts.slurm_now if facts.slurm_now is not None else now

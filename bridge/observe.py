@@ -146,6 +146,14 @@ def is_hold_job(job: SlurmJob, config: Config) -> bool:
             and (hold_user is None or job.user == hold_user))
 
 
+def is_mem_hold_job(job: SlurmJob, config: Config) -> bool:
+    """Warm lending's memory hold (``gpu-bridge-warm:<node>``): by partition and name, and user
+    as for the serving holds. Never a research job: never requeued, counted or cancelled as one."""
+    hold_user = config.slurm.hold_user
+    return (job.partition == config.slurm.warm_partition and job.name.startswith(wk.SLURM_WARM_HOLD_JOB_PREFIX)
+            and (hold_user is None or job.user == hold_user))
+
+
 def hold_job_node(job: SlurmJob) -> str:
     """The node a hold job is meant for (its name), whether or not it runs yet."""
     return job.name[len(wk.SLURM_HOLD_JOB_PREFIX) :]
@@ -238,6 +246,7 @@ def join(
                 slurm_down=sn.down,
                 slurm_allocated=kn.name in jobs.allocated,
                 hold=jobs.holds.get(kn.name),
+                mem_hold=jobs.mem_holds.get(kn.name),
                 research_jobs=on_node,
                 slurm_drained_at=getattr(sn, "reason_time", None) if sn.drained and sn.reason_ours else None,
                 research_preempted=tuple(jobs.preempted_on.get(kn.name, ())),
@@ -286,6 +295,7 @@ class _JobsByNode:
     """What Slurm's job list says about each node."""
 
     holds: dict[str, HoldFacts] = field(default_factory=dict)  # node -> our hold job for it
+    mem_holds: dict[str, HoldFacts] = field(default_factory=dict)  # node -> our memory hold for it (warm lending)
     research_on: dict[str, list[str]] = field(default_factory=dict)  # node -> research jobs holding it
     preempted_on: dict[str, list[PreemptedJob]] = field(default_factory=dict)
     allocated: set[str] = field(default_factory=set)  # nodes any job holds
@@ -302,6 +312,13 @@ class _JobsByNode:
         tiers = {config.slurm.preempt_partition} | ({fast} if fast else set())
         for job in jobs:
             parts = frozenset(job.partition.split(","))  # a pending job's list: preempt,preempt-fast
+            if is_mem_hold_job(job, config):
+                # not in ``allocated`` (research or a serving hold there): beside it the node takes research jobs
+                node = job.name[len(wk.SLURM_WARM_HOLD_JOB_PREFIX):]
+                running = job.state in JOB_STATES_HOLDING_NODES and node in job.nodes
+                if job.state != "completing" and (job.state == "pending" or running):  # completing: cancelled
+                    out.mem_holds.setdefault(node, HoldFacts(job.job_id, running=running))
+                continue
             if is_hold_job(job, config):
                 target = hold_job_node(job)
                 if job.state == "completing":  # cancelled, on its way out: not a hold any more

@@ -131,12 +131,15 @@ def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, 
     fname = config.slurm.fast_partition
     if fname is not None:
         out += _fast_tier(config, fname, partitions.get(fname), preempt, hold)
+    wname = config.slurm.warm_partition  # the memory holds: the bridge's own jobs, cancelled at each reclaim
+    if any(p.warm_lending for p in config.pools):
+        out += _warm_lending(config, settings, partitions.get(wname), preempt, hold)
     if preempt is not None:
         lendable = _nodes(preempt.get("Nodes", ""))
         fast_nodes = _nodes(partitions[fname].get("Nodes", "")) if fname is not None and fname in partitions else frozenset()
         lendable = lendable | fast_nodes if lendable is not None and fast_nodes is not None else None  # lent nodes move
         for name, part in sorted(partitions.items()):
-            if name in (pname, hname, fname):
+            if name in (pname, hname, fname, wname):
                 continue
             other = _nodes(part.get("Nodes", ""))
             shared = sorted(lendable & other) if lendable is not None and other is not None else None
@@ -160,6 +163,57 @@ def _preemptible(key: str, part: Mapping[str, str]) -> list[Finding]:
         out.append(Finding(f"{key} OverTimeLimit", over,
                            f"needs at least {wellknown.SLURM_PREEMPT_OVER_TIME_LIMIT_MIN} (minutes): a preempted job "
                            "that finishes its work during GraceTime otherwise ends TIMEOUT"))
+    return out
+
+
+def _memory_default(value: str) -> bool:
+    """A DefMemPerCPU/DefMemPerNode that gives a job less than the whole node: a number of MB."""
+    return value.strip().rstrip("M").isdigit()
+
+
+def _warm_lending(config: Config, settings: Mapping[str, str], warm: Mapping[str, str] | None,
+                  preempt: Mapping[str, str] | None, hold: Mapping[str, str] | None) -> list[Finding]:
+    """What warm lending's memory hold needs (docs/warm-lending.md, "How Slurm is told"): its
+    partition, never preempted, above the research tier, beside research jobs on every lendable
+    node; memory counted; and a default memory for jobs without --mem."""
+    wname, pname = config.slurm.warm_partition, config.slurm.preempt_partition
+    key = f"PartitionName={wname}"
+    out: list[Finding] = []
+    if "MEMORY" not in settings.get("SelectTypeParameters", "").upper():
+        out.append(Finding("SelectTypeParameters", settings.get("SelectTypeParameters", ""),
+                           "needs a *_Memory value (e.g. CR_Core_Memory) for warm lending: without it Slurm does not "
+                           "count memory and the memory hold keeps none from research jobs"))
+    if preempt is not None and not any(_memory_default(v) for v in (
+            preempt.get("DefMemPerCPU", ""), preempt.get("DefMemPerNode", ""),
+            settings.get("DefMemPerCPU", ""), settings.get("DefMemPerNode", ""))):
+        out.append(Finding(f"PartitionName={pname} DefMemPerCPU", preempt.get("DefMemPerCPU", preempt.get("DefMemPerNode", "")),
+                           "needs a value (RealMemory / CPUs) for warm lending: a job without --mem is given the whole "
+                           "node's memory and never runs beside a memory hold"))
+    if warm is None:
+        return [*out, Finding(key, "", "missing: pools[].warm_lending needs it for its memory holds (slurm.warm_partition); "
+                                       "add the gpu-bridge-warm line of slurm_conf/slurm.conf.snippet")]
+    if warm.get("PreemptMode", "").upper() != "OFF":
+        out.append(Finding(f"{key} PreemptMode", warm.get("PreemptMode", ""), "needs OFF: a memory hold is never preempted"))
+    if warm.get("OverSubscribe", "").upper().startswith("EXCLUSIVE"):
+        out.append(Finding(f"{key} OverSubscribe", warm.get("OverSubscribe", ""),
+                           "must not be EXCLUSIVE: a memory hold runs beside the research jobs"))
+    if warm.get("MaxTime", "").upper() != "UNLIMITED":
+        out.append(Finding(f"{key} MaxTime", warm.get("MaxTime", ""), "needs UNLIMITED: a memory hold runs as long as the node is lent"))
+    if preempt is not None:
+        try:
+            above = int(warm.get("PriorityTier", "")) > int(preempt.get("PriorityTier", ""))
+        except ValueError:
+            above = False
+        if not above:
+            out.append(Finding(f"{key} PriorityTier", warm.get("PriorityTier", ""),
+                               f"must be higher than {pname}'s ({preempt.get('PriorityTier', '')}): a memory hold must "
+                               "preempt a research job that leaves it too little memory"))
+    if hold is not None:
+        mine, held = _nodes(warm.get("Nodes", "")), _nodes(hold.get("Nodes", ""))
+        if mine is not None and (held is None or not held <= mine):
+            out.append(Finding(f"{key} Nodes", warm.get("Nodes", ""),
+                               f"must include every lendable node ({config.slurm.hold_partition}'s, {hold.get('Nodes', '')}): "
+                               "a node lent warm needs its memory hold"))
     return out
 
 

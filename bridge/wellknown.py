@@ -41,6 +41,10 @@ SLURM_REASON_PREFIX = "gpu-bridge:"  # every drain reason the bridge sets starts
 SLURM_PREEMPT_PARTITION = "preempt"  # research jobs: PreemptMode=REQUEUE, GraceTime
 SLURM_HOLD_PARTITION = "gpu-bridge"  # high PriorityTier, only the bridge's user: placeholder jobs
 SLURM_HOLD_JOB_PREFIX = "gpu-bridge-hold:"  # job name of a placeholder holding a node for serving
+# warm lending (docs/warm-lending.md): a node lent with its replica asleep carries a memory-hold
+# job in its own never-preempted partition, keeping the sleeping weights' host memory from research
+SLURM_WARM_PARTITION = "gpu-bridge-warm"
+SLURM_WARM_HOLD_JOB_PREFIX = "gpu-bridge-warm:"  # job name of a memory hold: gpu-bridge-warm:<node>
 SLURM_CHECKPOINT_COMMENT = "gpu-bridge:checkpoint="  # jobs publish their last checkpoint time
 # jobs that checkpoint on the preemption signal publish how long that takes (seconds)
 SLURM_SIGNAL_SAVE_COMMENT = "gpu-bridge:save-on-signal="

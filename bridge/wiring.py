@@ -160,6 +160,7 @@ def slurm_adapter(config: Config) -> CliSlurm:
         hold_user=config.slurm.hold_user,
         preempt_partition=config.slurm.preempt_partition,
         fast_partition=config.slurm.fast_partition,
+        warm_partition=config.slurm.warm_partition,
     )
 
 

@@ -52,9 +52,15 @@ class WarmRun:
         return self.oracle_viol + self.allowed
 
 
+# the memory hold a warm lend needs (pools[].warm_hold_mb): the simulated 70B replica's ~130 GiB of
+# weights plus a margin; the simulator's research jobs do not ask for memory, so it changes nothing here
+SIM_HOLD_MB = 140_000
+
+
 def with_warm(cfg: Config, wake_s: float | None = None) -> Config:
     """The config with every pool lending warm (and its wake time, if given)."""
-    pools = tuple(dataclasses.replace(p, warm_lending=True, wake_s=p.wake_s if wake_s is None else wake_s) for p in cfg.pools)
+    pools = tuple(dataclasses.replace(p, warm_lending=True, wake_s=p.wake_s if wake_s is None else wake_s,
+                                      warm_hold_mb=p.warm_hold_mb or SIM_HOLD_MB) for p in cfg.pools)
     return dataclasses.replace(cfg, pools=pools)
 
 

@@ -180,6 +180,15 @@ class SlurmWriter(Protocol):
         """Cancel our hold job(s) on ``node``; returns the ids cancelled (empty: none was there)."""
         ...
 
+    def submit_mem_hold(self, node: str, mem_mb: int) -> str:
+        """The job id of our memory hold on ``node`` (warm lending: 1 CPU, no GPU, ``mem_mb`` of
+        host memory, in the warm partition), submitted unless one is already active."""
+        ...
+
+    def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
+        """Cancel our memory hold(s) on ``node``; returns the ids cancelled (empty: none was there)."""
+        ...
+
     def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         """Requeue a research job Slurm preempted (never cancel it), after re-reading that one job
         right before: False unless it still runs in the preempt partition with its preemption

@@ -186,6 +186,14 @@ class FencedSlurm(SlurmReadThrough):
         self._check("cancel_hold")
         return self._inner.cancel_hold(node)
 
+    def submit_mem_hold(self, node: str, mem_mb: int) -> str:
+        self._check("submit_mem_hold")
+        return self._inner.submit_mem_hold(node, mem_mb)
+
+    def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
+        self._check("cancel_mem_hold")
+        return self._inner.cancel_mem_hold(node)
+
     def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         self._check("requeue")
         return self._inner.requeue(job_id, restart_count=restart_count)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 from kube_contract import Kube, Serving, make_node
+from sandbox_fixtures import slurm_only
 
 from bridge import wellknown as wk
 from bridge.adapters.kube.calls import KubeApiError
@@ -71,8 +72,8 @@ class SlurmWorld(World):
     nodes: tuple[str, ...]
     grace_s: float
 
-    def research_job(self, node: str) -> str:
-        """A requeueable research job in the preempt partition, pinned to ``node``."""
+    def research_job(self, node: str, mem_mb: int | None = None) -> str:
+        """A requeueable research job in the preempt partition, pinned to ``node`` (``--mem``: ``mem_mb``)."""
         raise NotImplementedError
 
     def admin_drain(self, node: str, reason: str) -> None:
@@ -89,8 +90,8 @@ class FakeSlurmWorld(SlurmWorld):
     def sleep(self, seconds: float) -> None:
         self.fake.advance(seconds)
 
-    def research_job(self, node: str) -> str:
-        return self.fake.add_job(node)
+    def research_job(self, node: str, mem_mb: int | None = None) -> str:
+        return self.fake.add_job(node, mem_mb=mem_mb or 0)
 
     def admin_drain(self, node: str, reason: str) -> None:
         self.fake.admin_drain(node, reason)
@@ -107,12 +108,13 @@ class RealSlurmWorld(SlurmWorld):
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
-    def research_job(self, node: str) -> str:
+    def research_job(self, node: str, mem_mb: int | None = None) -> str:
         script = self.tmp / "job.sh"
         script.write_text("#!/bin/bash\nwhile true; do sleep 0.2; done\n")
         script.chmod(0o755)
+        mem = [f"--mem={mem_mb}"] if mem_mb is not None else []
         out = self.sandbox.run_slurm(["sbatch", "--parsable", "-p", wk.SLURM_PREEMPT_PARTITION, "--requeue",
-                                      "--gres=gpu:4", "-w", node, "-o", "/dev/null", str(script)]).stdout
+                                      "--gres=gpu:4", *mem, "-w", node, "-o", "/dev/null", str(script)]).stdout
         return str(out.strip().split(";")[0])
 
     def admin_drain(self, node: str, reason: str) -> None:
@@ -222,6 +224,63 @@ def test_slurm_hold_preempts_research_job_and_requeue(slurm_world: SlurmWorld) -
     assert requeued.nodes == () and requeued.preempt_time is None
     assert s.requeue(jid) is False  # pending: not running, nothing to requeue
     assert s.cancel_hold(node) == (hold,)
+
+
+# warm lending's memory hold needs memory counted and its partition: a Slurm of its own
+WARM_SLURM_CONF = "\n".join([
+    "SelectTypeParameters=CR_Core_Memory",  # the sandbox's CR_Core replaced (the last line wins)
+    f"PartitionName={wk.SLURM_WARM_PARTITION} Nodes=gpu-node-[01-02] PriorityTier=100 PreemptMode=OFF "
+    "OverSubscribe=NO MaxTime=INFINITE State=UP",
+])
+
+
+@pytest.fixture(scope="module")
+def warm_slurm_sandbox() -> Iterator[Any]:
+    with slurm_only(nodes=2, grace_s=3, real_memory_mb=16000, extra_slurm_conf=WARM_SLURM_CONF) as c:
+        yield c.sb
+
+
+@pytest.fixture(params=["fake", REAL])
+def mem_world(request: pytest.FixtureRequest, tmp_path: Path) -> SlurmWorld:
+    if request.param == "fake":
+        fake = FakeSlurm(grace_s=3.0)
+        for n in ("gpu-node-01", "gpu-node-02"):
+            fake.add_node(n, memory_mb=16000)
+        return FakeSlurmWorld(slurm=fake, nodes=("gpu-node-01", "gpu-node-02"), grace_s=3.0, fake=fake)
+    sb = request.getfixturevalue("warm_slurm_sandbox")
+    cli = CliSlurm(env={"SLURM_CONF": str(sb.slurm.slurm_conf)}, timeout_s=10)
+    return RealSlurmWorld(slurm=cli, nodes=tuple(sb.node_names), grace_s=3.0, sandbox=sb, tmp=tmp_path)
+
+
+def test_slurm_memory_hold_keeps_its_memory_from_research_jobs(mem_world: SlurmWorld) -> None:
+    """Warm lending's memory hold: pinned, 1 CPU, no GPU, never a serving hold or a research job
+    (no requeue), cancelled by name and partition; its memory kept from research jobs: one asking
+    for more than it leaves waits until it is cancelled, and a hold that finds too little free
+    preempts that job (REQUEUE) and runs; a job within what it leaves runs beside it."""
+    w, s = mem_world, mem_world.slurm
+    node, other = w.nodes
+    hold = s.submit_mem_hold(node, 12_000)
+    assert hold and s.submit_mem_hold(node, 12_000) == hold  # idempotent: one memory hold per node
+    h = w.eventually(lambda: (j := _job(w, hold)) is not None and j.state == "running" and j, 20, "memory hold running")
+    assert h.nodes == (node,) and h.partition == wk.SLURM_WARM_PARTITION and h.name == wk.SLURM_WARM_HOLD_JOB_PREFIX + node
+    assert s.holds() == {} and not h.is_hold  # not a serving hold
+    with pytest.raises(NotOursError):
+        s.requeue(hold)  # a memory hold is never requeued as if it were a research job
+    big = w.research_job(node, mem_mb=5000)  # 4,000 MB left beside the hold
+    w.sleep(4.0)
+    assert _job(w, big).state == "pending" and _job(w, hold).state == "running"
+    assert s.cancel_mem_hold(other) == ()
+    assert s.cancel_mem_hold(node) == (hold,)
+    w.eventually(lambda: (j := _job(w, hold)) is None or j.state not in ("running", "pending"), 15, "memory hold gone")
+    assert s.cancel_mem_hold(node) == ()
+    w.eventually(lambda: (j := _job(w, big)) is not None and j.state == "running", 30, "the big job once the memory is free")
+    again = s.submit_mem_hold(node, 12_000)  # a lend's hold finding the big job there: its tier preempts it
+    w.eventually(lambda: (j := _job(w, again)) is not None and j.state == "running", 40, "the hold after the job's grace")
+    requeued = _job(w, big)
+    assert requeued.state == "pending" and requeued.restart_count == 1  # requeued, never cancelled
+    fits = w.research_job(node, mem_mb=3000)
+    w.eventually(lambda: (j := _job(w, fits)) is not None and j.state == "running", 30, "a job within what the hold leaves")
+    assert _job(w, big).state == "pending" and s.cancel_mem_hold(node) == (again,)
 
 
 # --- Kubernetes -----------------------------------------------------------------------------

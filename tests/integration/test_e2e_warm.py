@@ -7,16 +7,22 @@ mode, each pod's engine at ``http://<pod IP>:<vllm_port>`` (kwok gives pods loop
 simulator's ``--pod-port`` answers there for that pod's replica), the pods declaring the
 readiness gate ``gpu-bridge.io/awake`` (kwok keeps a pod not Ready until its gate is True).
 
+Slurm counts memory (``CR_Core_Memory``, a ``DefMemPerCPU`` so a job without ``--mem`` takes its
+share, not the whole node) and has the ``gpu-bridge-warm`` partition of the memory holds
+(slurm_conf/slurm.conf.snippet's opt-in lines).
+
 Research jobs wait in ``preempt`` -> load falls -> the daemon lends nodes warm: each lent
-node's replica sleeps (the same pod, not Ready) while the research job runs there -> load
-rises -> the job is preempted and requeued (never cancelled), the replica woken (the same pod,
-Ready again, no cold start), and the daemon's log says the reclaim was warm. The cold start
-(kwok's pod start delay) is made long, so a cold reclaim would be visibly slower.
+node's replica sleeps (the same pod, not Ready) and its memory hold (``gpu-bridge-warm:<node>``,
+``pools[].warm_hold_mb``) runs beside the research job there -> load rises -> the job is
+preempted and requeued (never cancelled), the memory hold cancelled, the replica woken (the
+same pod, Ready again, no cold start), and the daemon's log says the reclaim was warm. The cold
+start (kwok's pod start delay) is made long, so a cold reclaim would be visibly slower.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import tempfile
 import time
@@ -52,6 +58,17 @@ POD_START_S = 25.0  # the cold start: a cold reclaim would take grace + this
 WAKE_S = 10.0  # the daemon's wake timeout (the simulator's level-1 wake takes ~2.6 s)
 STATE_SAVE_S = SlurmConfig().state_save_s  # the daemon's default: a reclaimed node serves once its drain is saved
 DRAIN_S = 45.0  # how long a lend retries the sleep while the replica's in-flight requests finish
+REAL_MEMORY_MB = 16000  # the sandbox's nodes (8 CPUs)
+HOLD_MB = 12000  # pools[].warm_hold_mb: the sleeping weights, scaled down to the sandbox node
+DEF_MEM_PER_CPU = REAL_MEMORY_MB // 8  # a research job without --mem (1 CPU) fits beside the hold
+# slurm_conf/slurm.conf.snippet's warm lines; DefMemPerCPU cluster-wide here (the snippet puts it on
+# preempt's line, which the sandbox writes itself): only preempt's jobs go without --mem
+WARM_SLURM_CONF = "\n".join([
+    "SelectTypeParameters=CR_Core_Memory",  # replaces the sandbox's CR_Core (the last line wins)
+    f"DefMemPerCPU={DEF_MEM_PER_CPU}",
+    f"PartitionName={wk.SLURM_WARM_PARTITION} Nodes=gpu-node-[01-{NODES:02d}] PriorityTier=100 PreemptMode=OFF "
+    "OverSubscribe=NO MaxTime=INFINITE State=UP",
+])
 
 
 def _free_port() -> int:
@@ -66,7 +83,8 @@ def world() -> Iterator[tuple[Any, World, Path, int]]:
     d = Path(tempfile.mkdtemp(prefix="gb-e2e-warm-", dir="/tmp"))
     port = _free_port()
     sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
-                         shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), warm_port=port, timeout_s=90.0)
+                         shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), warm_port=port, timeout_s=90.0,
+                         extra_slurm_conf=WARM_SLURM_CONF)
     sb.up()
     w = World(sb)
     try:
@@ -84,6 +102,18 @@ def _pods(w: World) -> dict[str, tuple[str, str, str, bool]]:
             ready = any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())
             out[p.spec.node_name] = (p.metadata.name, p.metadata.uid, p.status.pod_ip or "", ready)
     return out
+
+
+def _mem_holds(w: World) -> dict[str, tuple[str, str]]:
+    """node -> (job id, state) of each memory hold in squeue (any state)."""
+    return {str(j["name"])[len(wk.SLURM_WARM_HOLD_JOB_PREFIX):]: (str(j["job_id"]), str(j["job_state"]))
+            for j in w.jobs() if j["partition"] == wk.SLURM_WARM_PARTITION
+            and str(j["name"]).startswith(wk.SLURM_WARM_HOLD_JOB_PREFIX)}
+
+
+def _alloc_mem_mb(sb: Any, node: str) -> int:
+    out = sb.run_slurm(["scontrol", "--oneliner", "show", "node", node]).stdout
+    return int(re.search(r"AllocMem=(\d+)", out).group(1))  # type: ignore[union-attr]
 
 
 def _is_sleeping_at(ip: str, port: int) -> bool:
@@ -105,11 +135,12 @@ def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tu
     doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf,
                          grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6,
                          min_lend_s=5)
-    doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=port, drain_s=DRAIN_S)
+    doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=port, drain_s=DRAIN_S, warm_hold_mb=HOLD_MB)
     cfg = write_config(d / "gpu-bridge.yaml", doc)
     log_path = d / "daemon.log"
     daemon = DaemonProc(cfg, log_path, sb.env).start()
-    watcher = Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod))
+    watcher = Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod),
+                      mem_hold_partition=wk.SLURM_WARM_PARTITION)
     try:
         # the daemon opens the gates of the pods it serves with: Ready, the same pods
         wait_until(lambda: all(r for *_, r in _pods(w).values()), 60, "the daemon to open every pod's gate (Ready)")
@@ -130,6 +161,10 @@ def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tu
             assert _is_sleeping_at(ip, port) is True and replica_sleeping(sb.vllm_url, name) is True
             record = (w.nodes()[node].metadata.annotations or {}).get(wk.ANNOTATION_WARM)
             assert record == f"asleep/{name}", record
+        holds = _mem_holds(w)
+        assert sorted(holds) == lent and all(state == "RUNNING" for _, state in holds.values()), holds
+        for node in lent:  # the hold's memory plus the research job's DefMemPerCPU share: the rest is free
+            assert _alloc_mem_mb(sb, node) == HOLD_MB + DEF_MEM_PER_CPU, (node, _alloc_mem_mb(sb, node))
         time.sleep(2)
 
         spike_at = time.time()
@@ -137,6 +172,8 @@ def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tu
         wait_until(lambda: all(w.phases().get(n) == "serving" for n in lent)
                    and all(_pods(w).get(n, ("", "", "", False))[3] for n in lent), 90, "the warm nodes back to serving")
         after = _pods(w)
+        # cancelled (squeue keeps ended jobs for MinJobAge) before the wakes, none left behind
+        assert all(state in ("CANCELLED", "COMPLETING") for _, state in _mem_holds(w).values()), _mem_holds(w)
         for node in lent:
             name, uid, ip, ready = after[node]
             assert (name, uid) == before[node][:2] and ready, (node, after[node], before[node])  # woken, not cold-started
@@ -153,8 +190,15 @@ def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tu
     assert rc == 0
     assert watcher.violations == [], watcher.violations[:5]
     assert watcher.warm_samples > 0  # it did see research jobs beside sleeping pods
+    assert watcher.mem_hold_samples > 0  # ... each on a node lent warm with its memory hold running
 
     ts = event_time
+    submitted = {e["node"]: ts(e) for e in read_events(log_path, "node_step") if e.get("step") == "submit_mem_hold"}
+    released = {e["node"]: ts(e) for e in read_events(log_path, "node_step") if e.get("step") == "resume"}
+    cancelled = {e["node"]: ts(e) for e in read_events(log_path, "node_step") if e.get("step") == "cancel_mem_hold"}
+    woken = {e["node"]: ts(e) for e in read_events(log_path, "node_step") if e.get("step") == "wake_replica"}
+    for node in lent:  # the order at lend and at reclaim (docs/warm-lending.md)
+        assert submitted[node] <= released[node] and cancelled[node] <= woken[node], (submitted, released, cancelled, woken)
     decisions = [e for e in read_events(log_path, "decision") if e["action"] == "reclaim" and ts(e) >= spike_at]
     reclaimed = {e["node"]: e for e in read_events(log_path, "node_reclaimed") if ts(e) >= spike_at}
     fallbacks = read_events(log_path, "warm_fallback")

@@ -6,8 +6,11 @@ Shown: the hold submitted while the node is drained is the first job it takes wh
 research job asking for more than RealMemory - hold stays PENDING (Resources), one within it
 runs beside the hold; a job without --mem is given the whole node's memory, so it cannot run
 beside the hold (hence DefMemPerCPU on `preempt`); a hold submitted to a node whose research
-job leaves too little memory preempts that job with REQUEUE (never cancels it). Only Slurm's
-commands: the daemon has no warm path yet.
+job leaves too little memory preempts that job with REQUEUE (never cancels it); and while a
+memory hold runs, the serving hold (the whole node, same tier) neither starts nor preempts the
+research jobs for it, so a reclaim cancels the memory hold right after submitting the serving
+hold, not once the research jobs are gone (bridge/lifecycle.py). Only Slurm's commands: the
+daemon's use of them is tests/integration/test_e2e_warm.py.
 """
 
 from __future__ import annotations
@@ -101,6 +104,23 @@ def test_a_hold_preempts_a_research_job_that_leaves_too_little_memory(cluster: S
     _wait(lambda: _state(cluster, research)[0] == "RUNNING", 30)
     hold = _hold(cluster)
     _wait(lambda: _state(cluster, hold)[0] == "RUNNING", 30)  # grace 3 s, then Slurm's own requeue
+    got = cluster.job(research)
+    assert got["Restarts"] == "1" and got["JobState"] == "PENDING", got  # requeued, not cancelled
+    _clean(cluster)
+
+
+def test_the_serving_hold_preempts_nothing_while_the_memory_hold_runs(cluster: SlurmOnly) -> None:
+    _clean(cluster)
+    mem = _hold(cluster)
+    research = _submit(cluster, "-p", "preempt", "-c", "1", "--mem=3000", user="nobody")
+    _wait(lambda: _state(cluster, mem)[0] == "RUNNING" and _state(cluster, research)[0] == "RUNNING", 30)
+    serving = _submit(cluster, "-p", "gpu-bridge", "-J", f"gpu-bridge-hold:{NODE}", "-w", NODE, "--exclusive")
+    time.sleep(8.0)  # grace 3 s, several scheduler passes (sched_interval=2)
+    assert _state(cluster, serving) == ("PENDING", "Resources"), _state(cluster, serving)
+    got = cluster.job(research)
+    assert got["JobState"] == "RUNNING" and got["Restarts"] == "0" and got.get("PreemptTime", "None") == "None", got
+    assert cluster.run(["scancel", mem]).returncode == 0  # what the daemon does right after submitting it
+    _wait(lambda: _state(cluster, serving)[0] == "RUNNING", 30)  # the research job's grace, then Slurm's requeue
     got = cluster.job(research)
     assert got["Restarts"] == "1" and got["JobState"] == "PENDING", got  # requeued, not cancelled
     _clean(cluster)

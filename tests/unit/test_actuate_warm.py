@@ -184,7 +184,7 @@ def test_a_lost_pod_is_recorded_cold_and_the_asleep_pod_evicted() -> None:
 
 
 def test_sleep_controls_only_for_warm_pools() -> None:
-    cfg = parse_config({"pools": [{"name": "hot", "warm_lending": True, "vllm_port": 8001, "wake_s": 12.0}, {"name": "cold"}]})
+    cfg = parse_config({"pools": [{"name": "hot", "warm_lending": True, "vllm_port": 8001, "wake_s": 12.0, "warm_hold_mb": 140_000}, {"name": "cold"}]})
     control = sleep_controls(cfg.pools)
     got = control("hot", "10.1.2.3")
     assert isinstance(got, VllmSleepClient) and got.base_url == "http://10.1.2.3:8001" and got.timeout_s == 12.0

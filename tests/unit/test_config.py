@@ -485,7 +485,30 @@ def test_fast_tier_keys(slurm: dict[str, object], expected: list[str]) -> None:
 def test_warm_lending_is_off_by_default_and_validated() -> None:
     pool = parse_config({"pools": [{"name": "llama"}]}).pools[0]
     assert (pool.warm_lending, pool.wake_s, pool.vllm_port) == (False, 30.0, 8000)
-    assert parse_config({"pools": [{"name": "llama", "warm_lending": True}]}).pools[0].warm_lending is True
+    warm = parse_config({"pools": [{"name": "llama", "warm_lending": True, "warm_hold_mb": 140_000}]})
+    assert warm.pools[0].warm_lending is True and warm.pools[0].warm_hold_mb == 140_000
+    assert warm.slurm.warm_partition == "gpu-bridge-warm"
     got = problems({"pools": [{"name": "llama", "warm_lending": "yes", "wake_s": 0, "vllm_port": 70000}]})
     assert len(got) == 3 and all(p.startswith("bridge.yaml: pools[0].") for p in got), got
     assert any("warm_lending" in p for p in got) and any("wake_s" in p for p in got) and any("vllm_port" in p for p in got)
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        pytest.param({"pools": [{"name": "llama", "warm_lending": True}]},
+                     ["bridge.yaml: pools[0].warm_hold_mb: required when warm_lending is on (the host memory, in MB, the sleeping "
+                      "replica holds: kept from research jobs by the memory-hold job), got null"], id="hold-size-required"),
+        pytest.param({"pools": [{"name": "llama", "warm_lending": True, "warm_hold_mb": 0}]},
+                     ["bridge.yaml: pools[0].warm_hold_mb: must be > 0, got 0"], id="hold-size-positive"),
+        pytest.param({"pools": [{"name": "llama", "warm_hold_mb": 1.5}]},
+                     ["bridge.yaml: pools[0].warm_hold_mb: expected an integer, got 1.5"], id="hold-size-whole-mb"),
+        pytest.param({"pools": [{"name": "llama"}], "slurm": {"warm_partition": "preempt"}},
+                     ['bridge.yaml: slurm.warm_partition: must differ from preempt_partition, hold_partition and fast_partition, '
+                      'got "preempt"'], id="warm-partition-its-own"),
+        pytest.param({"pools": [{"name": "llama"}], "slurm": {"warm_partition": "a b"}},
+                     ['bridge.yaml: slurm.warm_partition: expected a partition name, got "a b"'], id="warm-partition-name"),
+    ],
+)
+def test_the_memory_hold_keys_are_validated(doc: dict[str, object], expected: list[str]) -> None:
+    assert problems(doc) == expected

@@ -4,7 +4,12 @@ reached by its IP. A lend keeps each lent node's replica asleep and out of the S
 reclaim wakes it (no new pod), a failed wake falls back to a cold start; the daemon killed
 right after each warm write (the lab's crash injection point, ``after_write``) and restarted
 from nothing but the nodes converges with no research job lost and never a research job
-beside a pod that may serve."""
+beside a pod that may serve.
+
+The memory hold (``gpu-bridge-warm:<node>``, FakeSlurm with memory as a consumable resource):
+queued before a warm lend releases the node, so research jobs beside the sleeping replica get
+the node's memory minus the hold; cancelled at the reclaim before the wake; a lent node that
+loses it turns cold; an orphan is cancelled."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import pytest
 from bridge import wellknown as wk
 from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import PoolTarget, SleepControl
+from bridge.adapters.slurm.types import SlurmJobInfo
 from bridge.config import Config, parse_config
 from bridge.daemon import Daemon
 from bridge.errors import AdapterError
@@ -30,18 +36,20 @@ from tests.unit.test_daemon_loop import HIGH, LOW, NODES, T0
 from tests.unit.test_vllm_adapter import FAST, IDLE
 
 POOL = PoolTarget("default", "serving", "vllm")
+HOLD_MB = 12_000  # the memory hold on a node lent warm (the fake's nodes have 16,000 MB)
 
 
-def config(*, wake_s: float = 1.0, vllm_port: int = 8000) -> Config:
+def config(*, wake_s: float = 1.0, vllm_port: int = 8000, lend_timeout_s: float = 600.0) -> Config:
     """test_daemon_loop's seconds-scale world, the pool lending warm."""
     return parse_config(
         {
             "pools": [{"name": "default", "namespace": "serving", "deployment": "vllm", "model_name": "m",
                        "min_serving": 1, "cold_start_s": 3, "drain_s": 2, "headroom": 0.2, "headroom_replicas": 0.2,
-                       "warm_lending": True, "wake_s": wake_s, "vllm_port": vllm_port,
+                       "warm_lending": True, "wake_s": wake_s, "vllm_port": vllm_port, "warm_hold_mb": HOLD_MB,
                        "target": {"concurrency_per_replica": 60, "kv_cache_usage": None}}],
             "slurm": {"grace_s": 5, "min_runtime_s": 0},
             "policy": {"tick_s": 1, "scale_down_window_s": 5, "min_lend_s": 3, "max_lends_per_tick": 1,
+                       "lend_timeout_s": lend_timeout_s,
                        "signal_max_age_s": 10, "blind_after_s": 30,
                        "forecast": {"margin_s": 1, "burst_window_s": 5, "trend_window_s": 10,
                                     "compare_window_s": 10, "burst_history_s": 86400},
@@ -56,9 +64,11 @@ class Crash(BaseException):
 
 
 class Engine:
-    """One pod's vLLM engine; ``fail_wake`` makes its wake fail (an HTTP error)."""
+    """One pod's vLLM engine; ``fail_wake`` makes its wake fail (an HTTP error); ``on_wake``
+    is called first (the test's check of what Slurm holds at that moment)."""
 
-    def __init__(self, busy_sleeps: int = 0) -> None:
+    def __init__(self, busy_sleeps: int = 0, on_wake: Callable[[], None] = lambda: None) -> None:
+        self.on_wake = on_wake
         self.asleep = False
         self.fail_wake = False
         self.wakes = 0
@@ -72,6 +82,7 @@ class Engine:
         self.asleep = True
 
     def wake_up(self, tags: object = ()) -> None:
+        self.on_wake()
         self.wakes += 1
         if self.fail_wake:
             raise AdapterError("vllm", "POST /wake_up: HTTP 500")
@@ -119,7 +130,8 @@ class World:
         pod = next((p for p in self.kube.pods("default") if p.ip == ip and not p.terminating), None)
         if pod is None:
             raise AdapterError("vllm", f"{ip}: connection refused")
-        engine = self.engines.setdefault(pod.name, Engine(self.busy_sleeps))
+        node = pod.node or ""
+        engine = self.engines.setdefault(pod.name, Engine(self.busy_sleeps, on_wake=lambda: self.check_wake(node)))
         engine.fail_wake = self.fail_wakes
         return engine
 
@@ -166,6 +178,15 @@ class World:
             self.daemon = self.new_daemon()  # restarted from what is on the nodes only
         self.check()
 
+    def mem_hold(self, node: str) -> SlurmJobInfo | None:
+        """The node's memory hold in Slurm (any state), if any."""
+        return next((j for j in self.slurm.snapshot().values()
+                     if j.partition == wk.SLURM_WARM_PARTITION and j.name == wk.SLURM_WARM_HOLD_JOB_PREFIX + node), None)
+
+    def check_wake(self, node: str) -> None:
+        if self.mem_hold(node) is not None:
+            self.violations.append(f"t={self.t - T0:.0f}: {node} woken while its memory hold is still in Slurm")
+
     def check(self) -> None:
         if self.ready_pods() < 1:
             self.violations.append(f"t={self.t - T0:.0f}: no Ready serving pod")
@@ -178,6 +199,12 @@ class World:
                 if pod.ready or pod.awake is not False or not asleep:
                     self.violations.append(f"t={self.t - T0:.0f}: {pod.node} runs {job.job_id} beside {pod.name} "
                                            f"(ready={pod.ready}, gate={pod.awake}, asleep={asleep})")
+                node = self.kube.node(pod.node or "")
+                hold = self.mem_hold(pod.node or "")
+                if node is not None and node.phase in (Phase.LENDING, Phase.LENT) and (hold is None or hold.state != "running"):
+                    # reclaiming: the hold is cancelled right after the serving hold, during the grace
+                    self.violations.append(f"t={self.t - T0:.0f}: {pod.node} runs {job.job_id} beside the sleeping "
+                                           f"{pod.name} without its memory hold running ({hold and hold.state})")
 
     def phases(self) -> dict[str, Phase | None]:
         return {n.name: n.phase for n in self.kube.nodes()}
@@ -290,6 +317,7 @@ def test_an_engine_that_wakes_under_research_is_evicted_and_the_node_stays_lent(
     assert any(e.reason == "GpuBridgeWarmFailed" and "awake on a lent node" in e.message for e in w.kube.events)
     w.tick(); w.tick()
     assert all(w.slurm.snapshot()[j].state == "running" for j in jobs)  # research untouched
+    w.run_until(lambda: w.mem_hold(node) is None, 10, "the memory hold of the node now lent cold cancelled")
     w.load = HIGH
     w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 80, "all serving again")
     assert all(v is None for v in w.warm().values())
@@ -297,8 +325,8 @@ def test_an_engine_that_wakes_under_research_is_evicted_and_the_node_stays_lent(
 
 
 # every write of the warm path, the transitions' starts and the scale around them
-WARM_POINTS = ("close_gate", "sleep_replica", "cancel_hold", "resume", "mark_lent", "submit_hold", "drain",
-               "mark_returning", "wake_replica", "open_gate", "unfence", "mark_serving", "clear_warm")
+WARM_POINTS = ("close_gate", "sleep_replica", "submit_mem_hold", "cancel_hold", "resume", "mark_lent", "submit_hold",
+               "cancel_mem_hold", "drain", "mark_returning", "wake_replica", "open_gate", "unfence", "mark_serving", "clear_warm")
 
 
 @pytest.mark.parametrize("point", WARM_POINTS)
@@ -309,6 +337,7 @@ def test_a_crash_right_after_each_warm_write_converges_with_no_job_lost(point: s
     assert {p.name for p in w.kube.pods("default") if not p.terminating} == before  # still warm: nothing cold-started
     w.run_until(lambda: all(v is None for v in w.warm().values()), 10, "the warm records cleared")
     assert not w.violations and not w.lost_jobs(jobs)
+    assert not any(w.mem_hold(n) for n in NODES)  # every memory hold gone with the warm lends
 
 
 def _free_port() -> int:
@@ -374,3 +403,120 @@ def test_a_crash_after_noticing_an_awake_engine_converges(point: str) -> None:
     assert not w.lost_jobs(jobs)
     # research beside the awake engine for at most the one pass the crash interrupted
     assert len(w.violations) <= 1 and all(node in v for v in w.violations), w.violations
+
+
+# --- the memory hold ----------------------------------------------------------------------------
+
+
+def _writes(w: World, node: str) -> list[str]:
+    """The Slurm writes made for ``node``, in order."""
+    return [intent for intent, n in w.slurm.writes if n == node]
+
+
+def test_the_memory_hold_is_queued_before_research_can_start_and_cancelled_before_the_wake() -> None:
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    lent = sorted(n for n, p in w.phases().items() if p is Phase.LENT)
+    for node in lent:
+        hold = w.mem_hold(node)
+        assert hold is not None and hold.state == "running" and hold.nodes == (node,) and hold.gpus_per_node == 0
+        writes = _writes(w, node)
+        # queued while the node was still the serving side's (its serving hold, our drain): the first job it takes
+        assert writes.count("submit_mem_hold") == 1
+        released = [writes.index(r) for r in ("cancel_hold", "resume") if r in writes]  # none: lent before it was ever held
+        assert all(writes.index("submit_mem_hold") < i for i in released), writes
+    assert any({"cancel_hold", "resume"} <= set(_writes(w, n)) for n in lent)
+    (serving,) = [n for n, p in w.phases().items() if p is Phase.SERVING]
+    assert w.mem_hold(serving) is None
+    # research jobs get each lent node's memory minus the hold: 4,000 of 16,000 MB fit beside 12,000, 8,000 do not
+    small = [w.slurm.add_job(name=f"small-{i}", mem_mb=4000) for i in range(3)]
+    big = w.slurm.add_job(name="big", mem_mb=8000)
+    w.durations.update({j: 600.0 for j in [*small, big]})
+    w.tick()
+    snap = w.slurm.snapshot()
+    assert sorted(snap[j].nodes[0] for j in small if snap[j].state == "running") == lent
+    assert snap[big].state == "pending"
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 80, "all serving again")
+    assert not any(w.mem_hold(n) for n in NODES)
+    for node in lent:
+        reclaim = _writes(w, node)[_writes(w, node).index("submit_mem_hold"):]  # from the lend on
+        # right after the serving hold (Slurm never preempts for it while the memory hold runs), before the drain
+        assert reclaim.index("submit_hold") < reclaim.index("cancel_mem_hold") < reclaim.index("drain"), reclaim
+    assert sum(e.wakes for e in w.engines.values()) == 3
+    assert not w.violations, w.violations  # incl. no wake while a memory hold was in Slurm
+    assert not w.lost_jobs([*small, big])
+    assert all(w.slurm.snapshot()[j].restart_count == 1 for j in small)  # preempted and requeued, never cancelled
+
+
+@pytest.mark.parametrize("crash_at", [None, "mem_hold_lost", "delete_asleep", "cancel_mem_hold"])
+def test_a_lent_node_whose_memory_hold_is_cancelled_turns_cold(crash_at: str | None) -> None:
+    """An administrator scancels a memory hold: the replica is evicted (its memory freed, the
+    node lent cold), not a new hold that would preempt the research jobs running there."""
+    w = World(crash_at=crash_at)
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    jobs = [w.sbatch(f"research-{i}", duration_s=600) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    lent = sorted(n for n, p in w.phases().items() if p is Phase.LENT)
+    node = lent[0]
+    (pod,) = [p for p in w.kube.pods("default") if p.node == node and not p.terminating]
+    hold = w.mem_hold(node)
+    assert hold is not None
+    w.slurm.finish(hold.job_id)  # scancel by someone else
+    w.run_until(lambda: not any(p.name == pod.name and not p.terminating for p in w.kube.pods("default")), 5, "the replica evicted")
+    n = w.kube.node(node)
+    assert n is not None and n.phase is Phase.LENT and n.warm is not None and n.warm.state is WarmState.COLD
+    assert any(e.reason == "GpuBridgeMemoryHoldLost" for e in w.kube.events)
+    w.tick(); w.tick()
+    assert w.mem_hold(node) is None and _writes(w, node).count("submit_mem_hold") == 1  # never resubmitted
+    assert all(w.slurm.snapshot()[j].state == "running" and w.slurm.snapshot()[j].restart_count == 0 for j in jobs)
+    assert all((h := w.mem_hold(other)) is not None and h.state == "running" for other in lent[1:])  # the others stay warm
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 120, "all serving again")
+    w.run_until(lambda: all(v is None for v in w.warm().values()), 10, "the warm records cleared")
+    assert not any(w.mem_hold(n) for n in NODES) and not w.lost_jobs(jobs)
+    assert w.crashes == (1 if crash_at else 0), f"{crash_at} never written"
+    # the one pass a crash interrupted may see the research beside the sleeping replica without its hold
+    assert len(w.violations) <= (1 if crash_at == "mem_hold_lost" else 0) and all(node in v for v in w.violations), w.violations
+
+
+def test_a_memory_hold_on_a_node_not_lent_warm_is_cancelled() -> None:
+    """Lent cold (every sleep refused) or serving: no memory hold is ever submitted, and one
+    found there (left by a crash, an operator's mistake) is cancelled; research untouched."""
+    w = World()
+    w.busy_sleeps = 10_000
+    w.run_until(lambda: w.count(Phase.LENT) == 3 and not any(p.node in {n for n, ph in w.phases().items() if ph is Phase.LENT}
+                                                              for p in w.kube.pods("default")), 150, "lent cold, pods gone")
+    assert not any(intent == "submit_mem_hold" for intent, _ in w.slurm.writes)
+    jobs = [w.sbatch(f"research-{i}", duration_s=600) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    lent = sorted(n for n, p in w.phases().items() if p is Phase.LENT)
+    (serving,) = [n for n, p in w.phases().items() if p is Phase.SERVING]
+    for node in (lent[0], serving):
+        w.slurm.submit_mem_hold(node, 1000)
+    w.tick()
+    assert w.mem_hold(lent[0]) is None and w.mem_hold(serving) is None
+    assert all(w.slurm.snapshot()[j].state == "running" and w.slurm.snapshot()[j].restart_count == 0 for j in jobs)
+    assert not w.violations
+
+
+def test_a_warm_lend_that_never_gets_its_memory_hold_is_abandoned() -> None:
+    """Slurm refuses the memory hold (here: every sbatch of it fails, as with the warm partition
+    missing): no research job ever runs beside the sleeping replica without it; after
+    policy.lend_timeout_s the lend is abandoned, as any lend that does not finish in time, and
+    the node serves again (its replica restarted: a sleeping one never serves). Lent again
+    later, it may be lent cold (its new replica not started yet), never warm without its hold."""
+    w = World()
+    w.config = config(lend_timeout_s=30.0)
+    w.daemon = w.new_daemon()
+    w.slurm.fail["submit_mem_hold"] = AdapterError("slurm", "sbatch failed (rc 1): invalid partition specified: gpu-bridge-warm")
+    for n in NODES:  # a site's lendable nodes start drained (slurm_conf/README.md): jobs start only where lent
+        w.slurm.drain(n, "serving")
+    jobs = [w.sbatch(f"research-{i}", duration_s=600) for i in range(3)]
+    w.run_until(lambda: any(e.reason == "GpuBridgeLendAborted" for e in w.kube.events), 80, "a lend abandoned")
+    (event,) = [e for e in w.kube.events if e.reason == "GpuBridgeLendAborted"][:1]
+    assert "no memory hold for the sleeping replica" in event.message, event.message
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 120, "every node serving again")
+    assert not any(w.mem_hold(n) for n in NODES) and not any(intent == "submit_mem_hold" for intent, _ in w.slurm.writes)
+    assert not w.violations and not w.lost_jobs(jobs)  # never research beside a sleeping replica without its hold

@@ -28,6 +28,7 @@ GATED = dataclasses.replace(POD, ready=False, awake=False)
 ASLEEP = WarmRecord(WarmState.ASLEEP, "vllm-abc")
 AWAKE = WarmRecord(WarmState.AWAKE, "vllm-abc")
 COLD = WarmRecord(WarmState.COLD, "vllm-abc")
+MEM = HoldFacts("30", running=True)  # the memory hold (gpu-bridge-warm:<node>)
 
 
 def facts(**kw: object) -> NodeFacts:
@@ -40,7 +41,7 @@ def facts(**kw: object) -> NodeFacts:
     return NodeFacts(**base)  # type: ignore[arg-type]
 
 
-LENT = dict(phase=Phase.LENT, fenced=True, pods=(GATED,), slurm_drained_by_us=False, hold=None, warm=ASLEEP)
+LENT = dict(phase=Phase.LENT, fenced=True, pods=(GATED,), slurm_drained_by_us=False, hold=None, warm=ASLEEP, mem_hold=MEM)
 RETURNING = dict(phase=Phase.RETURNING, fenced=True, pods=(GATED,), hold=HoldFacts("18", running=True))
 
 CASES = [
@@ -50,10 +51,23 @@ CASES = [
     ("lending-gate-never-set-is-not-closed", facts(phase=Phase.LENDING, fenced=True, pods=(dataclasses.replace(POD, awake=None),)),
      True, Step.CLOSE_GATE),
     ("lending-sleep-once-out-of-service", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,)), True, Step.SLEEP_REPLICA),
-    ("lending-asleep-released-to-slurm", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP), True, Step.CANCEL_HOLD),
-    ("lending-asleep-resume", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP, hold=None), True, Step.RESUME),
+    # the memory hold is queued while the node is still ours (serving hold, drain): the first job it takes
+    ("lending-asleep-mem-hold-before-release", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP), True,
+     Step.SUBMIT_MEM_HOLD),
+    ("lending-asleep-no-mem-hold-in-time-abandoned", facts(phase=Phase.LENDING, phase_since=NOW - 700, fenced=True, pods=(GATED,),
+                                                           warm=ASLEEP), True, Step.ABORT_LEND),
+    ("lending-asleep-mem-hold-before-resume", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP, hold=None), True,
+     Step.SUBMIT_MEM_HOLD),
+    ("lending-asleep-released-to-slurm", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP, mem_hold=MEM), True,
+     Step.CANCEL_HOLD),
+    ("lending-asleep-mem-hold-pending-is-enough", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP,
+                                                        mem_hold=HoldFacts("30", running=False)), True, Step.CANCEL_HOLD),
+    ("lending-asleep-resume", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP, hold=None, mem_hold=MEM), True,
+     Step.RESUME),
     ("lending-asleep-marked-lent", facts(phase=Phase.LENDING, fenced=True, pods=(GATED,), warm=ASLEEP, hold=None,
-                                         slurm_drained_by_us=False), True, Step.MARK_LENT),
+                                         slurm_drained_by_us=False, mem_hold=MEM), True, Step.MARK_LENT),
+    ("lending-pod-lost-after-mem-hold-cold", facts(phase=Phase.LENDING, fenced=True, pods=(), warm=COLD, mem_hold=MEM), True,
+     Step.CANCEL_MEM_HOLD),
     ("lending-asleep-gate-reopened-closed-again", facts(phase=Phase.LENDING, fenced=True, warm=ASLEEP), True, Step.CLOSE_GATE),
     ("lending-asleep-pod-lost", facts(phase=Phase.LENDING, fenced=True, pods=(), warm=ASLEEP), True, Step.WARM_LOST),
     # the pool's setting only starts a lend: not warm, or two replicas, or a failed sleep -> the cold path
@@ -68,17 +82,35 @@ CASES = [
     ("lent-warm-at-rest-asks-is-sleeping", facts(**LENT), True, Step.CHECK_ASLEEP),
     ("lent-warm-at-rest-pool-setting-irrelevant", facts(**LENT), False, Step.CHECK_ASLEEP),
     ("lent-engine-woke-or-silent-pod-evicted", facts(**{**LENT, "warm": COLD}), True, Step.DELETE_ASLEEP),
-    ("lent-cold-no-pod-at-rest", facts(**{**LENT, "warm": COLD, "pods": ()}), True, None),
+    ("lent-cold-no-pod-at-rest", facts(**{**LENT, "warm": COLD, "pods": (), "mem_hold": None}), True, None),
+    ("lent-warm-mem-hold-pending-at-rest", facts(**{**LENT, "mem_hold": HoldFacts("30", running=False)}), True, Step.CHECK_ASLEEP),
+    ("lent-warm-mem-hold-lost", facts(**{**LENT, "mem_hold": None}), True, Step.MEM_HOLD_LOST),
+    ("lent-warm-mem-hold-lost-pod-first", facts(**{**LENT, "mem_hold": None, "pods": ()}), True, Step.WARM_LOST),
+    ("lent-cold-pod-evicted-before-mem-hold-goes", facts(**{**LENT, "warm": COLD}), True, Step.DELETE_ASLEEP),
+    ("lent-cold-pod-terminating-mem-hold-kept", facts(**{**LENT, "warm": COLD,
+                                                         "pods": (dataclasses.replace(GATED, terminating=True),)}), True, None),
+    ("lent-cold-pod-gone-mem-hold-cancelled", facts(**{**LENT, "warm": COLD, "pods": ()}), True, Step.CANCEL_MEM_HOLD),
+    ("lent-never-warm-orphan-cancelled", facts(**{**LENT, "warm": None, "pods": ()}), True, Step.CANCEL_MEM_HOLD),
     ("lent-warm-pod-lost", facts(**{**LENT, "pods": ()}), True, Step.WARM_LOST),
     ("lent-warm-pod-terminating-is-lost", facts(**{**LENT, "pods": (dataclasses.replace(GATED, terminating=True),)}),
      True, Step.WARM_LOST),
     ("lent-warm-pod-made-ready-closed", facts(**{**LENT, "pods": (POD,)}), True, Step.CLOSE_GATE),
-    ("lent-cold-record-rests", facts(**{**LENT, "pods": (), "warm": COLD}), True, None),
+    ("lent-cold-record-rests", facts(**{**LENT, "pods": (), "warm": COLD, "mem_hold": None}), True, None),
     # reclaim: preemption as today; a lost pod is noticed at once
     ("reclaiming-warm-hold-as-today", facts(**{**LENT, "phase": Phase.RECLAIMING, "research_jobs": ("9",)}), True, Step.SUBMIT_HOLD),
     ("reclaiming-warm-pod-lost", facts(**{**LENT, "phase": Phase.RECLAIMING, "pods": ()}), True, Step.WARM_LOST),
+    # the memory hold goes right after the serving hold: while it runs Slurm never preempts for the serving hold
+    ("reclaiming-mem-hold-cancelled-after-hold", facts(**{**LENT, "phase": Phase.RECLAIMING, "research_jobs": ("9",),
+                                                          "hold": HoldFacts("18", running=False)}), True, Step.CANCEL_MEM_HOLD),
+    ("reclaiming-then-preemption-as-today", facts(**{**LENT, "phase": Phase.RECLAIMING, "research_jobs": ("9",), "mem_hold": None,
+                                                     "hold": HoldFacts("18", running=False)}), True, Step.WAIT_HOLD),
+    ("reclaiming-drained-mem-hold-before-returning", facts(**{**LENT, "phase": Phase.RECLAIMING, "slurm_drained_by_us": True,
+                                                             "hold": HoldFacts("18", running=True)}), True, Step.CANCEL_MEM_HOLD),
+    ("reclaiming-drained-returning", facts(**{**LENT, "phase": Phase.RECLAIMING, "slurm_drained_by_us": True, "mem_hold": None,
+                                              "hold": HoldFacts("18", running=True)}), True, Step.MARK_RETURNING),
     # returning: wake instead of a cold start, gate, unfence
     ("returning-wake", facts(**RETURNING, warm=ASLEEP), True, Step.WAKE_REPLICA),
+    ("returning-mem-hold-cancelled-before-wake", facts(**RETURNING, warm=ASLEEP, mem_hold=MEM), True, Step.CANCEL_MEM_HOLD),
     ("returning-wake-record-drives-not-pool", facts(**RETURNING, warm=ASLEEP), False, Step.WAKE_REPLICA),
     ("returning-wake-never-with-research", facts(**RETURNING, warm=ASLEEP, research_jobs=("9",)), True, Step.BLOCKED),
     ("returning-wake-never-undrained", facts(**RETURNING, warm=ASLEEP, slurm_drained_by_us=False), True, Step.DRAIN),
@@ -99,6 +131,8 @@ CASES = [
                                            warm=COLD), True, Step.MARK_SERVING),
     # serving again
     ("serving-record-cleared", facts(warm=AWAKE), True, Step.CLEAR_WARM),
+    ("serving-orphan-mem-hold-cancelled", facts(mem_hold=MEM), True, Step.CANCEL_MEM_HOLD),
+    ("serving-orphan-mem-hold-cancelled-first", facts(warm=AWAKE, mem_hold=MEM), False, Step.CANCEL_MEM_HOLD),
     ("serving-cold-record-cleared", facts(warm=COLD, pods=(dataclasses.replace(POD, name="vllm-new"),)), True, Step.CLEAR_WARM),
     ("serving-asleep-pod-never-serves", facts(warm=COLD, pods=(GATED,)), True, Step.DELETE_ASLEEP),
     ("serving-warm-pool-new-pod-gate", facts(pods=(dataclasses.replace(POD, awake=None),)), True, Step.OPEN_GATE),
@@ -110,7 +144,7 @@ CASES = [
 
 @pytest.mark.parametrize(("node", "warm", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_next_step_warm(node: NodeFacts, warm: bool, expected: Step | None) -> None:
-    assert next_step(node, now=NOW, scaled_down=True, warm=warm, drain_saved_after_s=5.0) is expected
+    assert next_step(node, now=NOW, scaled_down=True, warm=warm, drain_saved_after_s=5.0, lend_timeout_s=600.0) is expected
 
 
 def test_a_node_lent_warm_keeps_its_replica_counted_until_it_is_lost() -> None:
@@ -140,13 +174,14 @@ class World:
     research: tuple[str, ...] = ()
     requeued: int = 0
     pods_made: int = 0
+    mem_hold: HoldFacts | None = None
 
     def facts(self) -> NodeFacts:
         return NodeFacts(
             name="gpu-node-01", phase=self.phase, phase_since=NOW, fenced=self.fenced,
             pods=(self.pod,) if self.pod else (), slurm_drained_by_us=self.drained, slurm_drained_by_other=False,
             slurm_down=False, slurm_allocated=bool(self.hold or self.research), hold=self.hold,
-            research_jobs=self.research, warm=self.warm,
+            research_jobs=self.research, warm=self.warm, mem_hold=self.mem_hold,
         )
 
     def check_invariant(self) -> None:
@@ -155,6 +190,8 @@ class World:
             assert self.fenced
             if self.pod is not None and not self.pod.terminating:
                 assert self.pod.awake is False and self.engine_asleep and not self.pod.ready, self
+                if self.phase in (Phase.LENDING, Phase.LENT):  # its memory kept from them (reclaiming: going)
+                    assert self.mem_hold is not None, self
 
     def apply(self, step: Step, rng: random.Random, fail: float) -> None:
         pod = self.pod
@@ -188,6 +225,12 @@ class World:
                 self.pod, self.engine_asleep = None, False
             else:
                 self.pod = dataclasses.replace(pod, terminating=True, ready=False)
+        elif step is Step.SUBMIT_MEM_HOLD:
+            self.mem_hold = HoldFacts("m", running=not self.drained)
+        elif step is Step.CANCEL_MEM_HOLD:
+            self.mem_hold = None
+        elif step is Step.MEM_HOLD_LOST and self.warm:
+            self.warm = WarmRecord(WarmState.COLD, self.warm.pod)
         elif step is Step.CANCEL_HOLD:
             self.hold = None
         elif step is Step.RESUME:
@@ -196,7 +239,8 @@ class World:
                 self.research = ("r1",)
         elif step is Step.SUBMIT_HOLD:
             self.hold = HoldFacts("h", running=not self.research)
-        elif step is Step.REQUEUE_JOBS or (step is Step.WAIT_HOLD and self.hold):
+        elif step is Step.REQUEUE_JOBS or (step is Step.WAIT_HOLD and self.hold and self.mem_hold is None):
+            # Slurm preempts for the whole-node serving hold only once no memory hold runs there
             self.requeued += len(self.research)
             self.research = ()
             if self.hold:
@@ -244,12 +288,13 @@ def test_warm_lend_then_reclaim_converges_with_lost_writes_and_failed_wakes(seed
     assert not world.drained and world.hold is None
     if world.warm is not None and world.warm.state is WarmState.ASLEEP:
         assert world.pod is not None and world.engine_asleep and world.pod.awake is False
+        assert world.mem_hold is not None  # a warm-lent node carries its memory hold
     else:
         assert world.pod is None  # the sleep failed: lent cold
     world.phase = Phase.RECLAIMING
     done = drive(world, Phase.SERVING, rng, loss, fail)
     assert world.pod is not None and world.pod.ready and world.pod.awake and not world.engine_asleep
-    assert world.drained and not world.fenced and world.research == () and world.warm is None
+    assert world.drained and not world.fenced and world.research == () and world.warm is None and world.mem_hold is None
     if fail == 0.0:
         assert Step.DELETE_ASLEEP not in done and world.pod.name == POD.name  # woken, never cold-started
     if fail == 1.0:

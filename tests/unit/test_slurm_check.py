@@ -175,3 +175,59 @@ def test_the_snippets_fast_partition_line_fits_the_check() -> None:
     parts["preempt"]["GraceTime"] = preempt_line["GraceTime"]
     assert check(_fast_config(float(line["GraceTime"])), GOOD_SETTINGS, parts) == []
     assert float(line["GraceTime"]) == default_config().slurm.fast_grace_s
+
+
+# --- warm lending's memory hold (slurm.warm_partition) -----------------------------------------
+
+WARM = {"PartitionName": "gpu-bridge-warm", "Nodes": "gpu-node-[01-04]", "PriorityTier": "100", "PreemptMode": "OFF",
+        "OverSubscribe": "NO", "MaxTime": "UNLIMITED"}
+MEMORY = {"SelectTypeParameters": "CR_CORE_MEMORY", "DefMemPerCPU": "2000"}  # scontrol show config's spelling
+
+
+def _warm_config() -> Config:
+    cfg = default_config()
+    return replace(cfg, pools=(replace(cfg.pools[0], warm_lending=True, warm_hold_mb=140_000),))
+
+
+def test_a_warm_lending_slurm_set_up_as_documented_fits() -> None:
+    assert check(_warm_config(), {**GOOD_SETTINGS, **MEMORY}, _parts(**{"gpu-bridge-warm": dict(WARM)})) == []
+    # DefMemPerCPU on preempt's line (the snippet's way) instead of cluster-wide
+    parts = _parts(**{"gpu-bridge-warm": dict(WARM)})
+    parts["preempt"]["DefMemPerCPU"] = "7812"
+    assert check(_warm_config(), {**GOOD_SETTINGS, "SelectTypeParameters": "CR_CORE_MEMORY"}, parts) == []
+
+
+def test_the_warm_partition_shares_the_lendable_nodes_without_a_finding_even_when_warm_lending_is_off() -> None:
+    """Its jobs are the bridge's own (cancelled at every reclaim, orphans too), never research."""
+    assert check(default_config(), GOOD_SETTINGS, _parts(**{"gpu-bridge-warm": dict(WARM)})) == []
+
+
+@pytest.mark.parametrize(
+    "settings, warm, keys",
+    [
+        ({"SelectTypeParameters": "CR_CORE"}, {}, ["SelectTypeParameters"]),
+        ({"DefMemPerCPU": "", "DefMemPerNode": "UNLIMITED"}, {}, ["PartitionName=preempt DefMemPerCPU"]),
+        ({}, None, ["PartitionName=gpu-bridge-warm"]),
+        ({}, {"PreemptMode": "REQUEUE"}, ["PartitionName=gpu-bridge-warm PreemptMode"]),
+        ({}, {"OverSubscribe": "EXCLUSIVE"}, ["PartitionName=gpu-bridge-warm OverSubscribe"]),
+        ({}, {"MaxTime": "1-00:00:00"}, ["PartitionName=gpu-bridge-warm MaxTime"]),
+        ({}, {"PriorityTier": "1"}, ["PartitionName=gpu-bridge-warm PriorityTier"]),
+        ({}, {"Nodes": "gpu-node-[01-03]"}, ["PartitionName=gpu-bridge-warm Nodes"]),
+    ],
+    ids=["memory-not-counted", "no-default-memory", "missing", "preempted", "exclusive", "time-limit", "tier", "nodes"],
+)
+def test_each_warm_lending_conflict_is_named(settings: dict[str, str], warm: dict[str, str] | None, keys: list[str]) -> None:
+    parts = _parts() if warm is None else _parts(**{"gpu-bridge-warm": {**WARM, **warm}})
+    found = check(_warm_config(), {**GOOD_SETTINGS, **MEMORY, **settings}, parts)
+    assert [f.key for f in found] == keys, found
+
+
+def test_the_snippets_warm_partition_line_fits_the_check() -> None:
+    """The commented line an administrator uncomments, parsed as slurmctld would show it."""
+    m = re.search(r"^#PartitionName=gpu-bridge-warm (.*)$", _snippet(), flags=re.M)
+    assert m
+    line = dict(kv.split("=", 1) for kv in m.group(1).split())
+    hold_line = dict(kv.split("=", 1) for kv in re.search(r"^PartitionName=gpu-bridge (.*)$", _snippet(), flags=re.M).group(1).split())  # type: ignore[union-attr]
+    assert line["Nodes"] == hold_line["Nodes"]  # every lendable node
+    warm = {**line, "Nodes": HOLD["Nodes"], "MaxTime": "UNLIMITED" if line["MaxTime"] == "INFINITE" else line["MaxTime"]}
+    assert check(_warm_config(), {**GOOD_SETTINGS, **MEMORY}, _parts(**{"gpu-bridge-warm": warm})) == []

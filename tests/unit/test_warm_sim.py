@@ -18,7 +18,8 @@ WAKE = 20.0
 
 def cfg(*, warm: bool, replicas_per_node: int = 1) -> Config:
     c = default_config(cold_start_s=COLD, drain_s=DRAIN)
-    pools = tuple(dataclasses.replace(p, warm_lending=warm, wake_s=WAKE, replicas_per_node=replicas_per_node) for p in c.pools)
+    pools = tuple(dataclasses.replace(p, warm_lending=warm, wake_s=WAKE, replicas_per_node=replicas_per_node,
+                                      warm_hold_mb=140_000 if warm else None) for p in c.pools)
     return dataclasses.replace(c, pools=pools, slurm=dataclasses.replace(c.slurm, grace_s=GRACE))
 
 

@@ -132,6 +132,18 @@ def hold_job_name(node: str) -> str:
     return wellknown.SLURM_HOLD_JOB_PREFIX + validate_node_name(node)
 
 
+def mem_hold_job_name(node: str) -> str:
+    """Warm lending's memory hold on ``node``: ``gpu-bridge-warm:<node>``."""
+    return wellknown.SLURM_WARM_HOLD_JOB_PREFIX + validate_node_name(node)
+
+
+def validate_mem_mb(mem_mb: object) -> int:
+    """A memory size for ``--mem`` (MB): a positive integer, nothing else reaches argv."""
+    if not isinstance(mem_mb, int) or isinstance(mem_mb, bool) or not 0 < mem_mb <= 1 << 40:
+        raise AdapterError("slurm", f"memory hold: {str(mem_mb)[:40]!r} is not a positive number of MB")
+    return mem_mb
+
+
 class CliSlurm:
     """SlurmReader + SlurmWriter over the Slurm CLI. ``env`` e.g. ``{"SLURM_CONF": ...}`` merged
     over os.environ; ``command_prefix`` an argv list put before every command (config
@@ -149,6 +161,7 @@ class CliSlurm:
         fence: Callable[[Sequence[str], float], None] | None = None,
         preempt_partition: str = wellknown.SLURM_PREEMPT_PARTITION,
         fast_partition: str | None = None,
+        warm_partition: str = wellknown.SLURM_WARM_PARTITION,
     ) -> None:
         self.run_cmd: CommandRunner = runner or SubprocessRunner({**os.environ, **(env or {})}, prefix=command_prefix)
         # called with (argv, timeout) right before each command that changes Slurm; raises to
@@ -160,6 +173,7 @@ class CliSlurm:
         self.hold_user = hold_user  # only hold jobs of this user count as ours (None: any user)
         self.preempt_partition = preempt_partition  # with fast_partition: the only ones whose jobs are ever requeued
         self.fast_partition = fast_partition  # the fast-grace tier (slurm.fast_partition), None: none
+        self.warm_partition = warm_partition  # warm lending's memory holds (slurm.warm_partition)
 
     # ---- plumbing ----------------------------------------------------------------------
     def _run(self, argv: Sequence[str], *, ok_codes: tuple[int, ...] = (0,)) -> CommandResult:
@@ -255,10 +269,12 @@ class CliSlurm:
         validate_node_name(name)
         return parse_scontrol_node(self._run(["scontrol", "--oneliner", "show", "node", name]).stdout)
 
-    def _hold_ids(self, node: str) -> tuple[str, ...]:
-        """Ids of our live hold jobs for ``node`` (squeue's text output honours its filters)."""
+    def _hold_ids(self, node: str, *, mem: bool = False) -> tuple[str, ...]:
+        """Ids of our live hold jobs for ``node`` (squeue's text output honours its filters);
+        ``mem``: its memory holds (warm lending) instead of its serving holds."""
+        name, partition = (mem_hold_job_name(node), self.warm_partition) if mem else (hold_job_name(node), self.hold_partition)
         res = self._run([
-            "squeue", "--noheader", "--name", hold_job_name(node), "--partition", self.hold_partition,
+            "squeue", "--noheader", "--name", name, "--partition", partition,
             # not COMPLETING: a cancelled hold on its way out (scancel again would fail)
             "--states", "PENDING,RUNNING,CONFIGURING,SUSPENDED,REQUEUED", "--format", "%i|%u",
         ])
@@ -346,6 +362,41 @@ class CliSlurm:
         _log().info("slurm_hold_cancelled", node=node, job=",".join(ids))
         return ids
 
+    def submit_mem_hold(self, node: str, mem_mb: int) -> str:
+        """Warm lending's memory hold: pinned to ``node``, 1 CPU, no GPU, ``mem_mb`` of host
+        memory, in the never-preempted warm partition (its tier preempts a research job that
+        leaves too little memory). Idempotent: an active one is returned."""
+        name, mb = mem_hold_job_name(node), validate_mem_mb(mem_mb)
+        existing = self._hold_ids(node, mem=True)
+        if existing:
+            return existing[0]
+        res = self._run([
+            "sbatch", "--parsable", "--partition", self.warm_partition, "--nodelist", node, "--nodes", "1",
+            "--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}", "--job-name", name, "--output", "/dev/null",
+            "--error", "/dev/null", "--chdir", "/", "--comment", "gpu-bridge memory hold: a sleeping vLLM replica's host memory",
+            "--wrap", HOLD_WRAP,
+        ])
+        job_id = res.stdout.strip().split(";")[0]
+        try:
+            validate_job_id(job_id)
+        except AdapterError:
+            raise AdapterError("slurm", f"sbatch: unexpected answer {sanitize(res.stdout, 80)!r}") from None
+        _log().info("slurm_mem_hold_submitted", node=node, job=job_id, mem_mb=mb)
+        return job_id
+
+    def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
+        name = mem_hold_job_name(node)
+        ids = self._hold_ids(node, mem=True)
+        if not ids:
+            return ()
+        # the filters apply to the listed ids too: only our memory holds can go
+        argv = ["scancel", f"--name={name}", f"--partition={self.warm_partition}"]
+        if self.hold_user is not None:
+            argv.append(f"--user={self.hold_user}")
+        self._run([*argv, *ids])
+        _log().info("slurm_mem_hold_cancelled", node=node, job=",".join(ids))
+        return ids
+
     def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         jid = validate_job_id(job_id)
         # that one job, re-read right before the requeue (one RPC, not the whole queue): a job
@@ -355,7 +406,7 @@ class CliSlurm:
         now = parse_requeue_check(res.stdout, jid) if res.returncode == 0 else None
         if now is None:
             return False  # gone (squeue: "Invalid job id specified")
-        if now.partition == self.hold_partition:
+        if now.partition in (self.hold_partition, self.warm_partition):
             raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
         why = now.refusal((self.preempt_partition, self.fast_partition), restart_count)
         if why:
@@ -397,7 +448,8 @@ class CliSlurm:
         job = next((j for j in self.jobs() if j.job_id == jid), None)
         if job is None or not job.held_for(reason):
             return False
-        if self._is_our_hold(job):
+        if self._is_our_hold(job) or (job.partition == self.warm_partition
+                                      and job.name.startswith(wellknown.SLURM_WARM_HOLD_JOB_PREFIX)):
             raise NotOursError("slurm", f"release {jid}: it is a hold job, not a research job")
         self._run(["scontrol", "release", jid])
         _log().info("slurm_job_released", job=jid, reason=job.state_description or job.state_reason)

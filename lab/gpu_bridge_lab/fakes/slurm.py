@@ -4,6 +4,12 @@ lifted; a hold job cannot start on a drained node or while research jobs run the
 preempts research jobs with GraceTime, after which they are requeued (pending, restart+1);
 lookups can be made to fail. Time is driven by the caller (``now``/``advance``).
 
+Memory as a consumable resource (CR_Core_Memory), for warm lending's memory hold
+(``gpu-bridge-warm:<node>``, 1 CPU, no GPU): a research job runs beside it only if its ``--mem``
+fits in what the hold leaves; a pending memory hold preempts research jobs that leave it too
+little; and, as slurmctld does (tests/integration/test_warm_memory_hold.py), the whole-node
+serving hold neither starts nor preempts anything while a memory hold runs on its node.
+
 Behaviour mirrored from the sandbox (Slurm 22.05): preemption is decided at once; the victim is
 requeued when the grace is over and slurmctld notices (``requeue_lag_s``, up to 30 s there;
 0 by default), or at once by ``requeue``.
@@ -19,7 +25,7 @@ from bridge import wellknown
 from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
-from bridge.adapters.slurm.cli import NotOursError, admins_down, drain_reason, hold_job_name
+from bridge.adapters.slurm.cli import NotOursError, admins_down, drain_reason, hold_job_name, mem_hold_job_name, validate_mem_mb
 from bridge.adapters.protocols import SlurmAdapterProtocol
 from bridge.adapters.slurm.types import SlurmJobInfo, SlurmNode
 
@@ -34,6 +40,7 @@ class _Node:
     reason: str = ""
     reason_user: str = ""
     tiers: tuple[str, ...] | None = None  # its preempt partitions when set by set_tier; None: slurm.conf's (all)
+    memory_mb: int = 16000  # RealMemory
 
 
 @dataclass
@@ -53,6 +60,7 @@ class _Job:
     comment: str = ""
     gpus: int = 4
     held_reason: str = ""  # Slurm's own hold (priority 0), e.g. launch_failed_requeued_held
+    mem_mb: int = 0  # --mem (0: DefMemPerCPU's small share)
 
 
 @dataclass
@@ -70,15 +78,16 @@ class FakeSlurm:
     writes: list[tuple[str, str]] = field(default_factory=list)  # (intent, node or job) actually written
 
     # ---- set-up helpers (the test's "outside world") -----------------------------------
-    def add_node(self, name: str, gpus: int = 4) -> None:
-        self._nodes[validate_node_name(name)] = _Node(name, gpus)
+    def add_node(self, name: str, gpus: int = 4, memory_mb: int = 16000) -> None:
+        self._nodes[validate_node_name(name)] = _Node(name, gpus, memory_mb=memory_mb)
 
     def add_job(self, node: str | None = None, *, name: str = "research", user: str = "alice",
-                requeueable: bool = True, comment: str = "", partition: str = wellknown.SLURM_PREEMPT_PARTITION) -> str:
+                requeueable: bool = True, comment: str = "", partition: str = wellknown.SLURM_PREEMPT_PARTITION,
+                mem_mb: int = 0) -> str:
         """A research job in the preempt partition (or ``partition``), started at once on ``node`` if given and free."""
         jid = str(next(self._ids))
         self._jobs[jid] = _Job(jid, name, user, partition, "pending", node,
-                               requeueable=requeueable, comment=comment)
+                               requeueable=requeueable, comment=comment, mem_mb=mem_mb)
         self._schedule()
         return jid
 
@@ -135,6 +144,12 @@ class FakeSlurm:
     def _is_hold(self, j: _Job) -> bool:
         return j.partition == wellknown.SLURM_HOLD_PARTITION and j.name.startswith(wellknown.SLURM_HOLD_JOB_PREFIX)
 
+    def _is_mem_hold(self, j: _Job) -> bool:
+        return j.partition == wellknown.SLURM_WARM_PARTITION and j.name.startswith(wellknown.SLURM_WARM_HOLD_JOB_PREFIX)
+
+    def _mem_free(self, node: str) -> int:
+        return self._nodes[node].memory_mb - sum(j.mem_mb for j in self._running_on(node))
+
     def _requeue(self, j: _Job) -> None:
         j.state, j.nodes, j.start_time, j.preempt_time, j.end_time = "pending", (), None, None, None
         j.restart_count += 1
@@ -155,6 +170,8 @@ class FakeSlurm:
             if not self._usable(n):
                 continue  # ReqNodeNotAvail
             busy = self._running_on(n.name)
+            if any(self._is_mem_hold(j) for j in busy):
+                continue  # the whole node can never be its while a memory hold runs: no preemption either
             if busy:
                 for v in busy:
                     if v.preempt_time is None:
@@ -162,14 +179,30 @@ class FakeSlurm:
                         v.preempt_time, v.end_time = self.now, self.now + grace
                 continue
             h.state, h.nodes, h.start_time = "running", (n.name,), self.now
+        # memory holds (top tier, never preempted): beside research jobs while the memory fits,
+        # else they preempt them; never beside a serving hold (it takes the whole node)
+        for h in [j for j in self._jobs.values() if self._is_mem_hold(j) and j.state == "pending"]:
+            n = self._nodes[h.node or ""]
+            busy = self._running_on(n.name)
+            if not self._usable(n) or any(self._is_hold(j) for j in busy):
+                continue
+            if h.mem_mb > self._mem_free(n.name):
+                for v in busy:
+                    if v.preempt_time is None:
+                        v.preempt_time, v.end_time = self.now, self.now + self.grace_s
+                continue
+            h.state, h.nodes, h.start_time = "running", (n.name,), self.now
         for j in sorted((j for j in self._jobs.values()
-                         if not self._is_hold(j) and j.state == "pending" and not j.held_reason),
+                         if not self._is_hold(j) and not self._is_mem_hold(j) and j.state == "pending" and not j.held_reason),
                         key=lambda j: int(j.job_id)):
             cands = [j.node] if j.node else sorted(self._nodes)
             for c in cands:
                 n = self._nodes[c]
-                held = any(self._is_hold(h) and h.node == c for h in self._jobs.values())
-                if self._usable(n) and not self._running_on(c) and not held and j.partition in self._tiers(n):
+                held = any((self._is_hold(h) or (self._is_mem_hold(h) and h.state == "pending")) and h.node == c
+                           for h in self._jobs.values())
+                others = [r for r in self._running_on(c) if not self._is_mem_hold(r)]
+                if (self._usable(n) and not others and not held and j.partition in self._tiers(n)
+                        and j.mem_mb <= self._mem_free(c)):
                     j.state, j.nodes, j.start_time = "running", (c,), self.now
                     break
 
@@ -191,14 +224,15 @@ class FakeSlurm:
 
     def _node_info(self, n: _Node) -> SlurmNode:
         busy = self._running_on(n.name)
-        state = "down" if (n.down or not n.responding) else ("allocated" if busy else "idle")
+        gpu_jobs = [j for j in busy if not self._is_mem_hold(j)]
+        state = "down" if (n.down or not n.responding) else ("allocated" if gpu_jobs else "mixed" if busy else "idle")
         flags = set()
         if n.drained:
             flags.add("DRAIN")
         if not n.responding:
             flags.add("NOT_RESPONDING")
         return SlurmNode(name=n.name, state=state, flags=frozenset(flags), reason=n.reason, gpus=n.gpus,
-                         gpus_used=n.gpus if busy else 0,
+                         gpus_used=n.gpus if gpu_jobs else 0,
                          partitions=tuple(sorted((*self._tiers(n), wellknown.SLURM_HOLD_PARTITION))),
                          reason_user=n.reason_user)
 
@@ -298,11 +332,36 @@ class FakeSlurm:
         self._schedule()
         return ids
 
+    def submit_mem_hold(self, node: str, mem_mb: int) -> str:
+        self._check("submit_mem_hold")
+        name, mb = mem_hold_job_name(node), validate_mem_mb(mem_mb)
+        if node not in self._nodes:
+            raise AdapterError("slurm", f"sbatch failed (rc 1): invalid node name specified {node}")
+        existing = next((j for j in self._jobs.values() if self._is_mem_hold(j) and j.name == name), None)
+        if existing is not None:
+            return existing.job_id
+        jid = str(next(self._ids))
+        self._jobs[jid] = _Job(jid, name, self.bridge_user, wellknown.SLURM_WARM_PARTITION, "pending", node, gpus=0, mem_mb=mb)
+        self.writes.append(("submit_mem_hold", node))
+        self._schedule()
+        return jid
+
+    def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
+        self._check("cancel_mem_hold")
+        name = mem_hold_job_name(node)
+        ids = tuple(j.job_id for j in self._jobs.values() if self._is_mem_hold(j) and j.name == name)
+        for jid in ids:
+            del self._jobs[jid]
+        if ids:
+            self.writes.append(("cancel_mem_hold", node))
+        self._schedule()
+        return ids
+
     def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         self._check("requeue")
         jid = validate_job_id(job_id)
         j = self._jobs.get(jid)
-        if j is not None and self._is_hold(j):
+        if j is not None and (self._is_hold(j) or self._is_mem_hold(j)):
             raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
         if j is None or j.state != "running" or j.partition not in (wellknown.SLURM_PREEMPT_PARTITION, self.fast_partition):
             return False
@@ -330,6 +389,8 @@ class FakeSlurm:
     def release(self, job_id: str, reason: str) -> bool:
         self._check("release")
         j = self._jobs.get(validate_job_id(job_id))
+        if j is not None and (self._is_hold(j) or self._is_mem_hold(j)):
+            raise NotOursError("slurm", f"release {job_id}: it is a hold job, not a research job")
         if j is None or not self._info(j).held_for(reason):
             return False
         j.held_reason = ""

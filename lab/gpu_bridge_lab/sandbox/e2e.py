@@ -283,13 +283,17 @@ class Watcher(threading.Thread):
     """Samples both schedulers every ``period_s`` and records invariant violations."""
 
     def __init__(self, world: World, *, min_serving: int, period_s: float = 0.5,
-                 asleep: Callable[[str], bool | None] | None = None) -> None:
+                 asleep: Callable[[str], bool | None] | None = None, mem_hold_partition: str | None = None) -> None:
         super().__init__(daemon=True)
         self.world = world
         self.min_serving = min_serving
         self.period_s = period_s
         self.asleep = asleep  # pod -> its engine sleeps (warm lending): such a pod may stay beside research jobs
         self.warm_samples = 0  # samples that saw research jobs beside a sleeping, not Ready pod
+        # warm lending's memory hold (slurm.warm_partition): a lent node running research beside its
+        # sleeping pod must carry its running gpu-bridge-warm:<node> job (reclaiming: it goes first)
+        self.mem_hold_partition = mem_hold_partition
+        self.mem_hold_samples = 0
         self.stop_event = threading.Event()
         self.violations: list[str] = []
         self.min_ready = 10**9
@@ -298,9 +302,11 @@ class Watcher(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.is_set():
             try:
+                squeue = self.world.jobs()  # before the phases: a hold missing now was cancelled after the lend ended
                 ready = self.world.ready_pods_by_node()
                 pods = self.world.pods_by_node()
-                research = self.world.research_running_by_node()
+                research = self.world.research_running_by_node(squeue)
+                phases = self.world.phases() if self.mem_hold_partition else {}
             except Exception:  # noqa: BLE001 - a transient read error (e.g. an injected outage) is not a violation
                 self.stop_event.wait(self.period_s)
                 continue
@@ -314,6 +320,13 @@ class Watcher(threading.Thread):
                     continue
                 if self.asleep is not None and len(pods[node]) == 1 and node not in ready and self.asleep(pods[node][0]):
                     self.warm_samples += 1  # lent warm: its one pod sleeps, out of the Service
+                    if self.mem_hold_partition and phases.get(node) == "lent":
+                        if any(j["partition"] == self.mem_hold_partition and j["name"] == wk.SLURM_WARM_HOLD_JOB_PREFIX + node
+                               and j["job_state"] == "RUNNING" and j.get("nodes") == node for j in squeue):
+                            self.mem_hold_samples += 1
+                        else:
+                            self.violations.append(f"{time.time():.1f}: {node} lent warm runs jobs {jobs} "
+                                                   "without its memory hold running")
                     continue
                 self.violations.append(f"{time.time():.1f}: {node} runs jobs {jobs} and serving pods {pods[node]}"
                                        + (" (not one sleeping pod out of the Service)" if self.asleep is not None else ""))

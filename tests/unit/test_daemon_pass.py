@@ -67,7 +67,7 @@ def test_iterate_chains_passes_until_nothing_changes() -> None:
     d, kube, slurm, prom = _daemon(dry_run=False)
     reads: list[float] = []
     read = d.observer.read
-    d.observer.read = lambda now: reads.append(now) or read(now)  # type: ignore[method-assign]
+    d.observer.read = lambda now, since=None: reads.append(now) or read(now, since)  # type: ignore[method-assign]
     result = d.iterate()
     assert not result.more and len(reads) > 1 and prom.queries == len(reads)  # adopt, hold, drain, then nothing
     assert all(n.phase is Phase.SERVING for n in kube.nodes())

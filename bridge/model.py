@@ -192,14 +192,20 @@ class Calibration:
 class Governor:
     """The pool's SLO budget over a rolling window, as a hard cap (``bridge.policy.governor``).
 
-    Lending is allowed only while ``left_min >= incident_min``: what is left of the budget can
-    absorb the worst incident the lent capacity could cause from now (every lent node reclaimed
-    at once, Ready one reclaim later). Rebuilt from history, never kept."""
+    Nodes may stay lent only while what is left of the budget can absorb the worst incident
+    they could cause from now (every lent node reclaimed at once, Ready one reclaim later):
+    ``incident_min`` with the whole pool lent and a lend in progress; fewer nodes lent (fewer
+    reclaim rounds) or none lending (no drain to wait for) cost less, hence ``cap``. Rebuilt
+    from history, never kept."""
 
     spent_min: int  # avoidable violation minutes in the window (counted conservatively)
     budget_min: float  # slo_budget x the window's minutes
-    incident_min: int  # minutes one incident can cost from now (a reclaim of every lent node)
+    incident_min: int  # minutes one incident can cost from now (the whole pool lent, a lend in progress)
     window_s: float
+    # the most nodes that may be lent or lending when none is lending / when one is (None: all
+    # or nothing, by ``incident_min``)
+    keep_max: int | None = None
+    lend_max: int | None = None
 
     @property
     def left_min(self) -> float:
@@ -207,13 +213,26 @@ class Governor:
 
     @property
     def lend_allowed(self) -> bool:
+        """The whole pool may be lent: one incident of every node fits what is left."""
         return self.left_min >= self.incident_min
+
+    def cap(self, *, lending: bool) -> int | None:
+        """The most nodes that may be lent (lent or lending) after this tick, with a lend in
+        progress or not; None: no limit."""
+        if self.lend_allowed:
+            return None
+        graded = self.lend_max if lending else self.keep_max
+        return graded if graded is not None else 0
 
     def describe(self) -> str:
         """For reasons and ``status``: what is left, and whether lending is held."""
         head = f"budget left {max(self.left_min, 0.0):.1f} of {self.budget_min:.1f} min ({self.window_s / 86400:g} d)"
         if self.lend_allowed:
             return f"{head}; one incident would cost {self.incident_min} min"
+        keep, lend = self.cap(lending=False), self.cap(lending=True)
+        if keep:
+            return (f"{head}; lending capped: an incident of every node would cost {self.incident_min} min, "
+                    f"so at most {lend} nodes lent while lending, {keep} otherwise")
         return f"{head}; lending held: one incident would cost {self.incident_min} min"
 
 

@@ -460,9 +460,12 @@ def idle_stretches(rb: Result, ro: Result, setup: Setup, bc: Any) -> list[str]:
             extra = ""
             if len(govs) == t.size and hi > lo:
                 g = govs[lo:hi]
-                held = sum(1 for x in g if not x.lend_allowed)
+                held = sum(1 for x in g if x.cap(lending=True) == 0)
+                capped = sum(1 for x in g if x.cap(lending=True))
                 left = [x.left_min for x in g]
-                extra += (f"; governor held {held / total:.0%} of ticks (budget left {min(left):.1f}-{max(left):.1f} min "
+                extra += (f"; governor held {held / total:.0%} of ticks"
+                          + (f", capped {capped / total:.0%}" if capped else "")
+                          + f" (budget left {min(left):.1f}-{max(left):.1f} min "
                           f"vs one incident {min(x.incident_min for x in g)}-{max(x.incident_min for x in g)} min)")
             t0 = setup.start_unix
             cs = [c for c in cals if c.margin is not None and t0 + h * 3600 <= c.at < t0 + e * 3600]

@@ -41,7 +41,7 @@ import numpy as np
 from bridge.config import Config, PoolConfig
 from bridge.model import Calibration, Governor, LoadSignals
 from bridge.policy.demand import nodes_for, replicas_needed
-from bridge.policy.governor import ViolationLedger, gap_steps, govern, incident_minutes, pace
+from bridge.policy.governor import Incident, ViolationLedger, gap_steps, govern, pace
 
 
 # The feedback aims at this share of the budget: violations come in clusters (a level shift
@@ -327,21 +327,23 @@ class Calibrator:
         from bridge.policy.forecast import horizon_s as configured_horizon
 
         h = max(configured_horizon(self.config, self.pool), horizon_s or 0.0)
-        w = incident_minutes(
+        incident = Incident(
             horizon_s=h,
             scrape_s=self.config.prometheus.scrape_interval_s,
             drain_s=self.pool.drain_s,
             tick_s=self.config.policy.tick_s,
-            nodes=nodes,
             max_reclaims_per_tick=self.config.policy.max_reclaims_per_tick,
             minute_s=self.step_s,
         )
         budget = self.pool.slo_budget * self.governor_window_s / self.step_s
+        spent = self.ledger.spent(now, capacity=capacity)
         return govern(
-            spent_min=self.ledger.spent(now, capacity=capacity),
+            spent_min=spent,
             budget_min=budget,
-            incident_min=w,
+            incident_min=incident.minutes(nodes),
             window_s=self.governor_window_s,
+            keep_max=incident.most_nodes(budget - spent, nodes, lending=False),
+            lend_max=incident.most_nodes(budget - spent, nodes, lending=True),
         )
 
     def _forget(

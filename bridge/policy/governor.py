@@ -9,9 +9,10 @@ still cause: every lent node reclaimed at once, Ready one reclaim later.
 
 **The bound.** Let ``B`` be the budget (``slo_budget`` x the window's minutes), ``S(t)`` the
 avoidable violation minutes of the window counted up to ``t`` and ``W`` the minutes one
-incident can span from a tick on (``incident_minutes``). The policy keeps nodes lent only at
-ticks where ``B - S(t) >= W``; at any other tick it lends nothing and reclaims every lent node
-at once (urgent, ``Reason.SLO_BUDGET``). An avoidable violation needs a node that is not Ready;
+incident can span from a tick on (``incident_minutes``, over the nodes lent or lending after the
+tick's decisions: fewer nodes, or none lending, make it shorter, hence ``Governor.cap``). The
+policy keeps nodes lent only at ticks where ``B - S(t) >= W``; at any other tick it lends
+nothing and reclaims at once (urgent, ``Reason.SLO_BUDGET``) what the incident cannot afford. An avoidable violation needs a node that is not Ready;
 a node is not Ready only because of a lend kept at some allowed tick ``t_a``; after the last
 allowed tick before it, every lent node is Ready again within ``W`` minutes. So every
 avoidable violation minute ``m`` lies within ``W`` minutes of an allowed tick ``t_a``, and
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 
 from bridge.config import Config, PoolConfig
 from bridge.model import Governor
@@ -46,22 +48,58 @@ def incident_minutes(
     nodes: int,
     max_reclaims_per_tick: int,
     minute_s: float = 60.0,
+    lending: bool = True,
 ) -> int:
     """Minutes one incident can touch from a tick on, if every lent node is reclaimed from the
-    next tick: a node still lending first finishes its drain (whole ticks), the reclaims of
-    ``nodes`` nodes take ``ceil(nodes / max_reclaims_per_tick)`` ticks, each then serves after
-    the reclaim horizon (release + cold start + margin + tick + scrape), and the count itself
-    lags one scrape. An interval of ``x`` minutes touches at most ``ceil(x) + 1`` minutes."""
+    next tick: a node still lending (``lending``) first finishes its drain (whole ticks), the
+    reclaims of ``nodes`` nodes take ``ceil(nodes / max_reclaims_per_tick)`` ticks, each then
+    serves after the reclaim horizon (release + cold start + margin + tick + scrape), and the
+    count itself lags one scrape. An interval of ``x`` minutes touches at most ``ceil(x) + 1``
+    minutes."""
     extra_ticks = max(0, math.ceil(max(nodes, 1) / max(max_reclaims_per_tick, 1)) - 1)
-    span = horizon_s + scrape_s + math.ceil(drain_s / tick_s - 1e-9) * tick_s + extra_ticks * tick_s
+    drain = math.ceil(drain_s / tick_s - 1e-9) * tick_s if lending else 0.0
+    span = horizon_s + scrape_s + drain + extra_ticks * tick_s
     return math.ceil(span / minute_s - 1e-9) + 1
 
 
-def govern(*, spent_min: int, budget_min: float, incident_min: int, window_s: float) -> Governor:
-    """The governor's state: lending allowed while ``budget_min - spent_min >= incident_min``."""
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """What one incident's length depends on besides the nodes lent (``incident_minutes``)."""
+
+    horizon_s: float
+    scrape_s: float
+    drain_s: float
+    tick_s: float
+    max_reclaims_per_tick: int
+    minute_s: float = 60.0
+
+    def minutes(self, nodes: int, *, lending: bool = True) -> int:
+        return incident_minutes(
+            horizon_s=self.horizon_s, scrape_s=self.scrape_s, drain_s=self.drain_s, tick_s=self.tick_s, nodes=nodes,
+            max_reclaims_per_tick=self.max_reclaims_per_tick, minute_s=self.minute_s, lending=lending,
+        )
+
+    def most_nodes(self, left_min: float, nodes: int, *, lending: bool) -> int:
+        """The most of ``nodes`` that may be lent when ``left_min`` of the budget is left: the
+        largest count, in whole reclaim rounds, whose incident fits; 0 when one node's does not."""
+        per_round = max(self.max_reclaims_per_tick, 1)
+        for rounds in range(math.ceil(max(nodes, 1) / per_round), 0, -1):
+            k = min(nodes, rounds * per_round)
+            if self.minutes(k, lending=lending) <= left_min + _EPS:
+                return k
+        return 0
+
+
+def govern(
+    *, spent_min: int, budget_min: float, incident_min: int, window_s: float,
+    keep_max: int | None = None, lend_max: int | None = None,
+) -> Governor:
+    """The governor's state: the whole pool may be lent while ``budget_min - spent_min >=
+    incident_min``, and ``keep_max`` / ``lend_max`` nodes (none lending / one lending) below that."""
     if budget_min < 0 or not math.isfinite(budget_min):
         raise ValueError(f"budget_min: expected a finite number >= 0, got {budget_min!r}")
-    return Governor(spent_min=spent_min, budget_min=budget_min, incident_min=incident_min, window_s=window_s)
+    return Governor(spent_min=spent_min, budget_min=budget_min, incident_min=incident_min, window_s=window_s,
+                    keep_max=keep_max, lend_max=lend_max)
 
 
 PACE_FROM = 1.0  # share of the usable budget left below which the calibration slows down

@@ -278,6 +278,7 @@ class _Tick:
         self.serving_now = sum(1 for n in nodes if n.phase in _COMMITTED and (not n.problem or n.serving_ready))
         self.ready = sum(1 for n in nodes if n.phase in (Phase.SERVING, Phase.RETURNING) and n.serving_ready)
         self.lent_now = sum(1 for n in nodes if n.phase in (Phase.LENDING, Phase.LENT))
+        self.lending_now = sum(1 for n in nodes if n.phase is Phase.LENDING)
         self.in_transit = sum(1 for n in nodes if n.phase in (Phase.RECLAIMING, Phase.RETURNING))
         # when a node last entered serving (a return, or a lend given up): the no-thrash dwell
         self.last_return = max((n.phase_since for n in nodes if n.phase is Phase.SERVING), default=None)
@@ -391,15 +392,20 @@ class _Tick:
 
 
 def _budget_reclaim(c: _Tick) -> _PoolWork | None:
-    """The error-budget governor: the budget left cannot absorb one more incident. First,
+    """The error-budget governor: the budget left cannot absorb the incident the nodes lent
+    could cause; back to what it can (``Governor.cap``), every lent node when not one. First,
     blind or not: with a finite blind_serving only the governor takes lent nodes back while
     the signals are missing (governor.gap_steps)."""
-    if c.gov is None or c.gov.lend_allowed or not c.reclaimable:
+    gov = c.gov
+    cap = gov.cap(lending=c.lending_now > 0) if gov is not None else None
+    if gov is None or cap is None or c.lent_now <= cap or not c.reclaimable:
         return None
-    text = f"reclaim every lent node: {c.gov.describe()}"
+    count = min(len(c.reclaimable), c.lent_now - cap)
+    what = "every lent node" if count == len(c.reclaimable) else f"{count} of {c.lent_now} lent nodes"
+    text = f"reclaim {what}: {gov.describe()}"
     return c.work(
-        c.decision(c.serving_now + len(c.reclaimable), Reason.SLO_BUDGET, text),
-        reclaim=len(c.reclaimable),
+        c.decision(c.serving_now + count, Reason.SLO_BUDGET, text),
+        reclaim=count,
         reason=Reason.SLO_BUDGET,
         detail=text,
         urgent=True,
@@ -481,7 +487,8 @@ def _lend(c: _Tick) -> _PoolWork:
     """Lend only on full, fresh information, what the forecast over the lend horizon leaves."""
     if not c.fresh:
         return c.hold(c.status, f"not lending: {c.status_text}")  # type: ignore[arg-type]
-    if c.gov is not None and not c.gov.lend_allowed:
+    cap = c.gov.cap(lending=True) if c.gov is not None else None
+    if c.gov is not None and cap is not None and c.lent_now >= cap:
         return c.hold(Reason.SLO_BUDGET, f"not lending: {c.gov.describe()}")
     if c.cal is not None and c.cal.margin is None:
         return c.hold(Reason.CALIBRATING, f"not lending: {c.cal.samples} of {c.cal.needed} minutes of history to calibrate the margin on")
@@ -501,6 +508,8 @@ def _lend(c: _Tick) -> _PoolWork:
     room = room_fast + room_normal if c.tiered else c.serving_now - floor_l
     if c.cfg.max_lent is not None:
         room = min(room, c.cfg.max_lent - c.lent_now)
+    if cap is not None:
+        room = min(room, cap - c.lent_now)
     k = min(room, len(c.lendable))
     k_fast = min(k, room_fast)
     fc_text = f"forecast peak {lend_load:.1f} replicas over next {_min(c.lh)}"

@@ -161,6 +161,54 @@ def test_plan_reclaims_every_lent_node_and_lends_nothing_when_the_budget_is_held
     assert p2.actions == () and p2.pools[0].reason == Reason.SLO_BUDGET
 
 
+def test_fewer_nodes_and_no_lend_in_progress_make_a_shorter_incident() -> None:
+    from bridge.policy.governor import Incident
+
+    inc = Incident(horizon_s=585, scrape_s=15, drain_s=60, tick_s=30, max_reclaims_per_tick=8)
+    assert inc.minutes(24) == 13  # two extra reclaim rounds and a drain
+    assert inc.minutes(8) == 12  # one round
+    assert inc.minutes(8, lending=False) == 11 and inc.minutes(24, lending=False) == 12  # no drain to wait for
+    assert inc.minutes(8, lending=False) <= inc.minutes(8) <= inc.minutes(24)
+    # the most nodes whose incident fits what is left, in whole reclaim rounds
+    assert inc.most_nodes(13.0, 24, lending=True) == 24
+    assert inc.most_nodes(12.5, 24, lending=True) == 8
+    assert inc.most_nodes(12.5, 5, lending=True) == 5
+    assert inc.most_nodes(11.9, 24, lending=True) == 0
+    slow = Incident(horizon_s=600, scrape_s=15, drain_s=120, tick_s=30, max_reclaims_per_tick=8)
+    assert slow.minutes(8) == 14 and slow.minutes(8, lending=False) == 12
+    assert slow.most_nodes(12.0, 24, lending=True) == 0 and slow.most_nodes(12.0, 24, lending=False) == 16
+
+
+def test_below_the_whole_pool_s_incident_the_plan_keeps_and_lends_only_what_fits() -> None:
+    """Six nodes, three lent, at most two reclaims a tick: an incident of all six costs more
+    than is left, one of two nodes not: the plan takes one node back (urgent) and lends none;
+    with nothing lent and room for one node, it lends one where it would lend two."""
+    from bridge.model import ClusterView, LoadSignals, PoolState
+    from bridge.policy import plan
+
+    cfg = config(0.001)
+    now = 1_000_000.0
+    capped = govern(spent_min=7, budget_min=20.0, incident_min=14, window_s=86400, keep_max=2, lend_max=2)
+    assert not capped.lend_allowed and capped.cap(lending=True) == 2
+    assert "at most 2 nodes lent" in capped.describe()
+    hist = tuple(LoadSignals(now - 600 + 30 * k, 4.0, 0.0, 0.2, 200.0, 3) for k in range(20))
+    ps = PoolState("default", hist[-1], hist, 3, 3, governor=capped)
+    p = plan(ClusterView(now=now, nodes=half_lent(now), pools={"default": ps}, jobs={}, pending_research_nodes=4), cfg)
+    assert len(p.actions) == 1 and p.actions[0].kind.value == "reclaim" and p.actions[0].urgent
+    assert p.pools[0].reason == Reason.SLO_BUDGET and "1 of 3 lent nodes" in p.pools[0].detail
+    calm = tuple(dataclasses.replace(n, phase=Phase.SERVING, serving_pods=1, serving_ready=True, phase_since=now - 7200)
+                 for n in half_lent(now))
+    hist6 = tuple(dataclasses.replace(h, replicas_reporting=6) for h in hist)
+    uncapped = govern(spent_min=0, budget_min=20.0, incident_min=14, window_s=86400, keep_max=6, lend_max=6)
+    lends = {}
+    one = govern(spent_min=7, budget_min=20.0, incident_min=14, window_s=86400, keep_max=1, lend_max=1)
+    for name, g in (("capped", one), ("uncapped", uncapped)):
+        ps6 = PoolState("default", hist6[-1], hist6, 6, 6, governor=g)
+        got = plan(ClusterView(now=now, nodes=calm, pools={"default": ps6}, jobs={}, pending_research_nodes=6), cfg)
+        lends[name] = sum(1 for a in got.actions if a.kind.value == "lend")
+    assert lends == {"capped": 1, "uncapped": 2}  # max_lends_per_tick 2: the cap, not the tick's limit, binds
+
+
 # --- the bound on adversarial traces ----------------------------------------------------------
 
 

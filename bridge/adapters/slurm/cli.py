@@ -442,7 +442,7 @@ class CliSlurm:
                 return {j: RequeueOutcome(j, False, error=exc) for j in due}
             failed, why = set(due), str(exc)
         else:
-            named = set(parse_requeue_errors(res.stderr) or ()) & set(due)
+            named = (parse_requeue_errors(res.stderr) or set()) & set(due)
             failed, why = (named or set(due)) if res.returncode else set(), sanitize(res.stderr, MAX_STDERR)
         out = {}
         for jid, check in due.items():

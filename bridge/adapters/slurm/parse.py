@@ -455,20 +455,15 @@ def parse_requeue_checks(text: str, job_ids: Collection[str]) -> dict[str, Reque
     return out
 
 
-_REQUEUE_ERROR = re.compile(r"^(.*\S)\s+for job (\S+)$")
+_REQUEUE_ERROR = re.compile(r"\S\s+for job (\S+)$")
 
 
-def parse_requeue_errors(stderr: str) -> dict[str, str] | None:
-    """``scontrol requeue A,B,...`` that failed (rc 1): Slurm 22.05 and 24.11 requeue every job
-    they can and print one "<why> for job <id>" line per job they could not. Job -> why; None
-    when a line is not of that form (then nothing is known of any job)."""
-    out: dict[str, str] = {}
-    for line in (ln.strip() for ln in stderr.splitlines() if ln.strip()):
-        m = _REQUEUE_ERROR.match(line)
-        if m is None:
-            return None
-        out[m.group(2)] = m.group(1)
-    return out or None
+def parse_requeue_errors(stderr: str) -> set[str] | None:
+    """The jobs ``scontrol requeue A,B,...`` could not requeue (rc 1): Slurm 22.05 and 24.11 requeue
+    every job they can and print "<why> for job <id>" for each other one; None when a line is
+    not of that form (then nothing is known of any job)."""
+    named = [_REQUEUE_ERROR.search(ln.strip()) for ln in stderr.splitlines() if ln.strip()]
+    return {m.group(1) for m in named if m} if named and all(named) else None
 
 
 _SDIAG_TIME = re.compile(r"^sdiag output at .*\((\d+)\)\s*$", re.MULTILINE)

@@ -33,7 +33,8 @@ COMMAND_GROUP = "gpu_bridge.commands"
 def fail(exc: BridgeError, command: str = "") -> int:
     """A command's failure on stderr (a config's problems one a line, as found), exit code 1."""
     lines = exc.problems if isinstance(exc, ConfigError) else [f"gpu-bridge{' ' + command if command else ''}: {exc}"]
-    print("\n".join(lines), file=sys.stderr)
+    for line in lines:
+        print(line, file=sys.stderr)
     return 1
 
 

@@ -427,7 +427,11 @@ def make_daemon(args: Any, kube: Any, slurm_model: SlurmModel, clock: Clock, ser
     # steady: the load needs exactly the serving nodes (ceil(d * 1.15 + 0.5) == serving)
     steady_replicas = (len(serving) - 0.5) / 1.15 - 0.2
     prom = Load(clock, steady_replicas, len(serving))
-    daemon = Daemon(config, kube=kube, slurm=slurm, prom=prom, prom_pools={POOL: PromPool(POOL, POOL)}, clock=clock)
+    # the bench's Deployment and pods change only in the reclaim: a watch cache older than the
+    # daemon's 75 s (its watches get no event and few bookmarks on the loaded bench machine)
+    # would stop the daemon acting half-way through a reclaim with a GraceTime; its watches time out at 300 s
+    daemon = Daemon(config, kube=kube, slurm=slurm, prom=prom, prom_pools={POOL: PromPool(POOL, POOL)}, clock=clock,
+                    max_cache_age_s=300.0)
     return daemon, prom
 
 
@@ -543,6 +547,7 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
     tot_changes = tot_k = tot_s = tot_reads = 0
     requeue_ticks: list[tuple[int, int, int, int]] = []  # (tick, passes, Slurm reads, jobs requeued) where the daemon requeued
     requeued_before = slurm_model.requeued
+    not_acting: Counter[str] = Counter()  # ticks the daemon did not act, by why
     reclaim_cpu: list[float] = []
     start = time.monotonic()
     prev = {n.name: n.phase for n in kube.nodes() if n.name in lent}
@@ -550,8 +555,10 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
     for tick in range(1, 400):
         # in transit the daemon iterates every transit_poll_s of real time: the clock follows it
         t = time.monotonic()
-        c, p, kd, sd, _result = one_tick(step_s=tick_s if tick == 1 else t - last)  # 1st: a policy tick
+        c, p, kd, sd, result = one_tick(step_s=tick_s if tick == 1 else t - last)  # 1st: a policy tick
         last = t
+        if not result.observed:
+            not_acting[result.error or "not leading"] += 1
         phases = {n.name: n.phase for n in kube.nodes() if n.name in lent}
         changes = sum(1 for n in lent if phases.get(n) != prev.get(n))
         prev = phases
@@ -579,6 +586,8 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
           f"{tot_changes} node phase changes, {tot_k} Kubernetes calls, {tot_s} Slurm commands "
           f"({tot_reads} reads): {(tot_k + tot_s) / max(1, tot_changes):.1f} calls per change")
     print(f"  Slurm reads per tick over the reclaim: {tot_reads / tick:.1f} (steady state: {reads(slurm_cmds) / args.ticks:.1f})")
+    for why, n in not_acting.items():
+        print(f"  {n} ticks the daemon did not act: {why}")
     for t, n, r, q in requeue_ticks:
         print(f"  the daemon's requeue (tick {t}): {q} jobs requeued, {r} Slurm reads in {n} passes "
               f"({r / max(1, n):.1f} reads per pass)")

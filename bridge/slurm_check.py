@@ -204,11 +204,7 @@ def _warm_lending(config: Config, settings: Mapping[str, str], warm: Mapping[str
     if warm.get("MaxTime", "").upper() != "UNLIMITED":
         out.append(Finding(f"{key} MaxTime", warm.get("MaxTime", ""), "needs UNLIMITED: a memory hold runs as long as the node is lent"))
     if preempt is not None:
-        try:
-            above = int(warm.get("PriorityTier", "")) > int(preempt.get("PriorityTier", ""))
-        except ValueError:
-            above = False
-        if not above:
+        if not _tier_above(warm, preempt):
             out.append(Finding(f"{key} PriorityTier", warm.get("PriorityTier", ""),
                                f"must be higher than {pname}'s ({preempt.get('PriorityTier', '')}): a memory hold must "
                                "preempt a research job that leaves it too little memory"))

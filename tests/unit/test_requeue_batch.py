@@ -168,10 +168,10 @@ def test_each_node_s_step_says_what_was_done_with_its_own_jobs() -> None:
     w = World()
     w.slurm.requeue_lag_s = 30.0
     w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
-    jobs = sorted((w.sbatch(f"research-{i}", duration_s=10_000) for i in range(3)), key=int)
+    jobs = [w.sbatch("research-0", duration_s=10_000), w.slurm.add_job(name="research-1", requeueable=False),
+            w.sbatch("research-2", duration_s=10_000)]  # Slurm refuses to requeue the second
     w.tick(2)
     on = {j: w.slurm.snapshot()[j].nodes[0] for j in jobs}
-    w.slurm._jobs[jobs[1]].requeueable = False  # Slurm refuses to requeue this one
     records: list[StepRecord] = []
     apply = w.daemon.actuator.apply
     w.daemon.actuator.apply = lambda intents: records.extend(got := apply(intents)) or got  # type: ignore[method-assign]

@@ -8,14 +8,14 @@ as a Kubernetes Event on the node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 from bridge import logs
-from bridge.adapters.protocols import KubeWriter, PoolTarget, SleepControl, SlurmWriter
+from bridge.adapters.protocols import KubeWriter, PoolTarget, RequeueOutcome, SleepControl, SlurmWriter
 from bridge.errors import AdapterError
-from bridge.lifecycle import LENDING_POD_DELETION_COST, WAITS, NodeFacts, PodFacts, Step, past_grace, warm_pod
+from bridge.lifecycle import LENDING_POD_DELETION_COST, WAITS, NodeFacts, PodFacts, PreemptedJob, Step, past_grace, warm_pod
 from bridge.model import Action, ActionKind, Phase, SlurmJob, Tier, WarmRecord, WarmState
 from bridge.observe import LAUNCH_FAILED_HELD
 from bridge.policy.victims import job_loss_gpu_hours
@@ -89,6 +89,16 @@ Handler = Callable[["Actuator", Step, NodeFacts, PoolTarget, float], tuple[bool,
 
 
 @dataclass
+class _PassRequeues:
+    """The REQUEUE_JOBS steps of one pass share one ``requeue_jobs``: the due jobs of all their
+    nodes, requeued at the first of those steps (one Slurm read and one requeue for a mass
+    reclaim, not one read per job); each step then takes its own jobs' outcomes."""
+
+    due: dict[str, int | None]  # job -> the run preempted
+    got: dict[str, RequeueOutcome] | AdapterError | None = None  # once made: the outcomes, or why it failed
+
+
+@dataclass
 class Actuator:
     kube: KubeWriter
     slurm: SlurmWriter
@@ -109,6 +119,7 @@ class Actuator:
     sleep_retry_s: Mapping[str, float] = field(default_factory=dict)
     # pool -> pools[].warm_hold_mb: the memory hold's size on a node lent warm (warm pools only)
     mem_hold_mb: Mapping[str, int] = field(default_factory=dict)
+    _requeues: _PassRequeues | None = field(default=None, init=False, repr=False)  # the pass being applied
 
     def apply(self, intents: Intents) -> list[StepRecord]:
         """Carry out what ``bridge.reconcile`` decided, in its order. A write that fails is
@@ -120,8 +131,11 @@ class Actuator:
                for a in intents.starts]
         out += [self._try("request_failed", n, REQUEST_POINT, partial(self.request, n, r, o, now=now), request=r)
                 for n, r, o in intents.requests]
+        self._requeues = _PassRequeues({j.job_id: j.restart_count for s, f, _ in intents.steps if s is Step.REQUEUE_JOBS
+                                        for j in past_grace(f, self.grace_s)})
         out += [self._try("step_failed", f.name, s, partial(self.execute, s, f, self.targets[p], now=now if s is Step.BLOCKED else None),
                           phase=str(f.phase)) for s, f, p in intents.steps]
+        self._requeues = None
         out += [self._try("scale_failed", p, SCALE_POINT, partial(self.scale_pool, self.targets[p], n), replicas=n)
                 for p, n in intents.scales]
         out += [self._try("slurm_release_failed", j, RELEASE_POINT, partial(self.release_job, j, LAUNCH_FAILED_HELD, n))
@@ -189,6 +203,21 @@ class Actuator:
                 self._event(node, "GpuBridgeJobReleased", msg, "Warning")
             self.after_write(RELEASE_POINT)
         return StepRecord(node or "", RELEASE_POINT, changed, self.clock(), job_id)
+
+    def requeue(self, due: Sequence[PreemptedJob]) -> dict[str, RequeueOutcome]:
+        """Each of ``due``'s outcome: from the pass's one ``requeue_jobs`` (made at its first
+        REQUEUE_JOBS step, for every node's due jobs), or a call of its own outside a pass."""
+        batch = self._requeues
+        if batch is None or any(j.job_id not in batch.due for j in due):
+            return self.slurm.requeue_jobs({j.job_id: j.restart_count for j in due})
+        if batch.got is None:
+            try:
+                batch.got = self.slurm.requeue_jobs(batch.due)
+            except AdapterError as exc:  # nothing known to be requeued: every step of the pass fails with it
+                batch.got = exc
+        if isinstance(batch.got, AdapterError):
+            raise batch.got
+        return batch.got
 
     def report(self, node: str, reason: str, message: str) -> None:
         """A Warning Event on the node, for what an operator must look at."""
@@ -310,11 +339,18 @@ def _cancel_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: f
 
 
 def _requeue(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    """The node's jobs past their grace, requeued with the pass's others (``Actuator.requeue``);
+    a job refused or whose requeue failed fails the step with its error, after the Event."""
     due = past_grace(f, a.grace_s)
-    requeued = [j.job_id for j in due if a.slurm.requeue(j.job_id, restart_count=j.restart_count)]
-    detail = _requeue_detail(requeued, [j.job_id for j in due if j.job_id not in requeued])
+    outcomes = a.requeue(due)
+    got = [outcomes[j.job_id] for j in due]
+    requeued = [o.job_id for o in got if o.requeued]
+    detail = _requeue_detail(requeued, [o.job_id for o in got if not o.requeued and o.error is None])
     if requeued:
         a._event(f.name, EVENT_REASONS[Step.REQUEUE_JOBS], detail)
+    failed = next((o.error for o in got if o.error is not None), None)
+    if failed is not None:
+        raise failed
     return bool(requeued), detail
 
 

@@ -120,11 +120,7 @@ def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, 
         if hold.get("MaxTime", "").upper() != "UNLIMITED":
             out.append(Finding(f"{key} MaxTime", hold.get("MaxTime", ""), "needs UNLIMITED: a hold job runs as long as the node serves"))
     if preempt is not None and hold is not None:
-        try:
-            tiers = int(hold.get("PriorityTier", "")) > int(preempt.get("PriorityTier", ""))
-        except ValueError:
-            tiers = False
-        if not tiers:
+        if not _tier_above(hold, preempt):
             out.append(Finding(f"PartitionName={hname} PriorityTier", hold.get("PriorityTier", ""),
                                f"must be higher than {pname}'s ({preempt.get('PriorityTier', '')}): otherwise a hold job "
                                "preempts nothing and no node can be reclaimed"))
@@ -149,6 +145,14 @@ def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, 
                                    f"shares {which} with {pname}: a job of partition {name} on a lent node could not "
                                    "be preempted, and the node could not be reclaimed"))
     return out
+
+
+def _tier_above(high: Mapping[str, str], low: Mapping[str, str]) -> bool:
+    """``high``'s PriorityTier is above ``low``'s (a hold job preempts its jobs); False unless both are numbers."""
+    try:
+        return int(high.get("PriorityTier", "")) > int(low.get("PriorityTier", ""))
+    except ValueError:
+        return False
 
 
 def _preemptible(key: str, part: Mapping[str, str]) -> list[Finding]:
@@ -200,11 +204,7 @@ def _warm_lending(config: Config, settings: Mapping[str, str], warm: Mapping[str
     if warm.get("MaxTime", "").upper() != "UNLIMITED":
         out.append(Finding(f"{key} MaxTime", warm.get("MaxTime", ""), "needs UNLIMITED: a memory hold runs as long as the node is lent"))
     if preempt is not None:
-        try:
-            above = int(warm.get("PriorityTier", "")) > int(preempt.get("PriorityTier", ""))
-        except ValueError:
-            above = False
-        if not above:
+        if not _tier_above(warm, preempt):
             out.append(Finding(f"{key} PriorityTier", warm.get("PriorityTier", ""),
                                f"must be higher than {pname}'s ({preempt.get('PriorityTier', '')}): a memory hold must "
                                "preempt a research job that leaves it too little memory"))
@@ -239,11 +239,7 @@ def _fast_tier(config: Config, fname: str, fast: Mapping[str, str] | None, preem
                            f"must be shorter than {config.slurm.preempt_partition}'s ({normal:g} s): the fast tier "
                            "exists to give nodes back sooner"))
     if hold is not None:
-        try:
-            below = int(fast.get("PriorityTier", "")) < int(hold.get("PriorityTier", ""))
-        except ValueError:
-            below = False
-        if not below:
+        if not _tier_above(hold, fast):
             out.append(Finding(f"{key} PriorityTier", fast.get("PriorityTier", ""),
                                f"must be lower than {config.slurm.hold_partition}'s ({hold.get('PriorityTier', '')}): "
                                "otherwise a hold job cannot preempt its jobs and the node cannot be reclaimed"))

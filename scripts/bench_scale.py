@@ -15,7 +15,9 @@ reads parse every object on each call, so its CPU per tick is the fake's as much
   Ready by kwok), and other pods (node agents, batch pods in another namespace) up to
   ``--pods`` in all. The daemon reads it through the real ``KubeAdapter`` (list + watch cache).
 - Slurm: a CommandRunner for ``bridge/adapters/slurm/cli.py`` that keeps a small Slurm model
-  (drains, hold jobs that preempt and requeue, research jobs) and answers ``sinfo --json`` /
+  (drains, hold jobs that preempt research jobs with ``--grace-s`` of GraceTime, Slurm's own
+  requeue 30 s after it as 22.05's sweep, so the daemon's requeue at its end frees the node;
+  research jobs) and answers ``sinfo --json`` /
   ``squeue --json`` in the 22.05 shape with full-size records (copied from the recorded
   fixtures), so the parsing cost is real. Rendering the JSON is cached and its own CPU time
   is measured and subtracted.
@@ -24,8 +26,9 @@ reads parse every object on each call, so its CPU per tick is the fake's as much
 Steady state: the load needs exactly the serving nodes (no lend, no reclaim); every tick runs
 the policy. CPU per tick: ``time.thread_time()`` of the ticking thread (the daemon's work)
 and ``time.process_time()`` of the whole process (watch threads included). Then a mass reclaim: the load rises so every
-lent node is reclaimed at once; per tick the API calls and Slurm commands against the number
-of node changes. Then cProfile's top entries of steady-state ticks.
+lent node is reclaimed at once; per tick the API calls and Slurm commands (and reads, and
+passes) against the number of node changes, and the Slurm reads of the tick where the daemon
+requeued the victims. Then cProfile's top entries of steady-state ticks.
 
 Measured: README.md "Scale" and docs/real-kubernetes.md (2-core dev VM shared with other
 work, Slurm 22.05-size output: sinfo 2.0 MiB, squeue 6.1 MiB per read). The emulator this
@@ -71,6 +74,12 @@ POOL = "bench"
 NS = "serving"
 FIX = ROOT / "tests" / "fixtures" / "slurm"
 PROMQ = "prometheus queries"  # counted beside the Slurm commands, not in their total
+SLURM_WRITES = frozenset({"sbatch", "scancel", "scontrol update", "scontrol requeue"})
+
+
+def reads(counts: Counter[str]) -> int:
+    """The Slurm reads among ``counts`` (SlurmModel.key's names)."""
+    return sum(v for k, v in counts.items() if k not in SLURM_WRITES and k != PROMQ)
 TARGET_PER_REPLICA = 24.0  # default concurrency_per_replica
 
 
@@ -79,7 +88,7 @@ TARGET_PER_REPLICA = 24.0  # default concurrency_per_replica
 class SlurmModel:
     """Just enough Slurm for the lifecycle, answering the CLI adapter's commands (22.05 JSON)."""
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, grace_s: float = 0.0, sweep_lag_s: float = 30.0) -> None:
         sinfo = json.loads((FIX / "sinfo-22.05.json").read_text())
         squeue = json.loads((FIX / "squeue-22.05.json").read_text())
         self.node_tpl = sinfo["nodes"][0]
@@ -92,6 +101,11 @@ class SlurmModel:
         self._cache: dict[str, str] = {}
         self.render_cpu_s = 0.0
         self.commands: Counter[str] = Counter()
+        # GraceTime: a hold preempts the research jobs on its node (PreemptTime set, still running);
+        # Slurm ends them itself only on its sweep, ``sweep_lag_s`` after the grace (22.05: up to
+        # 30 s), so the daemon's own requeue at the grace's end is what frees the node. 0: at once.
+        self.grace_s, self.sweep_lag_s = grace_s, sweep_lag_s
+        self.requeued = 0  # jobs requeued by `scontrol requeue` (the daemon's)
 
     # state -------------------------------------------------------------------------------------
     def add_node(self, name: str, *, drained: bool) -> None:
@@ -101,7 +115,7 @@ class SlurmModel:
         self.next_id += 1
         self.jobs[self.next_id] = {"name": name, "user": user, "partition": partition,
                                    "state": "RUNNING" if node else "PENDING", "node": node or "", "start": start,
-                                   "restarts": 0}
+                                   "restarts": 0, "preempt": None, "pin": ""}
         self._cache.clear()
         return self.next_id
 
@@ -127,18 +141,53 @@ class SlurmModel:
                 r.update(job_id=jid, name=j["name"], user_name=j["user"], partition=j["partition"],
                          job_state=j["state"], nodes=j["node"], batch_host=j["node"],
                          start_time=int(j["start"] or 0), restart_cnt=j["restarts"], comment="",
-                         node_count=1, tres_per_node="gres:gpu:4")
+                         node_count=1, tres_per_node="gres:gpu:4", preempt_time=int(j["preempt"] or 0))
                 recs.append(r)
             text = json.dumps({"meta": self.meta, "errors": [], "jobs": recs})
         self._cache[what] = text
         self.render_cpu_s += time.thread_time() - t0
         return text
 
+    def _requeue(self, j: dict[str, Any]) -> None:
+        j.update(state="PENDING", node="", start=None, preempt=None, restarts=j["restarts"] + 1)
+
+    def _schedule(self) -> None:
+        """Slurm's own sweep (a grace over ``sweep_lag_s`` ago), then each pending hold whose node is empty starts."""
+        for j in self.jobs.values():
+            if j["state"] == "RUNNING" and j["preempt"] is not None and self.now >= j["preempt"] + self.grace_s + self.sweep_lag_s:
+                self._requeue(j)
+                self._cache.clear()
+        busy = {j["node"] for j in self.jobs.values() if j["state"] == "RUNNING"}
+        for j in self.jobs.values():
+            if j["state"] == "PENDING" and j["pin"] and j["pin"] not in busy:
+                j.update(state="RUNNING", node=j["pin"], start=self.now)
+                busy.add(j["pin"])
+                self._cache.clear()
+
+    @staticmethod
+    def key(argv: Sequence[str]) -> str:
+        """What a command is, for the counts: reads and writes apart."""
+        if argv[0] == "squeue":
+            return "squeue --json" if "--json" in argv else ("squeue --jobs" if any(a.startswith("--jobs") for a in argv)
+                                                             else "squeue --name")
+        return " ".join(argv[:2]) if argv[0] == "scontrol" else argv[0]
+
+    def _requeue_check(self, argv: list[str]) -> CommandResult:
+        """``squeue --noheader --jobs=A,B --Format REQUEUE_CHECK_FORMAT`` (or ``--jobs A``)."""
+        i = next(i for i, a in enumerate(argv) if a.startswith("--jobs"))
+        asked = (argv[i].split("=", 1)[1] if "=" in argv[i] else argv[i + 1]).split(",")
+        found = [int(a) for a in asked if int(a) in self.jobs]
+        if len(asked) == 1 and not found:
+            return CommandResult(1, "", "slurm_load_jobs error: Invalid job id specified\n")
+        lines = [f"{jid}|{j['state']}|{j['partition']}|{'2026-12-02T12:00:00' if j['preempt'] else 'N/A'}|{j['restarts']}|\n"
+                 for jid in found for j in (self.jobs[jid],)]
+        return CommandResult(0, "".join(lines), "")
+
     # the CommandRunner ------------------------------------------------------------------------
     def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
         argv = list(argv)
-        key = " ".join(argv[:2]) if argv[0] == "scontrol" else argv[0]
-        self.commands[key] += 1
+        self.commands[self.key(argv)] += 1
+        self._schedule()
         if argv[1:] in (["--json"], ["--json", "--Node"]) and argv[0] in ("sinfo", "squeue"):
             return CommandResult(0, self._render(argv[0]), "")
         if argv[:4] == ["scontrol", "--oneliner", "show", "node"]:  # the writes' one-node precondition
@@ -151,6 +200,8 @@ class SlurmModel:
             return CommandResult(0, f"NodeName={argv[4]} Gres=gpu:4 State={state}{reason}\n", "")
         if argv == ["sdiag"]:  # slurmctld's clock: the daemon measures Slurm's own times against it
             return CommandResult(0, f"sdiag output at bench ({int(self.now)})\n", "")
+        if argv[:2] == ["squeue", "--noheader"] and self.key(argv) == "squeue --jobs":  # the requeue's re-read
+            return self._requeue_check(argv)
         if argv[:2] == ["squeue", "--noheader"]:  # our hold ids: squeue's text output honours filters
             name, part = argv[argv.index("--name") + 1], argv[argv.index("--partition") + 1]
             ids = [f"{jid}|{j['user']}\n" for jid, j in self.jobs.items() if j["name"] == name and j["partition"] == part]
@@ -168,19 +219,29 @@ class SlurmModel:
             node = argv[argv.index("--nodelist") + 1]
             name = argv[argv.index("--job-name") + 1]
             for j in self.jobs.values():  # the hold job preempts research on the node (requeue)
-                if j["node"] == node and j["state"] == "RUNNING":
-                    j.update(state="PENDING", node="", start=None, restarts=j["restarts"] + 1)
-            jid = self.add_job(name, "root", argv[argv.index("--partition") + 1], node, self.now)
+                if j["node"] == node and j["state"] == "RUNNING" and j["preempt"] is None:
+                    j["preempt"] = self.now
+                    if not self.grace_s:
+                        self._requeue(j)
+            jid = self.add_job(name, "root", argv[argv.index("--partition") + 1], None, None)
+            self.jobs[jid]["pin"] = node
+            self._schedule()
             return CommandResult(0, f"{jid}\n", "")
         if argv[0] == "scancel":
             for a in argv[1:]:
                 if a.isdigit():
                     self.jobs.pop(int(a), None)
             return CommandResult(0, "", "")
-        if argv[:2] == ["scontrol", "requeue"]:
-            j = self.jobs[int(argv[2])]
-            j.update(state="PENDING", node="", start=None, restarts=j["restarts"] + 1)
-            return CommandResult(0, "", "")
+        if argv[:2] == ["scontrol", "requeue"]:  # one job or a list (Slurm names each it could not)
+            errors = []
+            for jid in (int(a) for a in argv[2].split(",")):
+                if self.jobs.get(jid, {}).get("state") != "RUNNING":
+                    errors.append(f"Job is pending execution for job {jid}\n")
+                    continue
+                self._requeue(self.jobs[jid])
+                self.requeued += 1
+            self._schedule()
+            return CommandResult(1 if errors else 0, "", "".join(errors))
         return CommandResult(1, "", f"bench slurm: unsupported {argv[:2]}")
 
 
@@ -294,6 +355,9 @@ def main() -> int:
     ap.add_argument("--profile-ticks", type=int, default=15)
     ap.add_argument("--top", type=int, default=18, help="cProfile entries shown")
     ap.add_argument("--pending-jobs", type=int, default=300, help="research jobs waiting in the preempt partition")
+    ap.add_argument("--grace-s", type=float, default=10.0,
+                    help="GraceTime of a preempted research job; the daemon requeues it at its end (Slurm's own "
+                         "sweep comes 30 s later); 0: Slurm requeues at once (no requeue by the daemon)")
     ap.add_argument("--fake-kube", action="store_true",
                     help="the lab's in-memory FakeKube instead of a real control plane (10,000 nodes)")
     ap.add_argument("--no-freeze", action="store_true",
@@ -308,7 +372,7 @@ def main() -> int:
     lent = set(names[-args.lent:]) if args.lent else set()
     serving = [n for n in names if n not in lent]
 
-    slurm_model = SlurmModel(now)
+    slurm_model = SlurmModel(now, grace_s=args.grace_s)
     for n in names:
         slurm_model.add_node(n, drained=n not in lent)
     for n in serving:
@@ -357,12 +421,17 @@ def main() -> int:
 def make_daemon(args: Any, kube: Any, slurm_model: SlurmModel, clock: Clock, serving: list[str]) -> tuple[Daemon, Load]:
     config = default_config(POOL, namespace=NS, min_serving=1)
     import dataclasses as dc
-    config = dc.replace(config, policy=dc.replace(config.policy, max_reclaims_per_tick=max(8, args.lent)))
+    config = dc.replace(config, policy=dc.replace(config.policy, max_reclaims_per_tick=max(8, args.lent)),
+                        slurm=dc.replace(config.slurm, grace_s=args.grace_s))
     slurm = CliSlurm(runner=slurm_model)
     # steady: the load needs exactly the serving nodes (ceil(d * 1.15 + 0.5) == serving)
     steady_replicas = (len(serving) - 0.5) / 1.15 - 0.2
     prom = Load(clock, steady_replicas, len(serving))
-    daemon = Daemon(config, kube=kube, slurm=slurm, prom=prom, prom_pools={POOL: PromPool(POOL, POOL)}, clock=clock)
+    # the bench's Deployment and pods change only in the reclaim: a watch cache older than the
+    # daemon's 75 s (its watches get no event and few bookmarks on the loaded bench machine)
+    # would stop the daemon acting half-way through a reclaim with a GraceTime; its watches time out at 300 s
+    daemon = Daemon(config, kube=kube, slurm=slurm, prom=prom, prom_pools={POOL: PromPool(POOL, POOL)}, clock=clock,
+                    max_cache_age_s=300.0)
     return daemon, prom
 
 
@@ -466,15 +535,19 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
     print(f"  Kubernetes API calls per tick: {sum(kube_calls.values()) / args.ticks:.2f} {dict(kube_calls) or ''}")
     print(f"  Slurm commands per tick:       {(sum(slurm_cmds.values()) - slurm_cmds[PROMQ]) / args.ticks:.2f} "
           f"{ {k: round(v / args.ticks, 2) for k, v in slurm_cmds.items()} }")
+    print(f"  Slurm reads per tick:          {reads(slurm_cmds) / args.ticks:.2f}")
 
     # --- mass reclaim ---------------------------------------------------------------------------
     print()
     print(f"MASS RECLAIM: load rises to need all {len(names)} nodes; {len(lent)} lent nodes reclaimed")
     prom.replicas = len(names) * 1.0
     prom.reporting = len(names) - len(lent)
-    print(f"  {'tick':>4} {'cpu ms':>8} {'proc ms':>8} {'changes':>8} {'k8s calls':>9} {'slurm cmds':>10}  "
-          f"{'calls/change':>12}  phases of the reclaimed nodes")
-    tot_changes = tot_k = tot_s = 0
+    print(f"  {'tick':>4} {'cpu ms':>8} {'proc ms':>8} {'changes':>8} {'k8s calls':>9} {'slurm cmds':>10} {'reads':>6} "
+          f"{'passes':>6}  {'calls/change':>12}  phases of the reclaimed nodes")
+    tot_changes = tot_k = tot_s = tot_reads = 0
+    requeue_ticks: list[tuple[int, int, int, int]] = []  # (tick, passes, Slurm reads, jobs requeued) where the daemon requeued
+    requeued_before = slurm_model.requeued
+    not_acting: Counter[str] = Counter()  # ticks the daemon did not act, by why
     reclaim_cpu: list[float] = []
     start = time.monotonic()
     prev = {n.name: n.phase for n in kube.nodes() if n.name in lent}
@@ -482,18 +555,24 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
     for tick in range(1, 400):
         # in transit the daemon iterates every transit_poll_s of real time: the clock follows it
         t = time.monotonic()
-        c, p, kd, sd, _result = one_tick(step_s=tick_s if tick == 1 else t - last)  # 1st: a policy tick
+        c, p, kd, sd, result = one_tick(step_s=tick_s if tick == 1 else t - last)  # 1st: a policy tick
         last = t
+        if not result.observed:
+            not_acting[result.error or "not leading"] += 1
         phases = {n.name: n.phase for n in kube.nodes() if n.name in lent}
         changes = sum(1 for n in lent if phases.get(n) != prev.get(n))
         prev = phases
-        k, s = sum(kd.values()), sum(sd.values()) - sd[PROMQ]
-        tot_changes, tot_k, tot_s = tot_changes + changes, tot_k + k, tot_s + s
+        k, s, r = sum(kd.values()), sum(sd.values()) - sd[PROMQ], reads(sd)
+        tot_changes, tot_k, tot_s, tot_reads = tot_changes + changes, tot_k + k, tot_s + s, tot_reads + r
+        passes = sd["sdiag"]  # one slurmctld clock read per pass
+        if sd["scontrol requeue"]:
+            requeue_ticks.append((tick, passes, r, slurm_model.requeued - requeued_before))
+        requeued_before = slurm_model.requeued
         reclaim_cpu.append(c)
         summary = dict(sorted(Counter(str(v) for v in phases.values()).items()))
         ratio = f"{(k + s) / changes:12.1f}" if changes else f"{'-':>12}"
-        if changes or k or s or tick <= 2:
-            print(f"  {tick:>4} {c * 1000:8.1f} {p * 1000:8.1f} {changes:8d} {k:9d} {s:10d}  {ratio}  {summary}")
+        if changes or k or s > passes * 3 or tick <= 2:
+            print(f"  {tick:>4} {c * 1000:8.1f} {p * 1000:8.1f} {changes:8d} {k:9d} {s:10d} {r:6d} {passes:6d}  {ratio}  {summary}")
             if k:
                 print(f"  {'':>4} k8s: {kd}")
             if s:
@@ -504,8 +583,14 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
     wall = time.monotonic() - start
     done = sum(1 for v in prev.values() if v == "serving")
     print(f"  {done}/{len(lent)} reclaimed nodes serving after {tick} ticks ({wall:.1f} s wall); "
-          f"{tot_changes} node phase changes, {tot_k} Kubernetes calls, {tot_s} Slurm commands: "
-          f"{(tot_k + tot_s) / max(1, tot_changes):.1f} calls per change")
+          f"{tot_changes} node phase changes, {tot_k} Kubernetes calls, {tot_s} Slurm commands "
+          f"({tot_reads} reads): {(tot_k + tot_s) / max(1, tot_changes):.1f} calls per change")
+    print(f"  Slurm reads per tick over the reclaim: {tot_reads / tick:.1f} (steady state: {reads(slurm_cmds) / args.ticks:.1f})")
+    for why, n in not_acting.items():
+        print(f"  {n} ticks the daemon did not act: {why}")
+    for t, n, r, q in requeue_ticks:
+        print(f"  the daemon's requeue (tick {t}): {q} jobs requeued, {r} Slurm reads in {n} passes "
+              f"({r / max(1, n):.1f} reads per pass)")
     print(f"  CPU per reclaim tick (daemon thread): median {statistics.median(reclaim_cpu) * 1000:.0f} ms, "
           f"max {max(reclaim_cpu) * 1000:.0f} ms")
 

@@ -26,15 +26,17 @@ def scontrol_node(sinfo_json: str, name: str) -> tuple[int, str, str]:
 def squeue_filtered(squeue_json: str, argv: Sequence[str]) -> tuple[int, str, str]:
     """(returncode, stdout, stderr) of `squeue --noheader --name N --partition P ... --format %i|%u`:
     unlike its JSON, squeue's text output honours the filters."""
-    args = list(argv[2:])
+    args = [a for arg in argv[2:] for a in (arg.split("=", 1) if arg.startswith("--jobs=") else (arg,))]
     opts = {args[i][2:]: args[i + 1] for i in range(0, len(args) - 1, 2) if args[i].startswith("--")}
-    if "jobs" in opts:  # the requeue's re-read of one job: --jobs ID --Format REQUEUE_CHECK_FORMAT
+    if "jobs" in opts:  # the requeue's re-read: --jobs=ID,ID... --Format REQUEUE_CHECK_FORMAT
         assert opts.get("Format") == REQUEUE_CHECK_FORMAT, argv
-        job = {j.job_id: j for j in parse_jobs(squeue_json, active_only=False)}.get(opts["jobs"])
-        if job is None:
+        asked = opts["jobs"].split(",")
+        every = {j.job_id: j for j in parse_jobs(squeue_json, active_only=False)}
+        if len(asked) == 1 and asked[0] not in every:  # squeue fails only when the one job asked is unknown
             return 1, "", "slurm_load_jobs error: Invalid job id specified\n"
-        preempt = "2026-12-02T12:00:00" if job.preempt_time is not None else "N/A"
-        return 0, f"{job.job_id}|{job.state.upper()}|{job.partition}|{preempt}|{job.restart_count}|\n", ""
+        lines = [f"{j.job_id}|{j.state.upper()}|{j.partition}|{'2026-12-02T12:00:00' if j.preempt_time is not None else 'N/A'}|"
+                 f"{j.restart_count}|\n" for j in every.values() if j.job_id in asked]
+        return 0, "".join(lines), ""
     jobs = parse_jobs(squeue_json)
     out = [f"{j.job_id}|{j.user}" for j in jobs
            if j.name == opts.get("name", j.name) and j.partition == opts.get("partition", j.partition)]

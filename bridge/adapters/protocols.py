@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from bridge.errors import AdapterError
     from bridge.model import LoadSignals, Phase, Pin, WarmRecord
 
     from .kube.informer import InformerStatus
@@ -127,6 +128,18 @@ class KubeAdapterProtocol(KubeReader, KubeWriter, Protocol):
 # --- Slurm ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class RequeueOutcome:
+    """What ``SlurmWriter.requeue_jobs`` did with one job: requeued, or not and why (``skipped``:
+    it ended, Slurm requeued it, another run...), or ``error``: refused (a hold job) or Slurm's
+    requeue failed."""
+
+    job_id: str
+    requeued: bool
+    skipped: str = ""
+    error: AdapterError | None = None
+
+
 @runtime_checkable
 class SlurmReader(Protocol):
     """Every lookup either answers or raises AdapterError: never an empty answer on failure."""
@@ -189,10 +202,12 @@ class SlurmWriter(Protocol):
         """Cancel our memory hold(s) on ``node``; returns the ids cancelled (empty: none was there)."""
         ...
 
-    def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
-        """Requeue a research job Slurm preempted (never cancel it), after re-reading that one job
-        right before: False unless it still runs in the preempt partition with its preemption
-        recorded (and, if given, in the run ``restart_count``), so a job that ended is never run again."""
+    def requeue_jobs(self, jobs: Mapping[str, int | None]) -> dict[str, RequeueOutcome]:
+        """Requeue research jobs Slurm preempted (never cancel them): ``jobs`` maps each id to the
+        run that was preempted (its restart count; None: any). All are re-read right before, in one
+        read: a job is requeued only if it still runs in a preempt partition with its preemption
+        recorded, in that run, so a job that ended is never run again; a hold job is refused
+        (NotOursError). One outcome per job: a failure of one never holds back the others."""
         ...
 
     def set_tier(self, node: str, partition: str) -> bool:

@@ -10,14 +10,14 @@ Each implements the same Protocols (``bridge.adapters.protocols``) as what it wr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from bridge import logs
 from bridge.errors import AdapterError
 from bridge.model import Phase, Pin, WarmRecord
 
 from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
-from .protocols import CacheStatus, KubeAdapterProtocol, LeaseHolder, SlurmAdapterProtocol
+from .protocols import CacheStatus, KubeAdapterProtocol, LeaseHolder, RequeueOutcome, SlurmAdapterProtocol
 from .slurm.types import SlurmJobInfo, SlurmNode
 
 log = logs.get(__name__)
@@ -194,9 +194,9 @@ class FencedSlurm(SlurmReadThrough):
         self._check("cancel_mem_hold")
         return self._inner.cancel_mem_hold(node)
 
-    def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
-        self._check("requeue")
-        return self._inner.requeue(job_id, restart_count=restart_count)
+    def requeue_jobs(self, jobs: Mapping[str, int | None]) -> dict[str, RequeueOutcome]:
+        self._check("requeue_jobs")
+        return self._inner.requeue_jobs(jobs)
 
     def set_tier(self, node: str, partition: str) -> bool:
         self._check("set_tier")

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from bridge import __version__
+from bridge.errors import BridgeError, ConfigError
 
 # The product's commands, in the order shown in --help.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -27,6 +28,14 @@ COMMAND_MODULES: tuple[str, ...] = (
 # Commands of other installed distributions (the lab's ``sandbox`` and ``demo``): each entry
 # point names a ``register_cli(subparsers)``. None on a production host.
 COMMAND_GROUP = "gpu_bridge.commands"
+
+
+def fail(exc: BridgeError, command: str = "") -> int:
+    """A command's failure on stderr (a config's problems one a line, as found), exit code 1."""
+    lines = exc.problems if isinstance(exc, ConfigError) else [f"gpu-bridge{' ' + command if command else ''}: {exc}"]
+    for line in lines:
+        print(line, file=sys.stderr)
+    return 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from bridge.cli import fail
 from bridge.config import load_config
 from bridge.errors import AdapterError, ConfigError
 from bridge.slurm_check import check
@@ -33,15 +34,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        for line in exc.problems:
-            print(line, file=sys.stderr)
-        return 1
+        return fail(exc)
     slurm = slurm_adapter(config)
     try:
         settings, partitions = slurm.show_config(), slurm.partitions()
     except AdapterError as exc:
-        print(f"gpu-bridge: {exc}", file=sys.stderr)
-        return 1
+        return fail(exc)
     findings = check(config, settings, partitions)
     for f in findings:
         print(f"PROBLEM {f}")

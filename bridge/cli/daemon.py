@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from bridge import logs, sdnotify, wellknown
+from bridge.cli import fail
 from bridge.config import Config, load_config
 from bridge.adapters.kube.objects import NodeInfo
 from bridge.adapters.protocols import Leader
@@ -75,15 +76,6 @@ def _load(path: str) -> Config:
     return load_config(path)
 
 
-def _fail(exc: BridgeError) -> int:
-    if isinstance(exc, ConfigError):
-        for p in exc.problems:
-            print(p, file=sys.stderr)
-    else:
-        print(f"gpu-bridge: {exc}", file=sys.stderr)
-    return 1
-
-
 def _one_shot(args: argparse.Namespace, step: Callable[[Daemon], T]) -> tuple[Daemon, T] | int:
     """``status`` and ``plan``: a dry-run daemon on the config's adapters (its Kubernetes cache
     given up to ``kubernetes.timeout_s`` to sync), ``step`` run on it once, the adapters closed
@@ -93,7 +85,7 @@ def _one_shot(args: argparse.Namespace, step: Callable[[Daemon], T]) -> tuple[Da
         config = _load(args.config)
         adapters = build_adapters(config, leader=False)
     except BridgeError as exc:
-        return _fail(exc)
+        return fail(exc)
     try:
         if not adapters.kube.cache_status().synced:
             deadline = time.monotonic() + config.kubernetes.timeout_s
@@ -104,7 +96,7 @@ def _one_shot(args: argparse.Namespace, step: Callable[[Daemon], T]) -> tuple[Da
                         dry_run=True, memory=memory)
         return daemon, step(daemon)
     except BridgeError as exc:
-        return _fail(exc)
+        return fail(exc)
     finally:
         adapters.close()
 
@@ -113,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         config = _load(args.config)
     except BridgeError as exc:
-        return _fail(exc)
+        return fail(exc)
     fmt = None if args.log_format == "auto" else args.log_format == "json"
     logs.configure(json=fmt, level=config.daemon.log_level)
     dry_run = args.dry_run or config.daemon.dry_run
@@ -125,12 +117,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         # beside; a real run, --once included, writes only as the Lease holder.
         adapters = build_adapters(config, leader=not dry_run)
     except BridgeError as exc:
-        return _fail(exc)
+        return fail(exc)
     try:
         config = with_slurm_grace(config, adapters.slurm)  # Slurm's GraceTime, never less
     except BridgeError as exc:
         adapters.close()
-        return _fail(exc)
+        return fail(exc)
     metrics = BridgeMetrics()
     metrics.set_dry_run(dry_run)
     for p in config.pools:
@@ -380,7 +372,7 @@ def cmd_request(args: argparse.Namespace) -> int:
         finally:
             adapters.close()
     except (BridgeError, ValueError) as exc:
-        return _fail(exc if isinstance(exc, BridgeError) else ConfigError([str(exc)]))
+        return fail(exc if isinstance(exc, BridgeError) else ConfigError([str(exc)]))
     print(f"{args.request} of {args.node} requested; the leading gpu-bridge carries it out (kubectl describe node {args.node})")
     if args.wait > 0:
         return _wait_phase(args, Phase.LENT if args.request == "lend" else Phase.SERVING)
@@ -398,7 +390,7 @@ def _wait_phase(args: argparse.Namespace, target: Phase) -> int:
             finally:
                 adapters.close()
         except BridgeError as exc:
-            return _fail(exc)
+            return fail(exc)
         if node.phase != last:
             print(f"{args.node}: {node.phase} ({node.reason or ''})")
             last = node.phase
@@ -432,6 +424,6 @@ def cmd_pin(args: argparse.Namespace) -> int:
         finally:
             adapters.close()
     except (BridgeError, ValueError) as exc:
-        return _fail(exc if isinstance(exc, BridgeError) else ConfigError([str(exc)]))
+        return fail(exc if isinstance(exc, BridgeError) else ConfigError([str(exc)]))
     print(f"{args.node}: " + (f"pinned to {args.side}{moved}" if args.side else "unpinned: the policy decides again"))
     return 0

@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from bridge import logs
+from bridge.cli import fail
 from bridge.errors import BridgeError, ConfigError
 
 log = logs.get(__name__)
@@ -49,12 +50,7 @@ def cmd_web(args: argparse.Namespace) -> int:
         logs.configure(json=fmt, level=config.daemon.log_level)
         source = WebSource.open(config)
     except BridgeError as exc:
-        if isinstance(exc, ConfigError):
-            for line in exc.problems:
-                print(line, file=sys.stderr)
-        else:
-            print(f"gpu-bridge web: {exc}", file=sys.stderr)
-        return 1
+        return fail(exc, "web")
     host = args.host or config.web.host
     port = config.web.port if args.port is None else args.port
     try:

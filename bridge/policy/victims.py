@@ -96,21 +96,21 @@ def choose_victims(
     old = [n.name for n in cands if node_jobs[n.name] and not (node_jobs[n.name] & young)]
     rest = [n.name for n in cands if node_jobs[n.name] & young]
 
-    chosen: list[str] = idle[:count]
-    preempted: set[str] = set()
+    pick = _Picking(count, node_jobs, loss, idle[:count])
     tiers = [old] + ([rest] if allow_young else [])
     if fast_first:
         fast = {n.name for n in cands if n.tier is Tier.FAST}
         tiers = [part for t in tiers for part in ([n for n in t if n in fast], [n for n in t if n not in fast])]
     for tier in tiers:
-        if len(chosen) >= count:
+        if len(pick.chosen) >= count:
             break
         if rule is VictimRule.NEWEST_FIRST:
-            _newest_first(tier, count, chosen, preempted, node_jobs, jobs)
+            _newest_first(tier, pick, jobs)
         else:
-            _least_lost_groups(tier, count, chosen, preempted, node_jobs, loss)
+            _least_lost_groups(tier, pick)
     if rule is VictimRule.LEAST_LOST_WORK:
-        _trim(chosen, preempted, node_jobs, loss)
+        _trim(pick)
+    chosen, preempted = pick.chosen, pick.preempted
     per_node = {n: tuple(sorted(node_jobs[n])) for n in chosen if node_jobs[n]}
     short = count - len(chosen)
     blocked_young = 0
@@ -125,14 +125,20 @@ def choose_victims(
     )
 
 
-def _least_lost(
-    tier: list[str],
-    count: int,
-    chosen: list[str],
-    preempted: set[str],
-    node_jobs: Mapping[str, frozenset[str]],
-    loss: Mapping[str, float],
-) -> None:
+@dataclass
+class _Picking:
+    """A choice being made: ``count`` nodes wanted, those ``chosen`` so far and the jobs
+    ``preempted`` to free them, over each candidate's jobs and each job's loss."""
+
+    count: int
+    node_jobs: Mapping[str, frozenset[str]]
+    loss: Mapping[str, float]
+    chosen: list[str] = field(default_factory=list)
+    preempted: set[str] = field(default_factory=set)
+
+
+def _least_lost(tier: list[str], pick: _Picking) -> None:
+    count, chosen, preempted, node_jobs, loss = pick.count, pick.chosen, pick.preempted, pick.node_jobs, pick.loss
     # Greedy: the step (preempt one node's remaining jobs) with the lowest loss per node it
     # frees, counting at most the nodes still needed. Nodes freed on the way join in name order.
     while len(chosen) < count:
@@ -186,14 +192,8 @@ def _groups(tier: list[str], node_jobs: Mapping[str, frozenset[str]]) -> list[li
     return sorted((sorted(g) for g in groups.values()), key=lambda g: g[0])
 
 
-def _least_lost_groups(
-    tier: list[str],
-    count: int,
-    chosen: list[str],
-    preempted: set[str],
-    node_jobs: Mapping[str, frozenset[str]],
-    loss: Mapping[str, float],
-) -> None:
+def _least_lost_groups(tier: list[str], pick: _Picking) -> None:
+    count, chosen, preempted, node_jobs, loss = pick.count, pick.chosen, pick.preempted, pick.node_jobs, pick.loss
     need = count - len(chosen)
     if need <= 0:
         return
@@ -203,11 +203,10 @@ def _least_lost_groups(
     for g in _groups(left, node_jobs):
         opts: dict[int, tuple[float, tuple[str, ...], frozenset[str]]] = {}
         for j in range(1, min(len(g), need) + 1):
-            ch: list[str] = []
-            pre: set[str] = set(preempted)
-            _least_lost(g, j, ch, pre, node_jobs, loss)
-            new = frozenset(pre - preempted)
-            opts[j] = (sum(loss[x] for x in new), tuple(ch), new)
+            trial = _Picking(j, node_jobs, loss, preempted=set(preempted))
+            _least_lost(g, trial)
+            new = frozenset(trial.preempted - preempted)
+            opts[j] = (sum(loss[x] for x in new), tuple(trial.chosen), new)
         options.append(opts)
     # knapsack over groups: best[k] = (cost, names, picks) freeing exactly k nodes
     Best = tuple[float, tuple[str, ...], tuple[tuple[int, int], ...]]
@@ -230,34 +229,20 @@ def _least_lost_groups(
         preempted |= js
 
 
-def _newest_first(
-    tier: list[str],
-    count: int,
-    chosen: list[str],
-    preempted: set[str],
-    node_jobs: Mapping[str, frozenset[str]],
-    jobs: Mapping[str, SlurmJob],
-) -> None:
+def _newest_first(tier: list[str], pick: _Picking, jobs: Mapping[str, SlurmJob]) -> None:
     def newest(n: str) -> float:
-        starts = [jobs[j].start_time or 0.0 for j in node_jobs[n] if j in jobs]
+        starts = [jobs[j].start_time or 0.0 for j in pick.node_jobs[n] if j in jobs]
         return max(starts) if starts else math.inf
 
     for n in sorted(tier, key=lambda n: (-newest(n), n)):
-        if len(chosen) >= count:
+        if len(pick.chosen) >= pick.count:
             return
-        if n not in chosen:
-            chosen.append(n)
-            preempted |= node_jobs[n]
+        if n not in pick.chosen:
+            pick.chosen.append(n)
+            pick.preempted |= pick.node_jobs[n]
 
 
-def _trim(
-    chosen: list[str],
-    preempted: set[str],
-    node_jobs: Mapping[str, frozenset[str]],
-    loss: Mapping[str, float],
-) -> None:
+def _trim(pick: _Picking) -> None:
     """Drop preempted jobs no chosen node needs (a greedy step may have freed extra nodes)."""
-    needed = set().union(*(node_jobs[n] for n in chosen)) if chosen else set()
-    for j in list(preempted):
-        if j not in needed:
-            preempted.discard(j)
+    needed = set().union(*(pick.node_jobs[n] for n in pick.chosen)) if pick.chosen else set()
+    pick.preempted &= needed

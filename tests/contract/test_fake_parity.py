@@ -190,6 +190,8 @@ def test_slurm_hold_submit_list_cancel(slurm_world: SlurmWorld) -> None:
     assert s.node(node).allocated
     with pytest.raises(NotOursError):
         s.requeue(hold)  # a hold is never requeued as if it were a research job
+    got = s.requeue_jobs({hold: None, "999999": None})  # in a batch: refused, and a job gone skipped
+    assert isinstance(got[hold].error, NotOursError) and not got["999999"].requeued and got["999999"].error is None
     assert s.cancel_hold(w.nodes[3]) == ()  # no hold there
     assert s.cancel_hold(node) == (hold,)
     w.eventually(lambda: node not in s.holds(), 15, "hold gone")

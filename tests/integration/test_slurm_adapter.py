@@ -5,15 +5,16 @@ end of GraceTime), cancel_hold touches only our holds, lookups fail closed."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from bridge import wellknown
-from bridge.adapters.slurm.cli import CliSlurm, NotOursError
+from bridge.adapters.slurm.cli import CliSlurm, CommandResult, NotOursError, SubprocessRunner
 from bridge.adapters.slurm.types import SlurmJobInfo
 from bridge.errors import AdapterError
 from gpu_bridge_lab.sandbox.cluster import Sandbox
@@ -244,6 +245,41 @@ def test_requeue_only_a_preempted_job_past_its_grace_rereading_it(slurm_clean: S
                30, "the short job completed")
     assert slurm.requeue(done) is False
     assert "COMPLETED" in sb.run_slurm(["squeue", "-h", "-t", "all", "-j", done, "-o", "%T"], check=False).stdout
+
+
+def test_requeue_jobs_one_read_one_requeue_and_a_failed_list_job_by_job(slurm_clean: Sandbox, tmp_path: Path) -> None:
+    """Issue 24 point 6 on the real Slurm: the due jobs re-read in one ``squeue --jobs=A,B,...``
+    and requeued in one ``scontrol requeue A,B``. Slurm requeues one of them itself in between
+    (its own sweep, provoked here): the list fails naming it ("... for job B"), the other is
+    requeued all the same, and it alone goes again (re-read: not the run preempted, left alone).
+    A job not preempted, a hold job (refused) and a job gone are never requeued."""
+    sb = slurm_clean
+    jobs = [research_job(sb, tmp_path) for _ in range(3)]
+    on = {j: wait_until(lambda j=j: (x := job(slurm_for(sb), j)) is not None and x.state == "running" and x.nodes[0],
+                        30, "running") for j in jobs}
+    a, b, c = jobs
+    slurm = slurm_for(sb)
+    hold = slurm.submit_hold(str(on[a]))
+    slurm.submit_hold(str(on[b]))
+    wait_until(lambda: all((x := job(slurm, j)) is not None and x.preempt_time for j in (a, b)), 10, "both preempted")
+    inner = SubprocessRunner({**os.environ, "SLURM_CONF": str(sb.slurm.slurm_conf)}, prefix=sb.slurm.command_prefix)
+    calls: list[list[str]] = []
+
+    def runner(argv: Sequence[str], timeout_s: float) -> CommandResult:
+        calls.append(list(argv))
+        if list(argv) == ["scontrol", "requeue", f"{a},{b}"]:  # Slurm is first for b
+            assert inner(["scontrol", "requeue", b], timeout_s).returncode == 0
+        return inner(argv, timeout_s)
+
+    got = CliSlurm(runner=runner, timeout_s=10).requeue_jobs({a: 0, b: 0, c: 0, hold: 0, "999999": 0})
+    assert [c_[:3] for c_ in calls] == [["squeue", "--noheader", f"--jobs={a},{b},{c},{hold},999999"],
+                                       ["scontrol", "requeue", f"{a},{b}"], ["squeue", "--noheader", f"--jobs={b}"]]
+    assert got[a].requeued and got[a].error is None
+    assert not got[b].requeued and got[b].error is None and got[b].skipped, got[b]  # pending, or running again
+    assert got[c].skipped.startswith("Slurm has not preempted it") and got["999999"].skipped == "gone"
+    assert isinstance(got[hold].error, NotOursError)
+    restarts = {j: job(slurm, j).restart_count for j in jobs}  # type: ignore[union-attr]
+    assert restarts == {a: 1, b: 1, c: 0}  # each requeued once, never twice
 
 
 def test_an_admins_down_node_that_stops_responding_keeps_their_reason(slurm_clean: Sandbox) -> None:

@@ -4,12 +4,12 @@ as done, with a warning naming the node and Slurm's message."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from bridge.actuate import Actuator
-from bridge.adapters.protocols import PoolTarget
+from bridge.adapters.protocols import PoolTarget, RequeueOutcome
 from bridge.adapters.slurm.cli import CliSlurm, CommandResult
 from bridge.errors import AdapterError
 from bridge.lifecycle import NodeFacts, PreemptedJob, Step
@@ -75,10 +75,10 @@ class RequeueSlurm:
         self.running = running
         self.asked: list[str] = []
 
-    def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
-        assert restart_count == 0  # the run Slurm preempted
-        self.asked.append(job_id)
-        return job_id in self.running
+    def requeue_jobs(self, jobs: Mapping[str, int | None]) -> dict[str, RequeueOutcome]:
+        assert set(jobs.values()) == {0}  # the run Slurm preempted
+        self.asked += jobs
+        return {j: RequeueOutcome(j, j in self.running, skipped="" if j in self.running else "gone") for j in jobs}
 
 
 class EventKube:

@@ -162,7 +162,7 @@ def test_requeue_research_job_only() -> None:
     assert a.requeue("101") is True
     assert r.writes() == [["scontrol", "requeue", "101"]]
     # that one job re-read right before, by fields no user can forge (never its name or comment)
-    assert r.calls[-2] == ["squeue", "--noheader", "--jobs", "101", "--Format", "JobID:|,State:|,Partition:|,PreemptTime:|,RestartCnt:|"]
+    assert r.calls[-2] == ["squeue", "--noheader", "--jobs=101", "--Format", "JobID:|,State:|,Partition:|,PreemptTime:|,RestartCnt:|"]
     r.calls.clear()
     assert a.requeue("104") is False  # pending
     assert a.requeue("102") is False  # COMPLETED: requeueing it would run a finished job again

@@ -12,17 +12,18 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bridge import logs, wellknown
+from bridge.adapters.protocols import RequeueOutcome
 from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
 from .parse import (
-    REQUEUE_CHECK_FORMAT, parse_grace_time, parse_jobs, parse_nodes, parse_ping, parse_requeue_check,
-    parse_scontrol_node, parse_sdiag_time, parse_show_config, parse_show_partitions, validate_partition,
+    REQUEUE_CHECK_FORMAT, RequeueCheck, parse_grace_time, parse_jobs, parse_nodes, parse_ping, parse_requeue_checks,
+    parse_requeue_errors, parse_scontrol_node, parse_sdiag_time, parse_show_config, parse_show_partitions, validate_partition,
 )
 from .hostlist import expand
 from .types import SlurmJobInfo, SlurmNode
@@ -398,23 +399,60 @@ class CliSlurm:
         return ids
 
     def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
-        jid = validate_job_id(job_id)
-        # that one job, re-read right before the requeue (one RPC, not the whole queue): a job
-        # that ended meanwhile is never requeued (Slurm would run a finished job again), nor
-        # one Slurm has not preempted, nor another partition's (a hold job among them)
-        res = self._run(["squeue", "--noheader", "--jobs", jid, "--Format", REQUEUE_CHECK_FORMAT], ok_codes=(0, 1))
-        now = parse_requeue_check(res.stdout, jid) if res.returncode == 0 else None
-        if now is None:
-            return False  # gone (squeue: "Invalid job id specified")
-        if now.partition in (self.hold_partition, self.warm_partition):
-            raise NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
-        why = now.refusal((self.preempt_partition, self.fast_partition), restart_count)
-        if why:
-            _log().info("slurm_requeue_skipped", job=jid, reason=why)
-            return False
-        self._run(["scontrol", "requeue", jid])
-        _log().info("slurm_job_requeued", job=jid, restart_count=now.restart_count)
-        return True
+        """One job through ``requeue_jobs``: True if requeued, False if not; its error raised."""
+        got = self.requeue_jobs({job_id: restart_count})[validate_job_id(job_id)]
+        if got.error is not None:
+            raise got.error
+        return got.requeued
+
+    def requeue_jobs(self, jobs: Mapping[str, int | None]) -> dict[str, RequeueOutcome]:
+        ids = {validate_job_id(j): rc for j, rc in jobs.items()}
+        if not ids:
+            return {}
+        # every job re-read right before the requeue, in one read (not the whole queue's JSON:
+        # 22.05 ignores --json filters): a job that ended meanwhile is never requeued (Slurm would
+        # run a finished job again), nor one Slurm has not preempted, nor another partition's
+        res = self._run(["squeue", "--noheader", f"--jobs={','.join(ids)}", "--Format", REQUEUE_CHECK_FORMAT],
+                        ok_codes=(0, 1))
+        if res.returncode == 1 and "Invalid job id" not in res.stderr:  # rc 1 is "gone" only for one id asked
+            raise AdapterError("slurm", f"squeue --jobs failed (rc 1): {sanitize(res.stderr, MAX_STDERR) or '(no output)'}")
+        now = parse_requeue_checks(res.stdout, ids) if res.returncode == 0 else {}
+        out: dict[str, RequeueOutcome] = {}
+        for jid, restart_count in ids.items():
+            check = now.get(jid)
+            why = "gone" if check is None else check.refusal((self.preempt_partition, self.fast_partition), restart_count)
+            if check is not None and check.partition in (self.hold_partition, self.warm_partition):
+                err = NotOursError("slurm", f"requeue {jid}: it is a hold job, not a research job")
+                out[jid] = RequeueOutcome(jid, False, error=err)
+            elif why:
+                _log().info("slurm_requeue_skipped", job=jid, reason=why)
+                out[jid] = RequeueOutcome(jid, False, skipped=why)
+        due = {j: now[j] for j in ids if j not in out}
+        return out | self._requeue_now(due, ids) if due else out
+
+    def _requeue_now(self, due: Mapping[str, RequeueCheck], asked: Mapping[str, int | None]) -> dict[str, RequeueOutcome]:
+        """``scontrol requeue`` of the jobs just checked, in one command. Slurm requeues each job it
+        can and names each it could not ("<why> for job <id>"); those, or all of them when the
+        answer names none (a timeout: nothing is known), go again one by one, each re-read first,
+        so one bad job never holds back the others and none is requeued twice."""
+        try:
+            res = self._run(["scontrol", "requeue", ",".join(due)], ok_codes=(0,) if len(due) == 1 else (0, 1))
+        except AdapterError as exc:
+            if len(due) == 1:
+                return {j: RequeueOutcome(j, False, error=exc) for j in due}
+            failed, why = set(due), str(exc)
+        else:
+            named = (parse_requeue_errors(res.stderr) or set()) & set(due)
+            failed, why = (named or set(due)) if res.returncode else set(), sanitize(res.stderr, MAX_STDERR)
+        out = {}
+        for jid, check in due.items():
+            if jid in failed:
+                _log().warning("slurm_requeue_retried_alone", job=jid, error=why)
+                out[jid] = self.requeue_jobs({jid: asked[jid]})[jid]
+            else:
+                _log().info("slurm_job_requeued", job=jid, restart_count=check.restart_count)
+                out[jid] = RequeueOutcome(jid, True)
+        return out
 
     def set_tier(self, node: str, partition: str) -> bool:
         """Lend ``node`` to one tier: put it in ``partition`` (the preempt or the fast one) and

@@ -18,7 +18,7 @@ import functools
 import gc
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -404,7 +404,7 @@ def parse_show_partitions(text: str) -> dict[str, dict[str, str]]:
     return out
 
 
-# --- the requeue's re-read of one job, slurmctld's clock, a partition's GraceTime ------------------
+# --- the requeue's re-read of its jobs, slurmctld's clock, a partition's GraceTime ------------------
 # squeue --Format fields, each ended by "|": none is user-controlled text (a job name or comment
 # could otherwise forge a field)
 REQUEUE_CHECK_FORMAT = "JobID:|,State:|,Partition:|,PreemptTime:|,RestartCnt:|"
@@ -413,7 +413,7 @@ _PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RequeueCheck:
-    """One job as ``squeue --jobs ID --Format REQUEUE_CHECK_FORMAT`` has it right now."""
+    """One job as ``squeue --jobs=ID,... --Format REQUEUE_CHECK_FORMAT`` has it right now."""
 
     job_id: str
     state: str  # lowercase
@@ -434,18 +434,36 @@ class RequeueCheck:
         return ""
 
 
-def parse_requeue_check(text: str, job_id: str) -> RequeueCheck | None:
-    """The one line of the re-read; None when squeue lists no such job."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return None
-    fields = lines[0].strip().split("|")
-    if len(lines) != 1 or len(fields) < 5 or fields[0].strip() != job_id:
-        raise AdapterError("slurm", f"squeue --jobs {job_id}: unexpected answer {lines[0][:80]!r}")
-    state, partition, preempt, restarts = (f.strip() for f in fields[1:5])
-    if not restarts.isdigit():
-        raise AdapterError("slurm", f"squeue --jobs {job_id}: bad RestartCnt {restarts[:20]!r}")
-    return RequeueCheck(job_id, state.lower(), partition, preempt not in ("", "N/A", "None", "Unknown"), int(restarts))
+def parse_requeue_checks(text: str, job_ids: Collection[str]) -> dict[str, RequeueCheck]:
+    """The re-read of ``job_ids`` (``squeue --jobs=A,B,... --Format REQUEUE_CHECK_FORMAT``), by
+    job id; a job squeue no longer lists is absent. Lines of other jobs (the other tasks of an
+    array whose id was asked) are left out; a line not of the format raises, naming its field."""
+    out: dict[str, RequeueCheck] = {}
+    for n, line in enumerate((ln for ln in text.splitlines() if ln.strip()), 1):
+        fields = [f.strip() for f in line.strip().split("|")]
+        if len(fields) < 5:
+            raise _fail("squeue --jobs", f"line {n}: expected JobID|State|Partition|PreemptTime|RestartCnt|, got {line[:80]!r}")
+        jid, state, partition, preempt, restarts = fields[:5]
+        if jid not in job_ids:
+            continue
+        if not state or not restarts.isdigit():
+            field, value = ("RestartCnt", restarts) if state else ("State", state)
+            raise _fail("squeue --jobs", f"job {jid}: bad {field} {value[:20]!r}")
+        if jid in out:
+            raise _fail("squeue --jobs", f"job {jid}: listed twice")
+        out[jid] = RequeueCheck(jid, state.lower(), partition, preempt not in ("", "N/A", "None", "Unknown"), int(restarts))
+    return out
+
+
+_REQUEUE_ERROR = re.compile(r"\S\s+for job (\S+)$")
+
+
+def parse_requeue_errors(stderr: str) -> set[str] | None:
+    """The jobs ``scontrol requeue A,B,...`` could not requeue (rc 1): Slurm 22.05 and 24.11 requeue
+    every job they can and print "<why> for job <id>" for each other one; None when a line is
+    not of that form (then nothing is known of any job)."""
+    named = [_REQUEUE_ERROR.search(ln.strip()) for ln in stderr.splitlines() if ln.strip()]
+    return {m.group(1) for m in named if m} if named and all(named) else None
 
 
 _SDIAG_TIME = re.compile(r"^sdiag output at .*\((\d+)\)\s*$", re.MULTILINE)

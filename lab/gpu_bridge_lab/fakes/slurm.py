@@ -18,7 +18,8 @@ requeued when the grace is over and slurmctld notices (``requeue_lag_s``, up to 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from bridge import wellknown
@@ -26,7 +27,7 @@ from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
 from bridge.adapters.slurm.cli import NotOursError, admins_down, drain_reason, hold_job_name, mem_hold_job_name, validate_mem_mb
-from bridge.adapters.protocols import SlurmAdapterProtocol
+from bridge.adapters.protocols import RequeueOutcome, SlurmAdapterProtocol
 from bridge.adapters.slurm.types import SlurmJobInfo, SlurmNode
 
 
@@ -76,6 +77,8 @@ class FakeSlurm:
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     fail: dict[str, AdapterError] = field(default_factory=dict)  # method name -> error raised (until removed)
     writes: list[tuple[str, str]] = field(default_factory=list)  # (intent, node or job) actually written
+    # calls of requeue_jobs (each one re-read of its jobs and one requeue, as CliSlurm makes them)
+    calls: Counter[str] = field(default_factory=Counter)
 
     # ---- set-up helpers (the test's "outside world") -----------------------------------
     def add_node(self, name: str, gpus: int = 4, memory_mb: int = 16000) -> None:
@@ -373,6 +376,20 @@ class FakeSlurm:
         self.writes.append(("requeue", jid))
         self._schedule()
         return True
+
+    def requeue_jobs(self, jobs: Mapping[str, int | None]) -> dict[str, RequeueOutcome]:
+        """Each job through ``requeue``'s rules (the re-read and requeue being one call each)."""
+        self._check("requeue_jobs")
+        self.calls["requeue_jobs"] += 1
+        out = {}
+        for jid, restart_count in jobs.items():
+            try:
+                done = self.requeue(jid, restart_count=restart_count)
+            except AdapterError as exc:
+                out[jid] = RequeueOutcome(jid, False, error=exc)
+            else:
+                out[jid] = RequeueOutcome(jid, done, skipped="" if done else "not running preempted in that run")
+        return out
 
     def set_tier(self, node: str, partition: str) -> bool:
         self._check("set_tier")

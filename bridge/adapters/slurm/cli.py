@@ -270,10 +270,14 @@ class CliSlurm:
         validate_node_name(name)
         return parse_scontrol_node(self._run(["scontrol", "--oneliner", "show", "node", name]).stdout)
 
+    def _hold_name(self, node: str, *, mem: bool) -> tuple[str, str]:
+        """Our hold's (``mem``: memory hold's) job name for ``node``, and its partition."""
+        return (mem_hold_job_name(node), self.warm_partition) if mem else (hold_job_name(node), self.hold_partition)
+
     def _hold_ids(self, node: str, *, mem: bool = False) -> tuple[str, ...]:
         """Ids of our live hold jobs for ``node`` (squeue's text output honours its filters);
         ``mem``: its memory holds (warm lending) instead of its serving holds."""
-        name, partition = (mem_hold_job_name(node), self.warm_partition) if mem else (hold_job_name(node), self.hold_partition)
+        name, partition = self._hold_name(node, mem=mem)
         res = self._run([
             "squeue", "--noheader", "--name", name, "--partition", partition,
             # not COMPLETING: a cancelled hold on its way out (scancel again would fail)
@@ -351,16 +355,20 @@ class CliSlurm:
         return job_id
 
     def cancel_hold(self, node: str) -> tuple[str, ...]:
-        name = hold_job_name(node)
-        ids = self._hold_ids(node)
+        return self._cancel_ours(node, mem=False)
+
+    def _cancel_ours(self, node: str, *, mem: bool) -> tuple[str, ...]:
+        """Cancel our hold (``mem``: our memory hold) on ``node``; the ids cancelled."""
+        name, partition = self._hold_name(node, mem=mem)
+        ids = self._hold_ids(node, mem=mem)
         if not ids:
             return ()
         # scancel applies the filters to the listed ids too: only our hold jobs can go
-        argv = ["scancel", f"--name={name}", f"--partition={self.hold_partition}"]
+        argv = ["scancel", f"--name={name}", f"--partition={partition}"]
         if self.hold_user is not None:
             argv.append(f"--user={self.hold_user}")
         self._run([*argv, *ids])
-        _log().info("slurm_hold_cancelled", node=node, job=",".join(ids))
+        _log().info("slurm_mem_hold_cancelled" if mem else "slurm_hold_cancelled", node=node, job=",".join(ids))
         return ids
 
     def submit_mem_hold(self, node: str, mem_mb: int) -> str:
@@ -386,17 +394,7 @@ class CliSlurm:
         return job_id
 
     def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
-        name = mem_hold_job_name(node)
-        ids = self._hold_ids(node, mem=True)
-        if not ids:
-            return ()
-        # the filters apply to the listed ids too: only our memory holds can go
-        argv = ["scancel", f"--name={name}", f"--partition={self.warm_partition}"]
-        if self.hold_user is not None:
-            argv.append(f"--user={self.hold_user}")
-        self._run([*argv, *ids])
-        _log().info("slurm_mem_hold_cancelled", node=node, job=",".join(ids))
-        return ids
+        return self._cancel_ours(node, mem=True)
 
     def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         """One job through ``requeue_jobs``: True if requeued, False if not; its error raised."""

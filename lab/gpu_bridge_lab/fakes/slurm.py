@@ -325,13 +325,17 @@ class FakeSlurm:
         return jid
 
     def cancel_hold(self, node: str) -> tuple[str, ...]:
-        self._check("cancel_hold")
-        name = hold_job_name(node)
-        ids = tuple(j.job_id for j in self._jobs.values() if self._is_hold(j) and j.name == name)
+        return self._cancel_ours(node, mem=False)
+
+    def _cancel_ours(self, node: str, *, mem: bool) -> tuple[str, ...]:
+        write = "cancel_mem_hold" if mem else "cancel_hold"
+        self._check(write)
+        name, ours = (mem_hold_job_name(node), self._is_mem_hold) if mem else (hold_job_name(node), self._is_hold)
+        ids = tuple(j.job_id for j in self._jobs.values() if ours(j) and j.name == name)
         for jid in ids:
             del self._jobs[jid]
         if ids:
-            self.writes.append(("cancel_hold", node))
+            self.writes.append((write, node))
         self._schedule()
         return ids
 
@@ -350,15 +354,7 @@ class FakeSlurm:
         return jid
 
     def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
-        self._check("cancel_mem_hold")
-        name = mem_hold_job_name(node)
-        ids = tuple(j.job_id for j in self._jobs.values() if self._is_mem_hold(j) and j.name == name)
-        for jid in ids:
-            del self._jobs[jid]
-        if ids:
-            self.writes.append(("cancel_mem_hold", node))
-        self._schedule()
-        return ids
+        return self._cancel_ours(node, mem=True)
 
     def requeue(self, job_id: str, *, restart_count: int | None = None) -> bool:
         self._check("requeue")

@@ -9,6 +9,7 @@ as a Kubernetes Event on the node.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -30,6 +31,7 @@ SCALE_POINT = "scale"  # a pool's Deployment scale
 RELEASE_POINT = "release_job"  # a research job Slurm held, released
 REQUEST_POINT = "request"  # an operator's request, carried out or refused
 START_POINTS = {ActionKind.LEND: "start_lending", ActionKind.RECLAIM: "start_reclaiming"}  # a policy action's first mark
+MAX_PARALLEL_WAKES = 16  # engines woken at once in one pass (each its own HTTP call, waiting on its GPUs)
 TIER_POINT = "set_tier"  # a lend's Slurm partition (the fast tier), written before its first mark
 
 
@@ -99,6 +101,16 @@ class _PassRequeues:
 
 
 @dataclass
+class _PassWakes:
+    """The WAKE_REPLICA steps of one pass wake their engines at once, at the first of them (a
+    wake copies the weights back: seconds each, which one after another would add up over a
+    mass reclaim); each step then records its own node's outcome, in the pass's order."""
+
+    todo: dict[str, tuple[PoolTarget, PodFacts]]  # node -> its pool and the pod to wake
+    got: dict[str, AdapterError | None] | None = None  # once made: each node's error, or None
+
+
+@dataclass
 class Actuator:
     kube: KubeWriter
     slurm: SlurmWriter
@@ -120,6 +132,7 @@ class Actuator:
     # pool -> pools[].warm_hold_mb: the memory hold's size on a node lent warm (warm pools only)
     mem_hold_mb: Mapping[str, int] = field(default_factory=dict)
     _requeues: _PassRequeues | None = field(default=None, init=False, repr=False)  # the pass being applied
+    _wakes: _PassWakes | None = field(default=None, init=False, repr=False)
 
     def apply(self, intents: Intents) -> list[StepRecord]:
         """Carry out what ``bridge.reconcile`` decided, in its order. A write that fails is
@@ -133,9 +146,11 @@ class Actuator:
                 for n, r, o in intents.requests]
         self._requeues = _PassRequeues({j.job_id: j.restart_count for s, f, _ in intents.steps if s is Step.REQUEUE_JOBS
                                         for j in past_grace(f, self.grace_s)})
+        self._wakes = _PassWakes({f.name: (self.targets[p], pod) for s, f, p in intents.steps
+                                  if s is Step.WAKE_REPLICA and (pod := warm_pod(f)) is not None})
         out += [self._try("step_failed", f.name, s, partial(self.execute, s, f, self.targets[p], now=now if s is Step.BLOCKED else None),
                           phase=str(f.phase)) for s, f, p in intents.steps]
-        self._requeues = None
+        self._requeues = self._wakes = None
         out += [self._try("scale_failed", p, SCALE_POINT, partial(self.scale_pool, self.targets[p], n), replicas=n)
                 for p, n in intents.scales]
         out += [self._try("slurm_release_failed", j, RELEASE_POINT, partial(self.release_job, j, LAUNCH_FAILED_HELD, n))
@@ -393,6 +408,37 @@ def _warm_call(a: Actuator, pool: PoolTarget, pod: PodFacts, wake: bool) -> None
         raise AdapterError("vllm", f"{pod.name}: still {'asleep' if wake else 'awake'} after {'wake_up' if wake else 'sleep'}")
 
 
+def _wake(a: Actuator, f: NodeFacts, pool: PoolTarget, pod: PodFacts) -> None:
+    """Wake ``pod``'s engine: with the pass's other wakes, all at once at the first of them
+    (``_PassWakes``), or on its own outside a pass; AdapterError if it did not wake."""
+    batch = a._wakes
+    if batch is None or f.name not in batch.todo:
+        _warm_call(a, pool, pod, True)
+        return
+    if batch.got is None:
+        batch.got = _wake_all(a, batch.todo)
+    err = batch.got.get(f.name)
+    if err is not None:
+        raise err
+
+
+def _wake_all(a: Actuator, todo: Mapping[str, tuple[PoolTarget, PodFacts]]) -> dict[str, AdapterError | None]:
+    """Each node's wake, concurrently (vLLM answers ``/wake_up`` once awake); its error or None."""
+
+    def one(node: str) -> AdapterError | None:
+        pool, pod = todo[node]
+        try:
+            _warm_call(a, pool, pod, True)
+        except AdapterError as exc:
+            return exc
+        return None
+
+    if len(todo) == 1:
+        return {n: one(n) for n in todo}
+    with ThreadPoolExecutor(max_workers=min(len(todo), MAX_PARALLEL_WAKES), thread_name_prefix="wake") as ex:
+        return dict(zip(todo, ex.map(one, todo), strict=True))
+
+
 def _sleep_or_wake(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
     """The engine's call, then the record: asleep/awake on success, cold on any failure (the
     lifecycle then deletes the pod and takes the cold path), except a sleep that fails within
@@ -405,7 +451,10 @@ def _sleep_or_wake(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now:
     if pod is None:
         return False, "no pod"
     try:
-        _warm_call(a, pool, pod, wake)
+        if wake:
+            _wake(a, f, pool, pod)
+        else:
+            _warm_call(a, pool, pod, wake)
     except AdapterError as exc:
         retry_s = a.sleep_retry_s.get(pool.name, 0.0)
         if not wake and now - f.phase_since < retry_s:  # its in-flight requests may still be running: next pass

@@ -207,3 +207,72 @@ def test_the_per_pass_probe_records_cold_only_an_engine_awake_or_silent(engine_s
     assert changed is (engine_state != "asleep")
     assert warm(kube) == WarmRecord(WarmState.ASLEEP if engine_state == "asleep" else WarmState.COLD, pod)
     assert len([e for e in kube.events if e.reason == WARM_FAILED_EVENT]) == (engine_state != "asleep")
+
+
+def test_the_wakes_of_one_pass_run_at_once_and_each_node_records_its_own() -> None:
+    """Three nodes returning in one pass: their engines are woken together (each wake holds
+    its call for 0.3 s, as copying the weights back does), not one after another; the node
+    whose wake fails is recorded cold, the others awake."""
+    import threading
+    import time
+
+    from bridge.model import ClusterView
+    from bridge.observe import Observation
+    from bridge.reconcile import Intents
+
+    nodes = ("gpu-node-01", "gpu-node-02", "gpu-node-03")
+    kube = FakeKube(now=0.0)
+    for n in nodes:
+        kube.add_node(n, "default")
+    kube.add_pool(POOL, replicas=3)
+    pods = {p.node: p for p in kube.pods("default")}
+    engines = {pods[n].ip: Engine() for n in nodes}
+    for e in engines.values():
+        e.asleep = True
+    engines[pods["gpu-node-02"].ip].fail = "error"
+    busy, most = [0], [0]
+    lock = threading.Lock()
+
+    class Slow:
+        def __init__(self, engine: Engine) -> None:
+            self.engine = engine
+
+        def wake_up(self, tags: object = ()) -> None:
+            with lock:
+                busy[0] += 1
+                most[0] = max(most[0], busy[0])
+            time.sleep(0.3)
+            with lock:
+                busy[0] -= 1
+            self.engine.wake_up(tags)
+
+        def sleep(self, level: int = 1) -> None:
+            self.engine.sleep(level)
+
+        def is_sleeping(self) -> bool:
+            return self.engine.is_sleeping()
+
+    act = Actuator(kube=kube, slurm=NoSlurm(), clock=lambda: 0.0, targets={"default": POOL},  # type: ignore[arg-type]
+                   sleep_control=lambda pool, ip: Slow(engines[ip]))  # type: ignore[arg-type,index]
+    steps = []
+    for n in nodes:
+        kube.set_warm(n, WarmRecord(WarmState.ASLEEP, pods[n].name))
+        p = pods[n]
+        facts = NodeFacts(name=n, phase=Phase.RETURNING, phase_since=0.0, fenced=True,
+                          pods=(PodFacts(p.name, ready=False, terminating=False, awake=False, ip=p.ip),),
+                          slurm_drained_by_us=True, slurm_drained_by_other=False, slurm_down=False, slurm_allocated=False,
+                          hold=None, research_jobs=(), warm=WarmRecord(WarmState.ASLEEP, p.name))
+        steps.append((Step.WAKE_REPLICA, facts, "default"))
+    obs = Observation(view=ClusterView(now=0.0, nodes=(), pools={}), facts={}, pool_of={})
+    t0 = time.monotonic()
+    records = act.apply(Intents(observation=obs, steps=tuple(steps)))
+    took = time.monotonic() - t0
+    assert most[0] == 3 and took < 0.75, f"{most[0]} wakes at once, {took:.2f} s for three 0.3 s wakes"
+    assert [r.node for r in records] == list(nodes) and all(r.changed for r in records)
+    states = {n: kube.node(n).warm.state for n in nodes}  # type: ignore[union-attr]
+    assert states == {"gpu-node-01": WarmState.AWAKE, "gpu-node-02": WarmState.COLD, "gpu-node-03": WarmState.AWAKE}
+    # outside a pass a step wakes its own engine only
+    kube.set_warm("gpu-node-02", WarmRecord(WarmState.ASLEEP, pods["gpu-node-02"].name))
+    engines[pods["gpu-node-02"].ip].fail = None
+    assert act.execute(Step.WAKE_REPLICA, steps[1][1], POOL, now=0.0).changed is True
+    assert kube.node("gpu-node-02").warm.state is WarmState.AWAKE  # type: ignore[union-attr]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Print gpu-bridge's reliability figures, measured on the real sandbox (docs/reliability.md).
 
-    .venv/bin/python scripts/reliability.py            # everything (~35-40 min on 2 cores)
+    .venv/bin/python scripts/reliability.py            # everything (~45-50 min on 2 cores)
     .venv/bin/python scripts/reliability.py --only crash --points fence,drain
     .venv/bin/python scripts/reliability.py --warm      # the crash matrix of warm lending only
     .venv/bin/python scripts/reliability.py --fast-tier --warm --points set_tier,wake_replica
@@ -52,6 +52,11 @@ def say(text: str) -> None:
 
 # the crash matrix' variants: --only part -> (warm, fast_tier) of its Harness
 CRASH_VARIANTS = {"crash": (False, False), "crash-warm": (True, False), "crash-fast": (False, True)}
+
+
+def variant_rows(variant: str) -> tuple[tuple[str, str], ...]:
+    warm, fast_tier = CRASH_VARIANTS[variant]
+    return rel.matrix_rows(warm=warm, fast_tier=fast_tier)
 
 
 def crash(points: list[str] | None, variant: str = "crash") -> tuple[list[rel.Row], bool]:
@@ -184,11 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     ok = True
     titles = {"crash": "", "crash-warm": " -- warm lending", "crash-fast": " -- the fast tier"}
+    points = [p for p in args.points.split(",") if p]
     for variant in (v for v in CRASH_VARIANTS if v in parts):
+        if points and not set(points) & {p for _, p in variant_rows(variant)}:
+            say(f"({variant}: none of --points {args.points} is one of its rows: skipped)")
+            continue
         t0 = time.monotonic()
         say(f"== 1. crash at every step (SIGKILL right after the write, restart, converge){titles[variant]} ==")
         say(rel.HEADER)
-        rows, good = crash([p for p in args.points.split(",") if p] or None, variant)
+        rows, good = crash(points or None, variant)
         say("\n" + rel.format_matrix(rows))
         unreached = [r.point for r in rows if r.must_crash and not r.crashed]
         say(f"crash matrix{titles[variant]}: {len(rows)} rows, {sum(r.crashed for r in rows)} crashes injected, "

@@ -469,14 +469,19 @@ class Harness:
         return row
 
 
-def default_rows(h: Harness) -> tuple[tuple[str, str], ...]:
-    """The harness' whole matrix as (transition, point): warm, fast tier, or the cold one."""
-    if h.warm:
+def matrix_rows(*, warm: bool = False, fast_tier: bool = False) -> tuple[tuple[str, str], ...]:
+    """A whole matrix as (transition, point): warm, fast tier, or the cold one."""
+    if warm:
         return WARM_ROWS
-    if h.fast_tier:
+    if fast_tier:
         return FAST_TIER_ROWS
     return (*(("bootstrap", p) for p in BOOTSTRAP_POINTS), *(("lend", p) for p in LEND_POINTS),
             *(("reclaim", p) for p in RECLAIM_POINTS))
+
+
+def default_rows(h: Harness) -> tuple[tuple[str, str], ...]:
+    """The harness' whole matrix (``matrix_rows`` of its kind)."""
+    return matrix_rows(warm=h.warm, fast_tier=h.fast_tier)
 
 
 def crash_matrix(h: Harness, *, bootstrap: Iterable[str] | None = None, lend: Sequence[str] | None = None,
@@ -545,8 +550,8 @@ def format_matrix(rows: Sequence[Row]) -> str:
     return "\n".join([HEADER, *(format_row(r) for r in rows)])
 
 
-__all__ = ["FAST_PARTITION", "FAST_TIER_ROWS", "WARM_ROWS", "Harness", "Row", "crash_matrix", "default_rows", "format_matrix", "format_row",
-           "read_events", "rows_of"]
+__all__ = ["FAST_PARTITION", "FAST_TIER_ROWS", "WARM_ROWS", "Harness", "Row", "crash_matrix", "default_rows",
+           "format_matrix", "format_row", "matrix_rows", "read_events", "rows_of"]
 
 
 @dataclass

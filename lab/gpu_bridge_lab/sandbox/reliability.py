@@ -429,11 +429,17 @@ class Harness:
 
     # --- one crash row ----------------------------------------------------------------------
 
-    def crash_row(self, transition: str, point: str, *, crash_timeout_s: float = 60.0,
+    def crash_row(self, transition: str, point: str, *, crash_timeout_s: float | None = None,
                   converge_timeout_s: float = 90.0) -> Row:
         """Start a daemon armed to SIGKILL itself after the first write of ``point``; once it
-        died, start a plain one and time its convergence to the transition's end state."""
+        died, start a plain one and time its convergence to the transition's end state.
+        ``crash_timeout_s``: how long the armed daemon may take to crash or (a point not
+        written) to reach the end state itself; default 60 s, 150 s warm, whose lends retry the
+        sleep each pass until the gated-out replica's in-flight requests finish (up to
+        ``drain_s``), one node after the other."""
         assert self.watcher is not None
+        if crash_timeout_s is None:
+            crash_timeout_s = 150.0 if self.warm else 60.0
         row = Row(transition, point)
         mark = self.watcher.mark()
         target = self.lent_down_to_min if transition == "lend" else self.all_serving
@@ -445,6 +451,9 @@ class Harness:
             armed.stop()
             row.converged = target()
             row.note = "step did not occur in this run (no crash)" if rc is None or rc == 0 else f"daemon exited rc {rc}"
+            if not row.converged:
+                row.note += f"; not converged within {crash_timeout_s:.0f} s: " + "; ".join(
+                    f"{n}: {v}" for n, v in self.owners().items() if v not in ("serving", "lent"))
         else:
             restarted = time.monotonic()
             d = self.daemon(f"{transition}-after-{point}")

@@ -69,10 +69,10 @@ RECLAIM_POINTS = (faults.START_RECLAIMING, "submit_hold", "requeue_jobs", "drain
 WARM_ROWS: tuple[tuple[str, str], ...] = (
     ("bootstrap", "open_gate"),  # a fresh warm pool's pods start not Ready: the first start opens their gates
     ("lend", faults.START_LENDING), ("lend", "fence"), ("lend", "close_gate"), ("lend", "sleep_replica"),
-    ("lend", "cancel_hold"), ("lend", "resume"), ("lend", "mark_lent"),
+    ("lend", "submit_mem_hold"), ("lend", "cancel_hold"), ("lend", "resume"), ("lend", "mark_lent"),
     ("reclaim", faults.START_RECLAIMING), ("reclaim", "submit_hold"), ("reclaim", "requeue_jobs"), ("reclaim", "drain"),
-    ("reclaim", "mark_returning"), ("reclaim", "wake_replica"), ("reclaim", "open_gate"), ("reclaim", "unfence"),
-    ("reclaim", "mark_serving"), ("reclaim", "clear_warm"),
+    ("reclaim", "mark_returning"), ("reclaim", "cancel_mem_hold"), ("reclaim", "wake_replica"), ("reclaim", "open_gate"),
+    ("reclaim", "unfence"), ("reclaim", "mark_serving"), ("reclaim", "clear_warm"),
 )
 # The fast tier (Harness(fast_tier=True), fast-tier jobs waiting): the lend's partition write,
 # then a reclaim of the nodes lent to that tier (their jobs' grace is the fast one).
@@ -84,6 +84,19 @@ OPTIONAL_POINTS = frozenset({"requeue_jobs", "evict_pod", "none"})
 FAST_GRACE_S = 2  # the fast tier's GraceTime (< GRACE_S)
 WAKE_S = 10.0  # warm pool: the wake timeout (the simulator's wake takes ~2.6 s)
 DRAIN_S = 45.0  # warm pool: how long a lend retries the sleep while in-flight requests finish
+# warm pool: Slurm counts memory and has the memory holds' partition (test_e2e_warm.py's lines:
+# slurm_conf/slurm.conf.snippet's opt-in ones); the hold leaves a research job without --mem its share
+REAL_MEMORY_MB = 16000  # the sandbox's nodes (8 CPUs)
+WARM_HOLD_MB = 12000  # pools[].warm_hold_mb
+
+
+def warm_slurm_conf(nodes: int) -> str:
+    return "\n".join([
+        "SelectTypeParameters=CR_Core_Memory",  # replaces the sandbox's CR_Core (the last line wins)
+        f"DefMemPerCPU={REAL_MEMORY_MB // 8}",
+        f"PartitionName={wk.SLURM_WARM_PARTITION} Nodes=gpu-node-[01-{nodes:02d}] PriorityTier=100 PreemptMode=OFF "
+        "OverSubscribe=NO MaxTime=INFINITE State=UP",
+    ])
 
 
 def rows_of(rows: Sequence[tuple[str, str]], transition: str) -> tuple[str, ...]:
@@ -123,6 +136,9 @@ class Row:
         return self.converged and not self.violations and not self.jobs_lost and (self.crashed or not self.must_crash)
 
 
+_LIVE_JOB_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"})
+
+
 def _pod_facts(p: Any) -> dict[str, Any]:
     """A serving pod as the warm checks read it: name, IP, Ready, the bridge's gate, terminating."""
     conds = {c.type: c.status for c in p.status.conditions or ()}
@@ -150,7 +166,7 @@ class Harness:
         self.sb = serving_sandbox(self.dir / "sb", nodes=nodes, grace_s=GRACE_S, pod_start_delay_s=POD_START_S,
                                   pod_grace_s=2, shutdown_timeout_s=1, vllm_extra=("--max-cv", "1.5"),
                                   warm_port=self.warm_port, fast_grace_s=FAST_GRACE_S if fast_tier else None,
-                                  timeout_s=90.0 if warm else 60.0)
+                                  timeout_s=90.0 if warm else 60.0, extra_slurm_conf=warm_slurm_conf(nodes) if warm else "")
         # warm: the pods a reclaim row starts from (node -> (pod, uid) asleep), to tell woken from cold-started
         self._asleep_before: dict[str, tuple[str, str]] = {}
         self.policy_overrides = dict(policy or {})
@@ -180,7 +196,8 @@ class Harness:
         vllm_url = self.sb.vllm_url
         assert vllm_url
         asleep = (lambda pod: replica_sleeping(vllm_url, pod)) if self.warm else None
-        self.watcher = Watcher(self.world, min_serving=self.min_serving, asleep=asleep)
+        self.watcher = Watcher(self.world, min_serving=self.min_serving, asleep=asleep,
+                               mem_hold_partition=wk.SLURM_WARM_PARTITION if self.warm else None)
         if not self.warm:  # warm: a fresh pool's pods are not Ready until a daemon opens their gates
             self.watcher.start()
         return self
@@ -201,7 +218,8 @@ class Harness:
         doc["policy"].update(self.policy_overrides)
         doc["policy"].update(policy)
         if self.warm:
-            doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=self.warm_port, drain_s=DRAIN_S)
+            doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=self.warm_port, drain_s=DRAIN_S,
+                                   warm_hold_mb=WARM_HOLD_MB)
         if self.fast_tier:
             doc["slurm"].update(fast_partition=FAST_PARTITION, fast_grace_s=FAST_GRACE_S)
         return doc
@@ -283,6 +301,9 @@ class Harness:
         holds = self.w.holds(jobs)
         research = self.w.research_running_by_node(jobs)
         states = self.w.slurm_states()
+        mem_holds = {str(j["name"])[len(wk.SLURM_WARM_HOLD_JOB_PREFIX):]: str(j["job_state"]) for j in jobs
+                     if j["partition"] == wk.SLURM_WARM_PARTITION and str(j["name"]).startswith(wk.SLURM_WARM_HOLD_JOB_PREFIX)
+                     and j["job_state"] in _LIVE_JOB_STATES}  # squeue still lists a cancelled one for a while
         out = {}
         for name, n in nodes.items():
             phase = (n.metadata.labels or {}).get(wk.LABEL_PHASE)
@@ -297,17 +318,19 @@ class Harness:
             if name in research and facts and not asleep_one:
                 out[name] = f"BOTH: jobs {research[name]} and pods {[f['describe'] for f in facts]}"
             elif (phase == "serving" and record is None and ("drain" in st or "down" in st) and facts
+                  and name not in mem_holds
                   and any(f["ready"] and not f["terminating"] for f in facts)
                   and all(f["terminating"] or (f["ready"] and f["gate"] is True and self.is_sleeping_at(f["ip"]) is False)
                           for f in facts)):
                 out[name] = "serving"
             elif phase == "lent" and fenced and slurm_usable and (
-                    (not facts and (record is None or record.startswith("cold/")))
-                    or (asleep_one and record == f"asleep/{facts[0]['name']}")):
+                    (not facts and (record is None or record.startswith("cold/")) and name not in mem_holds)
+                    or (asleep_one and record == f"asleep/{facts[0]['name']}" and mem_holds.get(name) == "RUNNING")):
                 out[name] = "lent"
             else:
                 out[name] = (f"in transit: phase={phase} fenced={fenced} warm={record} "
-                             f"pods={[f['describe'] for f in facts]} slurm={st} hold={holds.get(name)}")
+                             f"pods={[f['describe'] for f in facts]} slurm={st} hold={holds.get(name)} "
+                             f"mem_hold={mem_holds.get(name)}")
         return out
 
     def warm_summary(self, transition: str) -> str:

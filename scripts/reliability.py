@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """Print gpu-bridge's reliability figures, measured on the real sandbox (docs/reliability.md).
 
-    .venv/bin/python scripts/reliability.py            # everything (~20-25 min on 2 cores)
+    .venv/bin/python scripts/reliability.py            # everything (~45-50 min on 2 cores)
     .venv/bin/python scripts/reliability.py --only crash --points fence,drain
+    .venv/bin/python scripts/reliability.py --warm      # the crash matrix of warm lending only
+    .venv/bin/python scripts/reliability.py --fast-tier --warm --points set_tier,wake_replica
 
 1. the crash matrix: SIGKILL at every write of bootstrap, lending and reclaiming, restart,
-   time to converge, invariant violations, research jobs lost;
+   time to converge, invariant violations, research jobs lost; its warm variant (`--warm`,
+   `--only crash-warm`: a pool lending warm, every write of the warm path) and its fast-tier
+   variant (`--fast-tier`, `--only crash-fast`: the lend's partition write, set_tier), each
+   on a sandbox of its own; a row whose point was never written fails (except the points
+   that happen only in some runs: requeue_jobs, evict_pod);
 2. the outage table: Prometheus down / stale, Kubernetes API 500/429/timeouts/refused,
    slurmctld down, a lent node's slurmd dying, a pod that never becomes Ready, a PDB that
    blocks eviction: what the daemon did, logged and exported, and that nothing was lost;
@@ -44,17 +50,27 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def crash(points: list[str] | None) -> tuple[list[rel.Row], bool]:
-    with rel.Harness(3) as h:
+# the crash matrix' variants: --only part -> (warm, fast_tier) of its Harness
+CRASH_VARIANTS = {"crash": (False, False), "crash-warm": (True, False), "crash-fast": (False, True)}
+
+
+def variant_rows(variant: str) -> tuple[tuple[str, str], ...]:
+    warm, fast_tier = CRASH_VARIANTS[variant]
+    return rel.matrix_rows(warm=warm, fast_tier=fast_tier)
+
+
+def crash(points: list[str] | None, variant: str = "crash") -> tuple[list[rel.Row], bool]:
+    warm, fast_tier = CRASH_VARIANTS[variant]
+    with rel.Harness(3, warm=warm, fast_tier=fast_tier) as h:
         if points:
+            whole = rel.default_rows(h)
             rows = rel.crash_matrix(
-                h, bootstrap=[p for p in points if p in rel.BOOTSTRAP_POINTS],
-                lend=[p for p in points if p in rel.LEND_POINTS], reclaim=[p for p in points if p in rel.RECLAIM_POINTS],
-                log=say)
+                h, bootstrap=[p for p in points if p in rel.rows_of(whole, "bootstrap")],
+                lend=[p for p in points if p in rel.rows_of(whole, "lend")],
+                reclaim=[p for p in points if p in rel.rows_of(whole, "reclaim")], log=say)
         else:
             rows = rel.crash_matrix(h, log=say)
-    ok = all(r.converged and not r.violations and not r.jobs_lost for r in rows)
-    return rows, ok
+    return rows, all(r.ok for r in rows)
 
 
 def outage_table(only: list[str] | None) -> tuple[list[out.OutageRow], bool]:
@@ -139,7 +155,11 @@ def soak(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="crash,outages,two,scale", help="comma list of crash,outages,two,scale")
+    ap.add_argument("--only", default=None,
+                    help="comma list of crash,crash-warm,crash-fast,outages,two,scale (default: all; with --warm or "
+                         "--fast-tier only those)")
+    ap.add_argument("--warm", action="store_true", help="the crash matrix of a pool lending warm (= --only crash-warm)")
+    ap.add_argument("--fast-tier", action="store_true", help="the crash matrix with the fast tier (= --only crash-fast)")
     ap.add_argument("--points", default="", help="crash: only these injection points (comma list)")
     ap.add_argument("--faults", default="", help="outages: only these (prometheus,stale,kube-500,...,slurmctld,slurmd,pdb,notready)")
     ap.add_argument("--soak", action="store_true", help="the randomized soak instead of the tables")
@@ -156,18 +176,35 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-ups (sandbox down)
     if args.soak:
         return soak(args)
-    parts = set(args.only.split(","))
+    chosen = {"crash-warm"} if args.warm else set()
+    chosen |= {"crash-fast"} if args.fast_tier else set()
+    if args.only is not None:
+        parts = set(args.only.split(",")) | chosen
+    else:
+        parts = chosen or {"crash", "crash-warm", "crash-fast", "outages", "two", "scale"}
+    unknown = parts - {*CRASH_VARIANTS, "outages", "two", "scale"}
+    if unknown:
+        say(f"--only: unknown part(s) {', '.join(sorted(unknown))}")
+        return 2
     t_start = time.monotonic()
     ok = True
-    if "crash" in parts:
+    titles = {"crash": "", "crash-warm": " -- warm lending", "crash-fast": " -- the fast tier"}
+    points = [p for p in args.points.split(",") if p]
+    for variant in (v for v in CRASH_VARIANTS if v in parts):
+        if points and not set(points) & {p for _, p in variant_rows(variant)}:
+            say(f"({variant}: none of --points {args.points} is one of its rows: skipped)")
+            continue
         t0 = time.monotonic()
-        say("== 1. crash at every step (SIGKILL right after the write, restart, converge) ==")
+        say(f"== 1. crash at every step (SIGKILL right after the write, restart, converge){titles[variant]} ==")
         say(rel.HEADER)
-        rows, good = crash([p for p in args.points.split(",") if p] or None)
+        rows, good = crash(points or None, variant)
         say("\n" + rel.format_matrix(rows))
-        say(f"crash matrix: {len(rows)} rows, {sum(r.crashed for r in rows)} crashes injected, "
+        unreached = [r.point for r in rows if r.must_crash and not r.crashed]
+        say(f"crash matrix{titles[variant]}: {len(rows)} rows, {sum(r.crashed for r in rows)} crashes injected, "
             f"all converged: {all(r.converged for r in rows)}, violations: {sum(len(r.violations) for r in rows)}, "
-            f"jobs lost: {max((r.jobs_lost for r in rows), default=0)}  ({time.monotonic() - t0:.0f} s)\n")
+            f"jobs lost: {max((r.jobs_lost for r in rows), default=0)}"
+            + (f", NEVER WRITTEN: {', '.join(unreached)}" if unreached else "")
+            + f"  ({time.monotonic() - t0:.0f} s)\n")
         ok &= good
     if "outages" in parts:
         t0 = time.monotonic()

@@ -5,20 +5,28 @@ Prometheus, the vLLM simulator) and runs the daemon as a subprocess. Scenarios:
 
 - ``crash_matrix``: SIGKILL the daemon right after a chosen write (``gpu_bridge_lab.faults``), restart
   it, and measure how long the restarted daemon takes to converge, with the invariants
-  checked all along by a ``Watcher``.
+  checked all along by a ``Watcher``. ``Harness(warm=True)`` runs the warm variant (the pool
+  lends warm: readiness gate, each pod's engine at its own IP; rows ``WARM_ROWS``),
+  ``Harness(fast_tier=True)`` the fast tier's (``preempt-fast``; rows ``FAST_TIER_ROWS``).
 - ``gpu_bridge_lab.sandbox.outages`` and ``two_instances`` build on the same harness.
 
 Convergence ("every node in exactly one pool") is read from both schedulers, never from the
 daemon: a node is *serving* when its phase is serving, a Ready pod runs on it and Slurm cannot
 schedule on it (drained by us / held); *lent* when its phase is lent, it is fenced, has no
-serving pod and Slurm can schedule on it.
+serving pod and Slurm can schedule on it. Warm (``warm_ownership``): a lent node may keep
+exactly one pod, the one its record names asleep, not Ready, its gate closed and its engine
+answering ``GET http://<pod IP>:<port>/is_sleeping`` true; a serving node has no record and
+every pod Ready, its gate open, its engine awake.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +35,18 @@ from typing import Any
 from gpu_bridge_lab import faults
 from bridge import wellknown as wk
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
-from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, poll, put_load, read_events, write_events
+from gpu_bridge_lab.sandbox.e2e import (
+    DaemonProc,
+    Watcher,
+    World,
+    event_time,
+    poll,
+    put_load,
+    read_events,
+    replica_sleeping,
+    write_events,
+)
+from gpu_bridge_lab.sandbox.cluster.slurm import FAST_PARTITION
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
 GRACE_S = 5
@@ -41,6 +60,55 @@ BOOTSTRAP_POINTS = ("adopt", "ensure_drained", "ensure_hold")
 LEND_POINTS = (faults.START_LENDING, "fence", "mark_pod", faults.SCALE, "evict_pod", "cancel_hold", "resume", "mark_lent")
 RECLAIM_POINTS = (faults.START_RECLAIMING, "submit_hold", "requeue_jobs", "drain", "mark_returning", "unfence",
                   faults.SCALE, "mark_serving")
+
+# Warm lending (Harness(warm=True)): every write of the warm path, as (transition, point) in the
+# order they happen; a new write of the warm path is one more tuple here (e.g. the memory
+# hold's submit at lend and cancel at reclaim). No scale and no mark_pod: a node lent warm
+# keeps its replica counted. The cold fallback's writes (warm_lost, check_asleep,
+# delete_asleep) happen only after a failure: tests/unit/test_daemon_warm.py over the fakes.
+WARM_ROWS: tuple[tuple[str, str], ...] = (
+    ("bootstrap", "open_gate"),  # a fresh warm pool's pods start not Ready: the first start opens their gates
+    ("lend", faults.START_LENDING), ("lend", "fence"), ("lend", "close_gate"), ("lend", "sleep_replica"),
+    ("lend", "submit_mem_hold"), ("lend", "cancel_hold"), ("lend", "resume"), ("lend", "mark_lent"),
+    ("reclaim", faults.START_RECLAIMING), ("reclaim", "submit_hold"), ("reclaim", "requeue_jobs"), ("reclaim", "drain"),
+    ("reclaim", "mark_returning"), ("reclaim", "cancel_mem_hold"), ("reclaim", "wake_replica"), ("reclaim", "open_gate"),
+    ("reclaim", "unfence"), ("reclaim", "mark_serving"), ("reclaim", "clear_warm"),
+)
+# The fast tier (Harness(fast_tier=True), fast-tier jobs waiting): the lend's partition write,
+# then a reclaim of the nodes lent to that tier (their jobs' grace is the fast one).
+FAST_TIER_ROWS: tuple[tuple[str, str], ...] = (("lend", faults.SET_TIER), ("reclaim", "drain"))
+# Points that happen only in some runs ("crashed: no" is then not a failure): requeue_jobs only
+# when a preempted job outlives its GraceTime + 1 s by slurmctld's clock, evict_pod only when the
+# ReplicaSet removed another pod than the marked one; "none" pads the shorter list.
+OPTIONAL_POINTS = frozenset({"requeue_jobs", "evict_pod", "none"})
+FAST_GRACE_S = 2  # the fast tier's GraceTime (< GRACE_S)
+WAKE_S = 10.0  # warm pool: the wake timeout (the simulator's wake takes ~2.6 s)
+DRAIN_S = 45.0  # warm pool: how long a lend retries the sleep while in-flight requests finish
+# warm pool: Slurm counts memory and has the memory holds' partition (test_e2e_warm.py's lines:
+# slurm_conf/slurm.conf.snippet's opt-in ones); the hold leaves a research job without --mem its share
+REAL_MEMORY_MB = 16000  # the sandbox's nodes (8 CPUs)
+WARM_HOLD_MB = 12000  # pools[].warm_hold_mb
+
+
+def warm_slurm_conf(nodes: int) -> str:
+    return "\n".join([
+        "SelectTypeParameters=CR_Core_Memory",  # replaces the sandbox's CR_Core (the last line wins)
+        f"DefMemPerCPU={REAL_MEMORY_MB // 8}",
+        f"PartitionName={wk.SLURM_WARM_PARTITION} Nodes=gpu-node-[01-{nodes:02d}] PriorityTier=100 PreemptMode=OFF "
+        "OverSubscribe=NO MaxTime=INFINITE State=UP",
+    ])
+
+
+def rows_of(rows: Sequence[tuple[str, str]], transition: str) -> tuple[str, ...]:
+    """The points of one transition, in order, from a (transition, point) list."""
+    return tuple(p for t, p in rows if t == transition)
+
+
+def _free_port() -> int:
+    """A port free on every address (each pod IP gets a listener on it)."""
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -57,17 +125,50 @@ class Row:
     jobs_lost: int = 0
     note: str = ""
 
+    @property
+    def must_crash(self) -> bool:
+        """The point is written in every run of this transition: not crashing there means the
+        row tested nothing (reported, and a failure of the matrix)."""
+        return self.transition not in ("final",) and self.point not in OPTIONAL_POINTS
+
+    @property
+    def ok(self) -> bool:
+        return self.converged and not self.violations and not self.jobs_lost and (self.crashed or not self.must_crash)
+
+
+_LIVE_JOB_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"})
+
+
+def _pod_facts(p: Any) -> dict[str, Any]:
+    """A serving pod as the warm checks read it: name, IP, Ready, the bridge's gate, terminating."""
+    conds = {c.type: c.status for c in p.status.conditions or ()}
+    gate = {"True": True, "False": False}.get(conds.get(wk.CONDITION_AWAKE, ""))
+    ready = conds.get("Ready") == "True"
+    terminating = p.metadata.deletion_timestamp is not None
+    name = p.metadata.name
+    return {"name": name, "ip": p.status.pod_ip or "", "ready": ready, "gate": gate, "terminating": terminating,
+            "describe": f"{name}(ready={ready} gate={gate}{' terminating' if terminating else ''})"}
+
 
 class Harness:
     """One serving sandbox + helpers to run daemons against it."""
 
     def __init__(self, nodes: int = 3, *, min_serving: int = 1, dir: Path | None = None,
-                 policy: dict[str, Any] | None = None) -> None:
+                 policy: dict[str, Any] | None = None, warm: bool = False, fast_tier: bool = False) -> None:
         self.dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="gb-rel-", dir="/tmp"))
         self.n = nodes
         self.min_serving = min_serving
+        # warm: the pool lends warm (test_e2e_warm.py's sandbox: the readiness gate, the kept
+        # replica, each pod's engine at http://<pod IP>:warm_port)
+        self.warm_port = _free_port() if warm else None
+        self.fast_tier = fast_tier  # preempt-fast (test_e2e_fast_tier.py's sandbox); research jobs go there
+        self.research_partition = FAST_PARTITION if fast_tier else wk.SLURM_PREEMPT_PARTITION
         self.sb = serving_sandbox(self.dir / "sb", nodes=nodes, grace_s=GRACE_S, pod_start_delay_s=POD_START_S,
-                                  pod_grace_s=2, shutdown_timeout_s=1, vllm_extra=("--max-cv", "1.5"))
+                                  pod_grace_s=2, shutdown_timeout_s=1, vllm_extra=("--max-cv", "1.5"),
+                                  warm_port=self.warm_port, fast_grace_s=FAST_GRACE_S if fast_tier else None,
+                                  timeout_s=90.0 if warm else 60.0, extra_slurm_conf=warm_slurm_conf(nodes) if warm else "")
+        # warm: the pods a reclaim row starts from (node -> (pod, uid) asleep), to tell woken from cold-started
+        self._asleep_before: dict[str, tuple[str, str]] = {}
         self.policy_overrides = dict(policy or {})
         self.world: World | None = None
         self.watcher: Watcher | None = None
@@ -80,16 +181,32 @@ class Harness:
 
     # --- set-up ---------------------------------------------------------------------------
 
+    @property
+    def warm(self) -> bool:
+        return self.warm_port is not None
+
     def up(self) -> Harness:
         self.dir.chmod(0o755)  # munged (user munge) must reach its socket dir under it
         (self.dir / "sb").mkdir(parents=True, exist_ok=True)
         self.job_dir.mkdir(parents=True, exist_ok=True)
+        self.job_dir.chmod(0o777)
         self.sb.up()
         self.world = World(self.sb)
         self.write_config()
-        self.watcher = Watcher(self.world, min_serving=self.min_serving)
-        self.watcher.start()
+        vllm_url = self.sb.vllm_url
+        assert vllm_url
+        asleep = (lambda pod: replica_sleeping(vllm_url, pod)) if self.warm else None
+        self.watcher = Watcher(self.world, min_serving=self.min_serving, asleep=asleep,
+                               mem_hold_partition=wk.SLURM_WARM_PARTITION if self.warm else None)
+        if not self.warm:  # warm: a fresh pool's pods are not Ready until a daemon opens their gates
+            self.watcher.start()
         return self
+
+    def start_watcher(self) -> None:
+        """Start the invariant watcher if it is not running yet (warm: once the gates are open)."""
+        assert self.watcher is not None
+        if not self.watcher.is_alive() and not self.watcher.stop_event.is_set():
+            self.watcher.start()
 
     def config_doc(self, kubeconfig: Path | None = None, min_serving: int | None = None, **policy: Any) -> dict[str, Any]:
         ident = daemon_identity(self.sb)
@@ -100,6 +217,11 @@ class Harness:
                              scale_down_window_s=6, min_lend_s=10, lease_duration_s=6.0, forecast=False)
         doc["policy"].update(self.policy_overrides)
         doc["policy"].update(policy)
+        if self.warm:
+            doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=self.warm_port, drain_s=DRAIN_S,
+                                   warm_hold_mb=WARM_HOLD_MB)
+        if self.fast_tier:
+            doc["slurm"].update(fast_partition=FAST_PARTITION, fast_grace_s=FAST_GRACE_S)
         return doc
 
     def write_config(self, path: Path | None = None, kubeconfig: Path | None = None, min_serving: int | None = None,
@@ -110,7 +232,10 @@ class Harness:
         for d in self.daemons:
             d.kill()
         if self.watcher is not None:
-            self.watcher.close()
+            if self.watcher.is_alive():
+                self.watcher.close()
+            else:
+                self.watcher.stop_event.set()
         if self.world is not None:
             self.world.close()
         self.sb.down()
@@ -149,9 +274,98 @@ class Harness:
 
     def owners(self) -> dict[str, str]:
         try:
-            return self.w.ownership()
+            return self.warm_ownership() if self.warm else self.w.ownership()
         except Exception as exc:  # noqa: BLE001 - a read during an injected outage
             return {"?": f"unreadable: {exc}"}
+
+    def is_sleeping_at(self, ip: str) -> bool | None:
+        """What the daemon asks: ``GET http://<pod IP>:<vllm_port>/is_sleeping`` (None: no answer)."""
+        try:
+            with urllib.request.urlopen(f"http://{ip}:{self.warm_port}/is_sleeping", timeout=3) as resp:  # noqa: S310
+                value = json.loads(resp.read()).get("is_sleeping")
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, bool) else None
+
+    def warm_ownership(self) -> dict[str, str]:
+        """``World.ownership`` for a pool that lends warm, read from both schedulers and each
+        pod's engine: node -> "serving", "lent" (warm: its one pod asleep, not Ready, gate
+        closed, the record naming it; or cold: no pod, no record or a ``cold`` one), or why it
+        is in neither or both."""
+        nodes = self.w.nodes()
+        pods: dict[str, list[Any]] = {}
+        for p in self.w._pods():
+            if p.spec.node_name:
+                pods.setdefault(p.spec.node_name, []).append(p)
+        jobs = self.w.jobs()
+        holds = self.w.holds(jobs)
+        research = self.w.research_running_by_node(jobs)
+        states = self.w.slurm_states()
+        mem_holds = {str(j["name"])[len(wk.SLURM_WARM_HOLD_JOB_PREFIX):]: str(j["job_state"]) for j in jobs
+                     if j["partition"] == wk.SLURM_WARM_PARTITION and str(j["name"]).startswith(wk.SLURM_WARM_HOLD_JOB_PREFIX)
+                     and j["job_state"] in _LIVE_JOB_STATES}  # squeue still lists a cancelled one for a while
+        out = {}
+        for name, n in nodes.items():
+            phase = (n.metadata.labels or {}).get(wk.LABEL_PHASE)
+            record = (n.metadata.annotations or {}).get(wk.ANNOTATION_WARM)
+            fenced = bool(n.spec.unschedulable) or any(t.key == wk.TAINT_KEY for t in n.spec.taints or ())
+            st = states.get(name, "unknown")
+            slurm_usable = not any(x in st for x in ("drain", "down", "fail", "unknown")) and name not in holds
+            facts = [_pod_facts(p) for p in pods.get(name, [])]
+            awake_pods = [f for f in facts if f["terminating"] or f["ready"] or f["gate"] is not False
+                          or self.is_sleeping_at(f["ip"]) is not True]
+            asleep_one = len(facts) == 1 and not awake_pods
+            if name in research and facts and not asleep_one:
+                out[name] = f"BOTH: jobs {research[name]} and pods {[f['describe'] for f in facts]}"
+            elif (phase == "serving" and record is None and ("drain" in st or "down" in st) and facts
+                  and name not in mem_holds
+                  and any(f["ready"] and not f["terminating"] for f in facts)
+                  and all(f["terminating"] or (f["ready"] and f["gate"] is True and self.is_sleeping_at(f["ip"]) is False)
+                          for f in facts)):
+                out[name] = "serving"
+            elif phase == "lent" and fenced and slurm_usable and (
+                    (not facts and (record is None or record.startswith("cold/")) and name not in mem_holds)
+                    or (asleep_one and record == f"asleep/{facts[0]['name']}" and mem_holds.get(name) == "RUNNING")):
+                out[name] = "lent"
+            else:
+                out[name] = (f"in transit: phase={phase} fenced={fenced} warm={record} "
+                             f"pods={[f['describe'] for f in facts]} slurm={st} hold={holds.get(name)} "
+                             f"mem_hold={mem_holds.get(name)}")
+        return out
+
+    def warm_summary(self, transition: str) -> str:
+        """A converged warm row, in words: which lent nodes sleep and which went cold; which
+        reclaimed nodes serve with their replica woken (the same pod) or cold-started."""
+        if not self.warm:
+            return ""
+        nodes = self.w.nodes()
+        records = {n: (v.metadata.annotations or {}).get(wk.ANNOTATION_WARM) for n, v in nodes.items()}
+        live = {p.spec.node_name: (p.metadata.name, p.metadata.uid) for p in self.w._pods()
+                if p.spec.node_name and p.metadata.deletion_timestamp is None}
+        if transition == "lend":
+            lent = sorted(n for n, v in self.w.phases().items() if v == "lent")
+            self._asleep_before = {n: live[n] for n in lent if n in live and records[n] == f"asleep/{live[n][0]}"}
+            cold = [n for n in lent if n not in self._asleep_before]
+            return f"lent warm {len(self._asleep_before)}" + (f", cold {len(cold)} ({', '.join(cold)})" if cold else "")
+        if transition == "reclaim":
+            woken = [n for n, pod in self._asleep_before.items() if live.get(n) == pod]
+            cold = sorted(set(self._asleep_before) - set(woken))
+            self._asleep_before = {}
+            return f"woken {len(woken)}" + (f", cold-started {len(cold)} ({', '.join(cold)})" if cold else "")
+        return ""
+
+    def tier_check(self) -> tuple[str, list[str]]:
+        """Fast tier, after a lend: every lent node is in the fast partition only (the tier its
+        waiting jobs asked for), so no normal-tier job, with its longer grace, can start there.
+        (a note, the nodes that are not)."""
+        if not self.fast_tier:
+            return "", []
+        doc = json.loads(self.sb.run_slurm(["sinfo", "--json"]).stdout)
+        parts = {n["name"]: set(n.get("partitions") or ()) for n in doc["nodes"]}
+        lent = sorted(n for n, v in self.w.phases().items() if v == "lent")
+        bad = [f"{n} lent but in partitions {sorted(parts.get(n, ()))}, not {FAST_PARTITION} only" for n in lent
+               if FAST_PARTITION not in parts.get(n, ()) or wk.SLURM_PREEMPT_PARTITION in parts.get(n, ())]
+        return f"lent to {FAST_PARTITION} only {len(lent) - len(bad)} of {len(lent)}", bad
 
     def all_serving(self) -> bool:
         o = self.owners()
@@ -172,7 +386,7 @@ class Harness:
     def submit_job(self, tag: str) -> str:
         out = self.job_dir / f"runs-{tag}"
         res = self.sb.run_slurm([
-            "sbatch", "--parsable", "-p", wk.SLURM_PREEMPT_PARTITION, "--requeue", "--gres=gpu:4", "-J", f"research-{tag}",
+            "sbatch", "--parsable", "-p", self.research_partition, "--requeue", "--gres=gpu:4", "-J", f"research-{tag}",
             "-o", str(self.job_dir / f"job-{tag}-%j.out"),
             "--wrap", f"echo start $SLURM_RESTART_COUNT >> {out}; sleep {JOB_S}; echo done $SLURM_RESTART_COUNT >> {out}",
         ])
@@ -195,7 +409,7 @@ class Harness:
     def ensure_jobs_on_lent(self) -> None:
         """Every lent node gets a research job (a pending requeued one, or a new one)."""
         jobs = self.w.jobs()
-        waiting = [j for j in jobs if j["partition"] == wk.SLURM_PREEMPT_PARTITION and j["job_state"] != "RUNNING"]
+        waiting = [j for j in jobs if j["partition"] == self.research_partition and j["job_state"] != "RUNNING"]
         running = self.w.research_running_by_node(jobs)
         lent = [n for n, v in self.owners().items() if v == "lent"]
         need = len([n for n in lent if n not in running]) - len(waiting)
@@ -210,6 +424,17 @@ class Harness:
             self._seq += 1
             self.submit_job(f"j{self._seq}")
         poll(lambda: set(lent) <= set(self.w.research_running_by_node()), 15, 0.5)
+
+    def backlog(self) -> None:
+        """Fast tier: fast-tier jobs waiting for every node a lend may take (lends go to the fast
+        tier only for the nodes its waiting jobs ask for)."""
+        if not self.fast_tier:
+            return
+        jobs = self.w.jobs()
+        live = [j for j in jobs if j["partition"] == self.research_partition and str(j["job_id"]) in self.jobs]
+        for _ in range(max(0, self.n - self.min_serving - len(live))):
+            self._seq += 1
+            self.submit_job(f"j{self._seq}")
 
     def unmanage(self) -> None:
         """Make every pool node look never managed: no phase, not drained, no hold job (with
@@ -227,11 +452,17 @@ class Harness:
 
     # --- one crash row ----------------------------------------------------------------------
 
-    def crash_row(self, transition: str, point: str, *, crash_timeout_s: float = 60.0,
+    def crash_row(self, transition: str, point: str, *, crash_timeout_s: float | None = None,
                   converge_timeout_s: float = 90.0) -> Row:
         """Start a daemon armed to SIGKILL itself after the first write of ``point``; once it
-        died, start a plain one and time its convergence to the transition's end state."""
+        died, start a plain one and time its convergence to the transition's end state.
+        ``crash_timeout_s``: how long the armed daemon may take to crash or (a point not
+        written) to reach the end state itself; default 60 s, 150 s warm, whose lends retry the
+        sleep each pass until the gated-out replica's in-flight requests finish (up to
+        ``drain_s``), one node after the other."""
         assert self.watcher is not None
+        if crash_timeout_s is None:
+            crash_timeout_s = 150.0 if self.warm else 60.0
         row = Row(transition, point)
         mark = self.watcher.mark()
         target = self.lent_down_to_min if transition == "lend" else self.all_serving
@@ -243,6 +474,9 @@ class Harness:
             armed.stop()
             row.converged = target()
             row.note = "step did not occur in this run (no crash)" if rc is None or rc == 0 else f"daemon exited rc {rc}"
+            if not row.converged:
+                row.note += f"; not converged within {crash_timeout_s:.0f} s: " + "; ".join(
+                    f"{n}: {v}" for n, v in self.owners().items() if v not in ("serving", "lent"))
         else:
             restarted = time.monotonic()
             d = self.daemon(f"{transition}-after-{point}")
@@ -254,16 +488,45 @@ class Harness:
                 row.note = "; ".join(f"{n}: {v}" for n, v in self.owners().items() if v not in ("serving", "lent"))
             d.stop()
         row.violations = self.watcher.violations[mark:]
+        if row.converged and transition in ("lend", "reclaim"):
+            notes = [row.note, self.warm_summary(transition)]
+            if transition == "lend":
+                tiers, wrong = self.tier_check()
+                notes.append(tiers)
+                row.violations += wrong
+            row.note = "; ".join(x for x in notes if x)
+        if row.crashed is False and row.must_crash:
+            row.note = f"NOT REACHED: {point} was never written in this run" + (f" ({row.note})" if row.note else "")
         row.jobs_lost = len(self.lost_jobs())
         return row
 
 
-def crash_matrix(h: Harness, *, bootstrap: Iterable[str] = BOOTSTRAP_POINTS, lend: Sequence[str] = LEND_POINTS,
-                 reclaim: Sequence[str] = RECLAIM_POINTS, finish_jobs: bool = True, log: Any = print) -> list[Row]:
+def matrix_rows(*, warm: bool = False, fast_tier: bool = False) -> tuple[tuple[str, str], ...]:
+    """A whole matrix as (transition, point): warm, fast tier, or the cold one."""
+    if warm:
+        return WARM_ROWS
+    if fast_tier:
+        return FAST_TIER_ROWS
+    return (*(("bootstrap", p) for p in BOOTSTRAP_POINTS), *(("lend", p) for p in LEND_POINTS),
+            *(("reclaim", p) for p in RECLAIM_POINTS))
+
+
+def default_rows(h: Harness) -> tuple[tuple[str, str], ...]:
+    """The harness' whole matrix (``matrix_rows`` of its kind)."""
+    return matrix_rows(warm=h.warm, fast_tier=h.fast_tier)
+
+
+def crash_matrix(h: Harness, *, bootstrap: Iterable[str] | None = None, lend: Sequence[str] | None = None,
+                 reclaim: Sequence[str] | None = None, finish_jobs: bool = True, log: Any = print) -> list[Row]:
     """Every injection point once. Lend and reclaim rows alternate (each reclaim takes back the
     nodes the previous lend gave, with research jobs on them); the last step lends again and
-    waits for every research job to finish (none lost)."""
+    waits for every research job to finish (none lost). A list left None is the harness' own
+    (``default_rows``: warm, fast tier or cold)."""
     rows: list[Row] = []
+    whole = default_rows(h)
+    bootstrap = rows_of(whole, "bootstrap") if bootstrap is None else bootstrap
+    lend = rows_of(whole, "lend") if lend is None else lend
+    reclaim = rows_of(whole, "reclaim") if reclaim is None else reclaim
     h.load(HIGH)
     for point in bootstrap:
         h.unmanage()
@@ -271,10 +534,12 @@ def crash_matrix(h: Harness, *, bootstrap: Iterable[str] = BOOTSTRAP_POINTS, len
         log(format_row(rows[-1]))
     if not h.all_serving():  # from a fresh sandbox without bootstrap rows: adopt first
         d = h.daemon("adopt")
-        poll(h.all_serving, 60, 0.2)
+        poll(h.all_serving, 90, 0.2)
         d.stop()
+    h.start_watcher()
     for i in range(max(len(lend), len(reclaim))):
         h.load(LOW)
+        h.backlog()
         rows.append(h.crash_row("lend", lend[i] if i < len(lend) else "none"))
         log(format_row(rows[-1]))
         h.ensure_jobs_on_lent()
@@ -283,6 +548,7 @@ def crash_matrix(h: Harness, *, bootstrap: Iterable[str] = BOOTSTRAP_POINTS, len
         log(format_row(rows[-1]))
     if finish_jobs:
         h.load(LOW)
+        h.backlog()
         d = h.daemon("finish")
         poll(lambda: all(h.job_finished(j) for j in h.jobs), 150 + JOB_S * max(1, len(h.jobs)), 1.0)
         d.stop()
@@ -292,7 +558,9 @@ def crash_matrix(h: Harness, *, bootstrap: Iterable[str] = BOOTSTRAP_POINTS, len
             log(str(h.owners()))
         rows.append(Row("final", "jobs finish", converged=not unfinished, jobs_lost=len(h.lost_jobs()),
                         note=f"{len(h.jobs) - len(unfinished)}/{len(h.jobs)} research jobs finished"
-                        + (f"; unfinished {unfinished}" if unfinished else "")))
+                        + (f"; unfinished {unfinished}" if unfinished else "")
+                        + (f"; research beside a sleeping pod in {h.watcher.warm_samples} of {h.watcher.samples} samples"
+                           if h.warm and h.watcher is not None else "")))
         log(format_row(rows[-1]))
     return rows
 
@@ -304,7 +572,8 @@ HEADER = f"{'transition':<10} {'injection point':<17} {'crashed':<8} {'converged
 def format_row(r: Row) -> str:
     secs = f"{r.seconds:.1f}" if r.seconds is not None else "-"
     ticks = str(r.ticks) if r.ticks is not None else "-"
-    return (f"{r.transition:<10} {r.point:<17} {'yes' if r.crashed else 'no':<8} {'yes' if r.converged else 'NO':<10} "
+    crashed = "yes" if r.crashed else "NO" if r.must_crash else "no"
+    return (f"{r.transition:<10} {r.point:<17} {crashed:<8} {'yes' if r.converged else 'NO':<10} "
             f"{secs:>6} {ticks:>6} {len(r.violations):>10} {r.jobs_lost:>9}  {r.note}"
             + (f" [{r.violations[0]}]" if r.violations else ""))
 
@@ -313,7 +582,8 @@ def format_matrix(rows: Sequence[Row]) -> str:
     return "\n".join([HEADER, *(format_row(r) for r in rows)])
 
 
-__all__ = ["Harness", "Row", "crash_matrix", "format_matrix", "format_row", "read_events"]
+__all__ = ["FAST_PARTITION", "FAST_TIER_ROWS", "WARM_ROWS", "Harness", "Row", "crash_matrix", "default_rows",
+           "format_matrix", "format_row", "matrix_rows", "read_events", "rows_of"]
 
 
 @dataclass

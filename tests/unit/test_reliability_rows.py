@@ -1,0 +1,45 @@
+"""The crash matrix' rows (lab/gpu_bridge_lab/sandbox/reliability.py), without a sandbox: every
+injection point is a write the actuator reports (a misspelt point would never fire), the warm
+rows cover the warm path's writes in order, and a row whose point was never written fails."""
+
+from __future__ import annotations
+
+from bridge import actuate
+from bridge.lifecycle import WAITS, Step
+from gpu_bridge_lab.sandbox import reliability as rel
+
+WRITE_POINTS = ({str(s) for s in Step if s not in WAITS}
+                | {actuate.SCALE_POINT, actuate.TIER_POINT, *actuate.START_POINTS.values()})
+
+
+def test_every_injection_point_is_a_write_the_actuator_reports() -> None:
+    rows = [*rel.WARM_ROWS, *rel.FAST_TIER_ROWS,
+            *(("bootstrap", p) for p in rel.BOOTSTRAP_POINTS), *(("lend", p) for p in rel.LEND_POINTS),
+            *(("reclaim", p) for p in rel.RECLAIM_POINTS)]
+    assert {p for _, p in rows} - WRITE_POINTS == set()
+    assert {t for t, _ in rows} == {"bootstrap", "lend", "reclaim"}
+
+
+def test_the_warm_rows_cover_the_warm_path_in_order() -> None:
+    lend, reclaim = rel.rows_of(rel.WARM_ROWS, "lend"), rel.rows_of(rel.WARM_ROWS, "reclaim")
+    assert lend.index("fence") < lend.index("close_gate") < lend.index("sleep_replica") < lend.index("resume") \
+        < lend.index("mark_lent")
+    assert reclaim.index("drain") < reclaim.index("mark_returning") < reclaim.index("wake_replica") \
+        < reclaim.index("open_gate") < reclaim.index("unfence") < reclaim.index("mark_serving") < reclaim.index("clear_warm")
+    assert rel.rows_of(rel.WARM_ROWS, "bootstrap") == ("open_gate",)
+    # a node lent warm keeps its replica counted: no scale and no deletion cost on the warm path
+    assert "scale" not in lend + reclaim and "mark_pod" not in lend
+    assert rel.rows_of(rel.FAST_TIER_ROWS, "lend") == ("set_tier",)
+
+
+def test_a_row_whose_point_was_never_written_fails_and_says_so() -> None:
+    missed = rel.Row("reclaim", "wake_replica", crashed=False, converged=True)
+    assert missed.must_crash and not missed.ok
+    assert " NO " in rel.format_row(missed)
+    optional = rel.Row("reclaim", "requeue_jobs", crashed=False, converged=True)
+    assert not optional.must_crash and optional.ok
+    assert rel.Row("lend", "none", converged=True).ok
+    assert rel.Row("final", "jobs finish", converged=True).ok
+    assert rel.Row("lend", "close_gate", crashed=True, converged=True).ok
+    assert not rel.Row("lend", "close_gate", crashed=True, converged=True, jobs_lost=1).ok
+    assert not rel.Row("lend", "close_gate", crashed=True, converged=True, violations=["x"]).ok

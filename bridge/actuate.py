@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Generic, TypeVar
 
 from bridge import logs
 from bridge.adapters.protocols import KubeWriter, PoolTarget, RequeueOutcome, SleepControl, SlurmWriter
@@ -87,17 +88,30 @@ class StepRecord:
     error: AdapterError | None = None  # the write failed (nothing is known to have changed)
 
 
+K = TypeVar("K")
+V = TypeVar("V")
 Handler = Callable[["Actuator", Step, NodeFacts, PoolTarget, float], tuple[bool, str]]
 
 
 @dataclass
-class _PassRequeues:
-    """The REQUEUE_JOBS steps of one pass share one ``requeue_jobs``: the due jobs of all their
-    nodes, requeued at the first of those steps (one Slurm read and one requeue for a mass
-    reclaim, not one read per job); each step then takes its own jobs' outcomes."""
+class _PassBatch(Generic[K, V]):
+    """Steps of one pass that share one Slurm call, made at the first of them for all: the
+    REQUEUE_JOBS steps one ``requeue_jobs`` (the due jobs of all their nodes), the DRAIN steps one
+    ``drain_nodes`` (one read, not one per node, in a mass reclaim); each step then takes its own
+    outcome, and a failed call fails every one of them with its error."""
 
-    due: dict[str, int | None]  # job -> the run preempted
-    got: dict[str, RequeueOutcome] | AdapterError | None = None  # once made: the outcomes, or why it failed
+    todo: dict[str, K]  # job -> the run preempted; node -> its drain reason
+    got: dict[str, V] | AdapterError | None = None  # once made: the outcomes, or why it failed
+
+    def outcomes(self, call: Callable[[dict[str, K]], dict[str, V]]) -> dict[str, V]:
+        if self.got is None:
+            try:
+                self.got = call(self.todo)
+            except AdapterError as exc:  # nothing known to be done
+                self.got = exc
+        if isinstance(self.got, AdapterError):
+            raise self.got
+        return self.got
 
 
 @dataclass
@@ -131,7 +145,8 @@ class Actuator:
     sleep_retry_s: Mapping[str, float] = field(default_factory=dict)
     # pool -> pools[].warm_hold_mb: the memory hold's size on a node lent warm (warm pools only)
     mem_hold_mb: Mapping[str, int] = field(default_factory=dict)
-    _requeues: _PassRequeues | None = field(default=None, init=False, repr=False)  # the pass being applied
+    _requeues: _PassBatch[int | None, RequeueOutcome] | None = field(default=None, init=False, repr=False)  # the pass being applied
+    _drains: _PassBatch[str, bool | AdapterError] | None = field(default=None, init=False, repr=False)
     _wakes: _PassWakes | None = field(default=None, init=False, repr=False)
 
     def apply(self, intents: Intents) -> list[StepRecord]:
@@ -144,13 +159,14 @@ class Actuator:
                for a in intents.starts]
         out += [self._try("request_failed", n, REQUEST_POINT, partial(self.request, n, r, o, now=now), request=r)
                 for n, r, o in intents.requests]
-        self._requeues = _PassRequeues({j.job_id: j.restart_count for s, f, _ in intents.steps if s is Step.REQUEUE_JOBS
-                                        for j in past_grace(f, self.grace_s)})
+        self._requeues = _PassBatch({j.job_id: j.restart_count for s, f, _ in intents.steps if s is Step.REQUEUE_JOBS
+                                     for j in past_grace(f, self.grace_s)})
+        self._drains = _PassBatch({f.name: _drain_text(self.targets[p]) for s, f, p in intents.steps if s is Step.DRAIN})
         self._wakes = _PassWakes({f.name: (self.targets[p], pod) for s, f, p in intents.steps
                                   if s is Step.WAKE_REPLICA and (pod := warm_pod(f)) is not None})
         out += [self._try("step_failed", f.name, s, partial(self.execute, s, f, self.targets[p], now=now if s is Step.BLOCKED else None),
                           phase=str(f.phase)) for s, f, p in intents.steps]
-        self._requeues = self._wakes = None
+        self._requeues = self._drains = self._wakes = None
         out += [self._try("scale_failed", p, SCALE_POINT, partial(self.scale_pool, self.targets[p], n), replicas=n)
                 for p, n in intents.scales]
         out += [self._try("slurm_release_failed", j, RELEASE_POINT, partial(self.release_job, j, LAUNCH_FAILED_HELD, n))
@@ -223,16 +239,9 @@ class Actuator:
         """Each of ``due``'s outcome: from the pass's one ``requeue_jobs`` (made at its first
         REQUEUE_JOBS step, for every node's due jobs), or a call of its own outside a pass."""
         batch = self._requeues
-        if batch is None or any(j.job_id not in batch.due for j in due):
+        if batch is None or any(j.job_id not in batch.todo for j in due):
             return self.slurm.requeue_jobs({j.job_id: j.restart_count for j in due})
-        if batch.got is None:
-            try:
-                batch.got = self.slurm.requeue_jobs(batch.due)
-            except AdapterError as exc:  # nothing known to be requeued: every step of the pass fails with it
-                batch.got = exc
-        if isinstance(batch.got, AdapterError):
-            raise batch.got
-        return batch.got
+        return batch.outcomes(self.slurm.requeue_jobs)
 
     def report(self, node: str, reason: str, message: str) -> None:
         """A Warning Event on the node, for what an operator must look at."""
@@ -305,8 +314,20 @@ def _mark_step(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: flo
     return a._mark(f.name, _MARKS[step], detail, now), detail
 
 
+def _drain_text(pool: PoolTarget) -> str:
+    return f"serving (pool {pool.name})"
+
+
 def _drain(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
-    return a.slurm.drain(f.name, f"serving (pool {pool.name})"), ""
+    """The node drained for serving: with the pass's other drains (one Slurm read for all, at the
+    first DRAIN step: ``_PassBatch``), or on its own outside a pass."""
+    batch = a._drains
+    if batch is None or f.name not in batch.todo:
+        return a.slurm.drain(f.name, _drain_text(pool)), ""
+    got = batch.outcomes(a.slurm.drain_nodes)[f.name]
+    if isinstance(got, AdapterError):
+        raise got
+    return got, ""
 
 
 def _hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:

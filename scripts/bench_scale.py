@@ -190,14 +190,17 @@ class SlurmModel:
         self._schedule()
         if argv[1:] in (["--json"], ["--json", "--Node"]) and argv[0] in ("sinfo", "squeue"):
             return CommandResult(0, self._render(argv[0]), "")
-        if argv[:4] == ["scontrol", "--oneliner", "show", "node"]:  # the writes' one-node precondition
-            n = self.nodes.get(argv[4])
-            if n is None:
-                return CommandResult(1, "", f"Node {argv[4]} not found")
-            busy = any(j["node"] == argv[4] and j["state"] == "RUNNING" for j in self.jobs.values())
-            state = ("ALLOCATED" if busy else "IDLE") + ("+DRAIN" if n["drained"] else "")
-            reason = f" Reason={n['reason']} [root@2026-12-02T12:00:00]" if n["reason"] else ""
-            return CommandResult(0, f"NodeName={argv[4]} Gres=gpu:4 State={state}{reason}\n", "")
+        if argv[:4] == ["scontrol", "--oneliner", "show", "node"]:  # the writes' precondition: one node or a list
+            busy = {j["node"] for j in self.jobs.values() if j["state"] == "RUNNING"}
+            lines = []
+            for name in argv[4].split(","):
+                n = self.nodes.get(name)
+                if n is None:
+                    return CommandResult(1, "".join(lines) + f"Node {name} not found\n", "")
+                state = ("ALLOCATED" if name in busy else "IDLE") + ("+DRAIN" if n["drained"] else "")
+                reason = f" Reason={n['reason']} [root@2026-12-02T12:00:00]" if n["reason"] else ""
+                lines.append(f"NodeName={name} Gres=gpu:4 State={state}{reason}\n")
+            return CommandResult(0, "".join(lines), "")
         if argv == ["sdiag"]:  # slurmctld's clock: the daemon measures Slurm's own times against it
             return CommandResult(0, f"sdiag output at bench ({int(self.now)})\n", "")
         if argv[:2] == ["squeue", "--noheader"] and self.key(argv) == "squeue --jobs":  # the requeue's re-read
@@ -209,11 +212,11 @@ class SlurmModel:
         self._cache.clear()
         if argv[:2] == ["scontrol", "update"]:
             opts = dict(a.split("=", 1) for a in argv[2:])
-            n = self.nodes[opts["NodeName"]]
-            if opts["State"] == "DRAIN":
-                n.update(drained=True, reason=opts.get("Reason", ""))
-            else:
-                n.update(drained=False, reason="")
+            for n in (self.nodes[name] for name in opts["NodeName"].split(",")):
+                if opts["State"] == "DRAIN":
+                    n.update(drained=True, reason=opts.get("Reason", ""))
+                else:
+                    n.update(drained=False, reason="")
             return CommandResult(0, "", "")
         if argv[0] == "sbatch":
             node = argv[argv.index("--nodelist") + 1]

@@ -140,6 +140,11 @@ class RequeueOutcome:
     error: AdapterError | None = None
 
 
+DrainOutcomes = dict[str, "bool | AdapterError"]
+"""What ``SlurmWriter.drain_nodes`` did on each node: True drained, False already so (or an
+administrator's drain or DOWN, left alone), or the error of its write."""
+
+
 @runtime_checkable
 class SlurmReader(Protocol):
     """Every lookup either answers or raises AdapterError: never an empty answer on failure."""
@@ -179,6 +184,11 @@ class SlurmWriter(Protocol):
 
     def drain(self, node: str, reason: str) -> bool:
         """DRAIN with a ``gpu-bridge:`` reason; never overwrites an administrator's drain."""
+        ...
+
+    def drain_nodes(self, reasons: Mapping[str, str]) -> DrainOutcomes:
+        """``drain`` for each node (node -> reason), all read in one Slurm call right before the
+        writes (a pass's drains); a failed read raises, and nothing is written."""
         ...
 
     def resume(self, node: str) -> bool:

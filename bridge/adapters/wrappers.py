@@ -17,7 +17,7 @@ from bridge.errors import AdapterError
 from bridge.model import Phase, Pin, WarmRecord
 
 from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
-from .protocols import CacheStatus, KubeAdapterProtocol, LeaseHolder, RequeueOutcome, SlurmAdapterProtocol
+from .protocols import CacheStatus, DrainOutcomes, KubeAdapterProtocol, LeaseHolder, RequeueOutcome, SlurmAdapterProtocol
 from .slurm.types import SlurmJobInfo, SlurmNode
 
 log = logs.get(__name__)
@@ -173,6 +173,10 @@ class FencedSlurm(SlurmReadThrough):
     def drain(self, node: str, reason: str) -> bool:
         self._check("drain")
         return self._inner.drain(node, reason)
+
+    def drain_nodes(self, reasons: Mapping[str, str]) -> DrainOutcomes:
+        self._check("drain_nodes")
+        return self._inner.drain_nodes(reasons)
 
     def resume(self, node: str) -> bool:
         self._check("resume")

@@ -155,6 +155,40 @@ def test_lookups_fail_closed_when_slurmctld_is_gone(slurm_clean: Sandbox) -> Non
         broken.nodes()
 
 
+def test_drain_nodes_reads_them_in_one_call_and_decides_each_as_drain_does(slurm_clean: Sandbox) -> None:
+    """A pass's drains (``drain_nodes``): the nodes read in one ``scontrol show node A,B,C,D`` (one
+    line each on 22.05 and 24.11), an administrator's drain and DOWN left alone, our own drain not
+    written again, the rest drained in one write; an unknown node fails the read, nothing written."""
+    sb, slurm = slurm_clean, slurm_for(slurm_clean)
+    assert slurm.drain("gpu-node-04", "serving (pool default)") is True
+    sb.run_slurm(["scontrol", "update", "NodeName=gpu-node-02", "State=DRAIN", "Reason=maintenance: disk"])
+    sb.run_slurm(["scontrol", "update", "NodeName=gpu-node-03", "State=DOWN", "Reason=rma: bad dimm"])
+    calls: list[list[str]] = []
+    run = slurm.run_cmd
+
+    def recording(argv: Sequence[str], timeout_s: float) -> CommandResult:
+        calls.append(list(argv))
+        return run(argv, timeout_s)
+
+    slurm.run_cmd = recording
+    names = ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
+    got = slurm.drain_nodes(dict.fromkeys(names, "serving (pool default)"))
+    assert [c[:5] for c in calls] == [["scontrol", "--oneliner", "show", "node", ",".join(names)],
+                                      ["scontrol", "update", "NodeName=gpu-node-01", "State=DRAIN",
+                                       "Reason=gpu-bridge: serving (pool default)"]]
+    assert got == {"gpu-node-01": True, "gpu-node-02": False, "gpu-node-03": False, "gpu-node-04": False}
+    now = slurm.nodes_now(names)
+    assert now["gpu-node-01"].drained_by_us and now["gpu-node-01"].reason == "gpu-bridge: serving (pool default)"
+    assert now["gpu-node-02"].drained_by_other and now["gpu-node-02"].reason == "maintenance: disk"
+    assert now["gpu-node-03"].state == "down" and now["gpu-node-03"].reason == "rma: bad dimm"
+    assert now == {n.name: n for n in (slurm.node_now(x) for x in names)}  # the list read is the single reads
+    calls.clear()
+    with pytest.raises(AdapterError, match="scontrol show node failed .*Node gpu-node-99 not found"):
+        slurm.drain_nodes({"gpu-node-01": "serving (pool b)", "gpu-node-99": "serving (pool b)"})
+    assert [c[:4] for c in calls] == [["scontrol", "--oneliner", "show", "node"]]
+    assert slurm.node_now("gpu-node-01").reason == "gpu-bridge: serving (pool default)"
+
+
 def test_full_lend_reclaim_cycle(slurm_clean: Sandbox, tmp_path: Path) -> None:
     """One node through the adapter calls of a whole cycle, as the lifecycle makes them: lend
     (our serving drain lifted), a research job publishing its checkpoint runs on it, reclaim (the

@@ -33,3 +33,15 @@ def test_fenced_slurm_writes_only_while_leader() -> None:
     leader.leader = True
     assert fenced.cancel_hold("gpu-node-02") == (hold,)
     assert s.writes == [("drain", "gpu-node-01"), ("submit_hold", "gpu-node-02"), ("cancel_hold", "gpu-node-02")]
+
+
+def test_fenced_slurm_drains_a_pass_s_nodes_only_while_leader() -> None:
+    s, leader = _slurm(), FakeLeader()
+    fenced = FencedSlurm(s, leader)
+    leader.leader = False
+    with pytest.raises(NotLeaderError, match=r"^slurm: drain_nodes refused: not the leader"):
+        fenced.drain_nodes({"gpu-node-01": "serving", "gpu-node-02": "serving"})
+    assert s.writes == [] and s.calls["drain_nodes"] == 0
+    leader.leader = True
+    assert fenced.drain_nodes({"gpu-node-01": "serving", "gpu-node-02": "serving"}) == {"gpu-node-01": True, "gpu-node-02": True}
+    assert s.writes == [("drain", "gpu-node-01"), ("drain", "gpu-node-02")] and s.calls["drain_nodes"] == 1

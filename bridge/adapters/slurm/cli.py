@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bridge import logs, wellknown
-from bridge.adapters.protocols import RequeueOutcome
+from bridge.adapters.protocols import DrainOutcomes, RequeueOutcome
 from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
 from .parse import (
     REQUEUE_CHECK_FORMAT, RequeueCheck, parse_grace_time, parse_jobs, parse_nodes, parse_ping, parse_requeue_checks,
-    parse_requeue_errors, parse_scontrol_node, parse_sdiag_time, parse_show_config, parse_show_partitions, validate_partition,
+    parse_requeue_errors, parse_scontrol_node, parse_scontrol_nodes, parse_sdiag_time, parse_show_config, parse_show_partitions, validate_partition,
 )
 from .hostlist import expand
 from .types import SlurmJobInfo, SlurmNode
@@ -127,6 +127,15 @@ def admins_down(n: SlurmNode) -> bool:
     the reason is Slurm's own "Not responding" (a node Slurm marked DOWN itself gets our drain)."""
     return (not n.drained and n.state == "down" and bool(n.reason) and not n.reason_ours
             and (n.responding or not wellknown.is_slurm_reason(n.reason, SLURM_NOT_RESPONDING_REASON)))
+
+
+def _drain_due(cur: SlurmNode, text: str) -> bool:
+    """Whether our drain with reason ``text`` must be written on ``cur``: not if it already is
+    so, nor over an administrator's drain (their reason is never overwritten), nor on an
+    administrator's DOWN (responding or not since: no job can land, and their reason stays)."""
+    if cur.drained and (cur.reason == text or not cur.reason_ours):
+        return False
+    return not admins_down(cur)
 
 
 def hold_job_name(node: str) -> str:
@@ -270,6 +279,16 @@ class CliSlurm:
         validate_node_name(name)
         return parse_scontrol_node(self._run(["scontrol", "--oneliner", "show", "node", name]).stdout)
 
+    def nodes_now(self, names: Collection[str]) -> dict[str, SlurmNode]:
+        """The named nodes as slurmctld has them now, in one ``scontrol show node A,B,...`` (22.05
+        and 24.11 print one line per node; an unknown one fails the read): a pass's drains."""
+        asked = sorted({validate_node_name(n) for n in names})
+        res = self._run(["scontrol", "--oneliner", "show", "node", ",".join(asked)], ok_codes=(0, 1))
+        if res.returncode:  # e.g. "Node X not found" after the nodes it knows: the message, not the nodes
+            why = " ".join(ln for ln in (res.stdout + "\n" + res.stderr).splitlines() if not ln.startswith("NodeName="))
+            raise AdapterError("slurm", f"scontrol show node failed (rc 1): {sanitize(why, MAX_STDERR) or '(no output)'}")
+        return parse_scontrol_nodes(res.stdout, asked)
+
     def _hold_name(self, node: str, *, mem: bool) -> tuple[str, str]:
         """Our hold's (``mem``: memory hold's) job name for ``node``, and its partition."""
         return (mem_hold_job_name(node), self.warm_partition) if mem else (hold_job_name(node), self.hold_partition)
@@ -295,17 +314,42 @@ class CliSlurm:
     def drain(self, node: str, reason: str) -> bool:
         validate_node_name(node)
         text = drain_reason(reason)
-        cur = self.node_now(node)
-        if cur.drained and (cur.reason == text or not cur.reason_ours):
-            # already so, or an administrator's drain: never overwrite their reason
-            return False
-        if admins_down(cur):
-            # an administrator's DOWN (responding or not since): no job can land, and their
-            # reason must survive
+        if not _drain_due(self.node_now(node), text):
             return False
         self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}"])
         _log().info("slurm_drained", node=node, reason=text)
         return True
+
+    def drain_nodes(self, reasons: Mapping[str, str]) -> DrainOutcomes:
+        """``drain`` for many nodes (node -> reason) with one read: each node decided as ``drain``
+        does, then one ``scontrol update`` per reason for the nodes due, right after the read. A
+        list Slurm refuses (it may have drained some) goes again node by node, each re-read."""
+        texts = {validate_node_name(n): drain_reason(r) for n, r in reasons.items()}
+        if not texts:
+            return {}
+        now = self.nodes_now(texts)
+        out: DrainOutcomes = dict.fromkeys(texts, False)
+        for text in sorted(set(texts.values())):
+            due = [n for n in sorted(texts) if texts[n] == text and _drain_due(now[n], text)]
+            if not due:
+                continue
+            try:
+                self._run(["scontrol", "update", f"NodeName={','.join(due)}", "State=DRAIN", f"Reason={text}"])
+            except AdapterError as exc:
+                if len(due) == 1:
+                    out[due[0]] = exc
+                    continue
+                _log().warning("slurm_drain_retried_alone", node=",".join(due), error=str(exc))
+                for n in due:
+                    try:
+                        out[n] = self.drain(n, text)
+                    except AdapterError as one:
+                        out[n] = one
+                continue
+            for n in due:
+                _log().info("slurm_drained", node=n, reason=text)
+                out[n] = True
+        return out
 
     def resume(self, node: str) -> bool:
         validate_node_name(node)

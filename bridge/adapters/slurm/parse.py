@@ -373,6 +373,22 @@ def parse_scontrol_node(text: str) -> SlurmNode:
     return SlurmNode(name=name, state=base, flags=frozenset(flags), reason=reason, gpus=gpus, reason_user=user)
 
 
+def parse_scontrol_nodes(text: str, asked: Collection[str]) -> dict[str, SlurmNode]:
+    """``scontrol --oneliner show node A,B,...``: one line per node (22.05 and 24.11), each parsed
+    as ``parse_scontrol_node``. Every node asked must be there exactly once, and no other: the
+    drains decide on it, so an answer not understood fails them all (no write made blind)."""
+    out: dict[str, SlurmNode] = {}
+    for line in (ln for ln in text.splitlines() if ln.strip()):
+        n = parse_scontrol_node(line)
+        if n.name in out or n.name not in asked:
+            raise AdapterError("slurm", f"scontrol show node: {n.name} {'listed twice' if n.name in out else 'not asked'}")
+        out[n.name] = n
+    missing = [n for n in asked if n not in out]
+    if missing:
+        raise AdapterError("slurm", f"scontrol show node: {', '.join(missing[:10])} missing from its answer")
+    return out
+
+
 # --- the running configuration (`gpu-bridge check-slurm`) -------------------------------------
 _CONFIG_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)\s*=\s?(.*)$")
 

@@ -77,7 +77,8 @@ class FakeSlurm:
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     fail: dict[str, AdapterError] = field(default_factory=dict)  # method name -> error raised (until removed)
     writes: list[tuple[str, str]] = field(default_factory=list)  # (intent, node or job) actually written
-    # calls of requeue_jobs (each one re-read of its jobs and one requeue, as CliSlurm makes them)
+    # calls of requeue_jobs (each one re-read of its jobs and one requeue, as CliSlurm makes them),
+    # of drain_nodes (one read of its nodes) and of drain (one read of its node)
     calls: Counter[str] = field(default_factory=Counter)
 
     # ---- set-up helpers (the test's "outside world") -----------------------------------
@@ -286,6 +287,18 @@ class FakeSlurm:
     # ---- SlurmWriter -------------------------------------------------------------------
     def drain(self, node: str, reason: str) -> bool:
         self._check("drain")
+        self.calls["drain"] += 1
+        return self._drain(node, reason)
+
+    def drain_nodes(self, reasons: Mapping[str, str]) -> dict[str, bool | AdapterError]:
+        """Each node through ``drain``'s rules after one read of them all (an unknown node fails
+        it, as ``scontrol show node`` does: nothing written)."""
+        self._check("drain_nodes")
+        self.calls["drain_nodes"] += 1
+        self.nodes(reasons)
+        return {n: self._drain(n, r) for n, r in reasons.items()}
+
+    def _drain(self, node: str, reason: str) -> bool:
         cur = self.node(node)
         text = drain_reason(reason)
         if cur.drained and (cur.reason == text or not cur.reason_ours):

@@ -95,12 +95,13 @@ Handler = Callable[["Actuator", Step, NodeFacts, PoolTarget, float], tuple[bool,
 
 @dataclass
 class _PassBatch(Generic[K, V]):
-    """Steps of one pass that share one Slurm call, made at the first of them for all: the
+    """Steps of one pass that share one call, made at the first of them for all: the
     REQUEUE_JOBS steps one ``requeue_jobs`` (the due jobs of all their nodes), the DRAIN steps one
-    ``drain_nodes`` (one read, not one per node, in a mass reclaim); each step then takes its own
-    outcome, and a failed call fails every one of them with its error."""
+    ``drain_nodes`` (one read, not one per node, in a mass reclaim), the WAKE_REPLICA steps their
+    engines' wakes at once (seconds each, which one after another would add up); each step then
+    takes its own outcome, and a failed call fails every one of them with its error."""
 
-    todo: dict[str, K]  # job -> the run preempted; node -> its drain reason
+    todo: dict[str, K]  # job -> the run preempted; node -> its drain reason; node -> its pool and pod to wake
     got: dict[str, V] | AdapterError | None = None  # once made: the outcomes, or why it failed
 
     def outcomes(self, call: Callable[[dict[str, K]], dict[str, V]]) -> dict[str, V]:
@@ -112,16 +113,6 @@ class _PassBatch(Generic[K, V]):
         if isinstance(self.got, AdapterError):
             raise self.got
         return self.got
-
-
-@dataclass
-class _PassWakes:
-    """The WAKE_REPLICA steps of one pass wake their engines at once, at the first of them (a
-    wake copies the weights back: seconds each, which one after another would add up over a
-    mass reclaim); each step then records its own node's outcome, in the pass's order."""
-
-    todo: dict[str, tuple[PoolTarget, PodFacts]]  # node -> its pool and the pod to wake
-    got: dict[str, AdapterError | None] | None = None  # once made: each node's error, or None
 
 
 @dataclass
@@ -147,7 +138,7 @@ class Actuator:
     mem_hold_mb: Mapping[str, int] = field(default_factory=dict)
     _requeues: _PassBatch[int | None, RequeueOutcome] | None = field(default=None, init=False, repr=False)  # the pass being applied
     _drains: _PassBatch[str, bool | AdapterError] | None = field(default=None, init=False, repr=False)
-    _wakes: _PassWakes | None = field(default=None, init=False, repr=False)
+    _wakes: _PassBatch[tuple[PoolTarget, PodFacts], AdapterError | None] | None = field(default=None, init=False, repr=False)
 
     def apply(self, intents: Intents) -> list[StepRecord]:
         """Carry out what ``bridge.reconcile`` decided, in its order. A write that fails is
@@ -162,7 +153,7 @@ class Actuator:
         self._requeues = _PassBatch({j.job_id: j.restart_count for s, f, _ in intents.steps if s is Step.REQUEUE_JOBS
                                      for j in past_grace(f, self.grace_s)})
         self._drains = _PassBatch({f.name: _drain_text(self.targets[p]) for s, f, p in intents.steps if s is Step.DRAIN})
-        self._wakes = _PassWakes({f.name: (self.targets[p], pod) for s, f, p in intents.steps
+        self._wakes = _PassBatch({f.name: (self.targets[p], pod) for s, f, p in intents.steps
                                   if s is Step.WAKE_REPLICA and (pod := warm_pod(f)) is not None})
         out += [self._try("step_failed", f.name, s, partial(self.execute, s, f, self.targets[p], now=now if s is Step.BLOCKED else None),
                           phase=str(f.phase)) for s, f, p in intents.steps]
@@ -431,14 +422,12 @@ def _warm_call(a: Actuator, pool: PoolTarget, pod: PodFacts, wake: bool) -> None
 
 def _wake(a: Actuator, f: NodeFacts, pool: PoolTarget, pod: PodFacts) -> None:
     """Wake ``pod``'s engine: with the pass's other wakes, all at once at the first of them
-    (``_PassWakes``), or on its own outside a pass; AdapterError if it did not wake."""
+    (``_PassBatch``), or on its own outside a pass; AdapterError if it did not wake."""
     batch = a._wakes
     if batch is None or f.name not in batch.todo:
         _warm_call(a, pool, pod, True)
         return
-    if batch.got is None:
-        batch.got = _wake_all(a, batch.todo)
-    err = batch.got.get(f.name)
+    err = batch.outcomes(partial(_wake_all, a))[f.name]
     if err is not None:
         raise err
 
@@ -481,11 +470,8 @@ def _sleep_or_wake(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now:
         if not wake and now - f.phase_since < retry_s:  # its in-flight requests may still be running: next pass
             return False, (f"sleep of {pod.name} not done ({exc}): retried until {retry_s:g} s into the lend "
                            "(pools[].drain_s), then lent cold")
-        detail = f"{'wake' if wake else 'sleep'} of {pod.name} failed ({exc}): {'reclaimed' if wake else 'lent'} cold"
-        changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, pod.name))
-        log.warning("warm_fallback", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
-        a._event(f.name, WARM_FAILED_EVENT, detail, "Warning")
-        return changed, detail
+        return _fall_back_cold(a, step, f, pool, pod.name,
+                               f"{'wake' if wake else 'sleep'} of {pod.name} failed ({exc}): {'reclaimed' if wake else 'lent'} cold")
     state = WarmState.AWAKE if wake else WarmState.ASLEEP
     changed = a.kube.set_warm(f.name, WarmRecord(state, pod.name))
     detail = f"{pod.name} {state}"
@@ -494,15 +480,30 @@ def _sleep_or_wake(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now:
     return changed, detail
 
 
-def _warm_lost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+def _fall_back_cold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, pod: str, detail: str) -> tuple[bool, str]:
+    """A warm call that failed: the node's record turns ``cold/<pod>`` (the lifecycle then takes
+    the cold path), with a Warning Event and log."""
+    changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, pod))
+    log.warning("warm_fallback", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
+    a._event(f.name, WARM_FAILED_EVENT, detail, "Warning")
+    return changed, detail
+
+
+def _lost_cold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, detail: str) -> tuple[bool, str]:
+    """What a sleeping replica needs is gone (its pod, its memory hold): the record turns cold,
+    with the step's Warning Event and log, once."""
     if f.warm is None:
         return False, ""
-    detail = f"the sleeping replica {f.warm.pod} is gone (phase {f.phase}): the node is reclaimed cold"
     changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, f.warm.pod))
     if changed:
-        log.warning("warm_lost", node=f.name, pool=pool.name, phase=str(f.phase), reason=detail)
+        log.warning("warm_lost", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
         a._event(f.name, EVENT_REASONS[step], detail, "Warning")
     return changed, detail
+
+
+def _warm_lost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    pod = f.warm.pod if f.warm is not None else ""
+    return _lost_cold(a, step, f, pool, f"the sleeping replica {pod} is gone (phase {f.phase}): the node is reclaimed cold")
 
 
 def _check_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
@@ -518,11 +519,7 @@ def _check_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: 
         why = f"{pod.name} does not answer ({exc})"
     if not why:
         return False, ""
-    detail = f"{why}: its pod is evicted, the node stays lent and counts as cold"
-    changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, pod.name))
-    log.warning("warm_fallback", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
-    a._event(f.name, WARM_FAILED_EVENT, detail, "Warning")
-    return changed, detail
+    return _fall_back_cold(a, step, f, pool, pod.name, f"{why}: its pod is evicted, the node stays lent and counts as cold")
 
 
 def _submit_mem_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
@@ -531,11 +528,8 @@ def _submit_mem_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, no
     mb = a.mem_hold_mb.get(pool.name)
     if mb is None:
         pod = f.warm.pod if f.warm is not None else ""
-        detail = f"no pools[].warm_hold_mb for pool {pool.name} (warm_lending off?): {pod} lent cold"
-        changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, pod))
-        log.warning("warm_fallback", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
-        a._event(f.name, WARM_FAILED_EVENT, detail, "Warning")
-        return changed, detail
+        return _fall_back_cold(a, step, f, pool, pod,
+                               f"no pools[].warm_hold_mb for pool {pool.name} (warm_lending off?): {pod} lent cold")
     return True, f"memory hold {a.slurm.submit_mem_hold(f.name, mb)}: {mb} MB"
 
 
@@ -548,15 +542,9 @@ def _mem_hold_lost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now:
     """A node lent asleep without its memory hold (an administrator cancelled it, it failed):
     Slurm may give research jobs the memory the sleeping weights hold, so the replica goes
     (recorded cold, then evicted: its memory is freed) rather than a new hold preempting them."""
-    if f.warm is None:
-        return False, ""
-    detail = (f"the memory hold of the sleeping replica {f.warm.pod} is gone from Slurm: its memory is no longer kept "
-              "from research jobs; the replica is evicted and the node counts as cold")
-    changed = a.kube.set_warm(f.name, WarmRecord(WarmState.COLD, f.warm.pod))
-    if changed:
-        log.warning("warm_lost", node=f.name, pool=pool.name, phase=str(f.phase), step=str(step), reason=detail)
-        a._event(f.name, EVENT_REASONS[step], detail, "Warning")
-    return changed, detail
+    pod = f.warm.pod if f.warm is not None else ""
+    return _lost_cold(a, step, f, pool, f"the memory hold of the sleeping replica {pod} is gone from Slurm: its memory is no "
+                                        "longer kept from research jobs; the replica is evicted and the node counts as cold")
 
 
 def _delete_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:

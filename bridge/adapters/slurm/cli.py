@@ -312,13 +312,10 @@ class CliSlurm:
         return tuple(ids)
 
     def drain(self, node: str, reason: str) -> bool:
-        validate_node_name(node)
-        text = drain_reason(reason)
-        if not _drain_due(self.node_now(node), text):
-            return False
-        self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}"])
-        _log().info("slurm_drained", node=node, reason=text)
-        return True
+        got = self.drain_nodes({node: reason})[validate_node_name(node)]
+        if isinstance(got, AdapterError):
+            raise got
+        return got
 
     def drain_nodes(self, reasons: Mapping[str, str]) -> DrainOutcomes:
         """``drain`` for many nodes (node -> reason) with one read: each node decided as ``drain``
@@ -381,21 +378,26 @@ class CliSlurm:
         return True
 
     def submit_hold(self, node: str) -> str:
-        name = hold_job_name(node)
-        existing = self._hold_ids(node)
+        return self._submit_ours(node, ["--exclusive"], "gpu-bridge hold: keeps this node for serving", mem=False)
+
+    def _submit_ours(self, node: str, size: Sequence[str], comment: str, *, mem: bool, **log_kw: int) -> str:
+        """Our hold (``mem``: memory hold) pinned to ``node``, of ``size`` (sbatch options);
+        idempotent: an active one is returned. The job id sbatch answers, checked."""
+        name, partition = self._hold_name(node, mem=mem)
+        existing = self._hold_ids(node, mem=mem)
         if existing:
             return existing[0]
         res = self._run([
-            "sbatch", "--parsable", "--partition", self.hold_partition, "--nodelist", node, "--nodes", "1",
-            "--exclusive", "--job-name", name, "--output", "/dev/null", "--error", "/dev/null",
-            "--chdir", "/", "--comment", "gpu-bridge hold: keeps this node for serving", "--wrap", HOLD_WRAP,
+            "sbatch", "--parsable", "--partition", partition, "--nodelist", node, "--nodes", "1", *size,
+            "--job-name", name, "--output", "/dev/null", "--error", "/dev/null", "--chdir", "/", "--comment", comment,
+            "--wrap", HOLD_WRAP,
         ])
         job_id = res.stdout.strip().split(";")[0]
         try:
             validate_job_id(job_id)
         except AdapterError:
             raise AdapterError("slurm", f"sbatch: unexpected answer {sanitize(res.stdout, 80)!r}") from None
-        _log().info("slurm_hold_submitted", node=node, job=job_id)
+        _log().info("slurm_mem_hold_submitted" if mem else "slurm_hold_submitted", node=node, job=job_id, **log_kw)
         return job_id
 
     def cancel_hold(self, node: str) -> tuple[str, ...]:
@@ -419,23 +421,9 @@ class CliSlurm:
         """Warm lending's memory hold: pinned to ``node``, 1 CPU, no GPU, ``mem_mb`` of host
         memory, in the never-preempted warm partition (its tier preempts a research job that
         leaves too little memory). Idempotent: an active one is returned."""
-        name, mb = mem_hold_job_name(node), validate_mem_mb(mem_mb)
-        existing = self._hold_ids(node, mem=True)
-        if existing:
-            return existing[0]
-        res = self._run([
-            "sbatch", "--parsable", "--partition", self.warm_partition, "--nodelist", node, "--nodes", "1",
-            "--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}", "--job-name", name, "--output", "/dev/null",
-            "--error", "/dev/null", "--chdir", "/", "--comment", "gpu-bridge memory hold: a sleeping vLLM replica's host memory",
-            "--wrap", HOLD_WRAP,
-        ])
-        job_id = res.stdout.strip().split(";")[0]
-        try:
-            validate_job_id(job_id)
-        except AdapterError:
-            raise AdapterError("slurm", f"sbatch: unexpected answer {sanitize(res.stdout, 80)!r}") from None
-        _log().info("slurm_mem_hold_submitted", node=node, job=job_id, mem_mb=mb)
-        return job_id
+        mb = validate_mem_mb(mem_mb)
+        return self._submit_ours(node, ["--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}"],
+                                 "gpu-bridge memory hold: a sleeping vLLM replica's host memory", mem=True, mem_mb=mb)
 
     def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
         return self._cancel_ours(node, mem=True)

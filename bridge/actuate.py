@@ -89,6 +89,7 @@ class StepRecord:
 
 
 K = TypeVar("K")
+T = TypeVar("T")
 V = TypeVar("V")
 Handler = Callable[["Actuator", Step, NodeFacts, PoolTarget, float], tuple[bool, str]]
 
@@ -97,11 +98,12 @@ Handler = Callable[["Actuator", Step, NodeFacts, PoolTarget, float], tuple[bool,
 class _PassBatch(Generic[K, V]):
     """Steps of one pass that share one call, made at the first of them for all: the
     REQUEUE_JOBS steps one ``requeue_jobs`` (the due jobs of all their nodes), the DRAIN steps one
-    ``drain_nodes`` (one read, not one per node, in a mass reclaim), the WAKE_REPLICA steps their
-    engines' wakes at once (seconds each, which one after another would add up); each step then
-    takes its own outcome, and a failed call fails every one of them with its error."""
+    ``drain_nodes`` and the hold steps one ``submit_holds`` (one read each, not one per node, in a
+    mass reclaim), the WAKE_REPLICA steps their engines' wakes at once (seconds each, which one
+    after another would add up); each step then takes its own outcome, and a failed call fails
+    every one of them with its error."""
 
-    todo: dict[str, K]  # job -> the run preempted; node -> its drain reason; node -> its pool and pod to wake
+    todo: dict[str, K]  # job -> the run preempted; node -> its drain reason, or None (a hold); node -> its pool and pod to wake
     got: dict[str, V] | AdapterError | None = None  # once made: the outcomes, or why it failed
 
     def outcomes(self, call: Callable[[dict[str, K]], dict[str, V]]) -> dict[str, V]:
@@ -113,6 +115,17 @@ class _PassBatch(Generic[K, V]):
         if isinstance(self.got, AdapterError):
             raise self.got
         return self.got
+
+
+def _batched(batch: _PassBatch[K, T | AdapterError] | None, key: str, call: Callable[[dict[str, K]], dict[str, T | AdapterError]],
+             alone: Callable[[], T]) -> T:
+    """``key``'s outcome of its pass's shared call (its error raised), or ``alone()`` outside a pass."""
+    if batch is None or key not in batch.todo:
+        return alone()
+    got = batch.outcomes(call)[key]
+    if isinstance(got, AdapterError):
+        raise got
+    return got
 
 
 @dataclass
@@ -138,6 +151,7 @@ class Actuator:
     mem_hold_mb: Mapping[str, int] = field(default_factory=dict)
     _requeues: _PassBatch[int | None, RequeueOutcome] | None = field(default=None, init=False, repr=False)  # the pass being applied
     _drains: _PassBatch[str, bool | AdapterError] | None = field(default=None, init=False, repr=False)
+    _holds: _PassBatch[None, str | AdapterError] | None = field(default=None, init=False, repr=False)
     _wakes: _PassBatch[tuple[PoolTarget, PodFacts], AdapterError | None] | None = field(default=None, init=False, repr=False)
 
     def apply(self, intents: Intents) -> list[StepRecord]:
@@ -153,11 +167,12 @@ class Actuator:
         self._requeues = _PassBatch({j.job_id: j.restart_count for s, f, _ in intents.steps if s is Step.REQUEUE_JOBS
                                      for j in past_grace(f, self.grace_s)})
         self._drains = _PassBatch({f.name: _drain_text(self.targets[p]) for s, f, p in intents.steps if s is Step.DRAIN})
+        self._holds = _PassBatch({f.name: None for s, f, _ in intents.steps if s in (Step.SUBMIT_HOLD, Step.ENSURE_HOLD)})
         self._wakes = _PassBatch({f.name: (self.targets[p], pod) for s, f, p in intents.steps
                                   if s is Step.WAKE_REPLICA and (pod := warm_pod(f)) is not None})
         out += [self._try("step_failed", f.name, s, partial(self.execute, s, f, self.targets[p], now=now if s is Step.BLOCKED else None),
                           phase=str(f.phase)) for s, f, p in intents.steps]
-        self._requeues = self._drains = self._wakes = None
+        self._requeues = self._drains = self._holds = self._wakes = None
         out += [self._try("scale_failed", p, SCALE_POINT, partial(self.scale_pool, self.targets[p], n), replicas=n)
                 for p, n in intents.scales]
         out += [self._try("slurm_release_failed", j, RELEASE_POINT, partial(self.release_job, j, LAUNCH_FAILED_HELD, n))
@@ -312,17 +327,13 @@ def _drain_text(pool: PoolTarget) -> str:
 def _drain(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
     """The node drained for serving: with the pass's other drains (one Slurm read for all, at the
     first DRAIN step: ``_PassBatch``), or on its own outside a pass."""
-    batch = a._drains
-    if batch is None or f.name not in batch.todo:
-        return a.slurm.drain(f.name, _drain_text(pool)), ""
-    got = batch.outcomes(a.slurm.drain_nodes)[f.name]
-    if isinstance(got, AdapterError):
-        raise got
-    return got, ""
+    return _batched(a._drains, f.name, a.slurm.drain_nodes, lambda: a.slurm.drain(f.name, _drain_text(pool))), ""
 
 
 def _hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
-    return True, a.slurm.submit_hold(f.name)
+    """The node's hold job: with the pass's other holds (one Slurm read for all, at the first:
+    ``_PassBatch``), or on its own outside a pass."""
+    return True, _batched(a._holds, f.name, a.slurm.submit_holds, lambda: a.slurm.submit_hold(f.name))
 
 
 def _deletion_cost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:

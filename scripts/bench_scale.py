@@ -600,6 +600,8 @@ def run(args: Any, daemon: Daemon, kube: KubeAdapter, slurm_model: SlurmModel, p
     # --- steady state again, then where the time goes ------------------------------------------
     for _ in range(3):
         one_tick()
+    if args.profile_ticks <= 0:
+        return 0
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.profile_ticks):

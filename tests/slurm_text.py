@@ -24,8 +24,8 @@ def scontrol_node(sinfo_json: str, name: str) -> tuple[int, str, str]:
 
 
 def squeue_filtered(squeue_json: str, argv: Sequence[str]) -> tuple[int, str, str]:
-    """(returncode, stdout, stderr) of `squeue --noheader --name N --partition P ... --format %i|%u`:
-    unlike its JSON, squeue's text output honours the filters."""
+    """(returncode, stdout, stderr) of `squeue --noheader --name N[,N...] --partition P ... --format
+    %i|%u[|%j]`: unlike its JSON, squeue's text output honours the filters."""
     args = [a for arg in argv[2:] for a in (arg.split("=", 1) if arg.startswith("--jobs=") else (arg,))]
     opts = {args[i][2:]: args[i + 1] for i in range(0, len(args) - 1, 2) if args[i].startswith("--")}
     if "jobs" in opts:  # the requeue's re-read: --jobs=ID,ID... --Format REQUEUE_CHECK_FORMAT
@@ -38,8 +38,9 @@ def squeue_filtered(squeue_json: str, argv: Sequence[str]) -> tuple[int, str, st
                  f"{j.restart_count}|\n" for j in every.values() if j.job_id in asked]
         return 0, "".join(lines), ""
     jobs = parse_jobs(squeue_json)
-    out = [f"{j.job_id}|{j.user}" for j in jobs
-           if j.name == opts.get("name", j.name) and j.partition == opts.get("partition", j.partition)]
+    fields = {"%i": "job_id", "%u": "user", "%j": "name"}
+    out = ["|".join(getattr(j, fields[f]) for f in opts["format"].split("|")) for j in jobs
+           if j.name in opts.get("name", j.name).split(",") and j.partition == opts.get("partition", j.partition)]
     return 0, "".join(f"{x}\n" for x in out), ""
 
 

@@ -144,6 +144,9 @@ DrainOutcomes = dict[str, "bool | AdapterError"]
 """What ``SlurmWriter.drain_nodes`` did on each node: True drained, False already so (or an
 administrator's drain or DOWN, left alone), or the error of its write."""
 
+HoldOutcomes = dict[str, "str | AdapterError"]
+"""What ``SlurmWriter.submit_holds`` did on each node: its hold's job id, or its sbatch's error."""
+
 
 @runtime_checkable
 class SlurmReader(Protocol):
@@ -197,6 +200,11 @@ class SlurmWriter(Protocol):
 
     def submit_hold(self, node: str) -> str:
         """The job id of our hold job on ``node`` (submitted unless one is already active)."""
+        ...
+
+    def submit_holds(self, nodes: Collection[str]) -> HoldOutcomes:
+        """``submit_hold`` for each node, the holds there read in one Slurm call first (a pass's
+        holds: a mass reclaim's); a failed read raises, and nothing is submitted."""
         ...
 
     def cancel_hold(self, node: str) -> tuple[str, ...]:

@@ -10,14 +10,14 @@ Each implements the same Protocols (``bridge.adapters.protocols``) as what it wr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from bridge import logs
 from bridge.errors import AdapterError
 from bridge.model import Phase, Pin, WarmRecord
 
 from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
-from .protocols import CacheStatus, DrainOutcomes, KubeAdapterProtocol, LeaseHolder, RequeueOutcome, SlurmAdapterProtocol
+from .protocols import CacheStatus, DrainOutcomes, HoldOutcomes, KubeAdapterProtocol, LeaseHolder, RequeueOutcome, SlurmAdapterProtocol
 from .slurm.types import SlurmJobInfo, SlurmNode
 
 log = logs.get(__name__)
@@ -185,6 +185,10 @@ class FencedSlurm(SlurmReadThrough):
     def submit_hold(self, node: str) -> str:
         self._check("submit_hold")
         return self._inner.submit_hold(node)
+
+    def submit_holds(self, nodes: Collection[str]) -> HoldOutcomes:
+        self._check("submit_holds")
+        return self._inner.submit_holds(nodes)
 
     def cancel_hold(self, node: str) -> tuple[str, ...]:
         self._check("cancel_hold")

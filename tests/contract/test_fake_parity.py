@@ -181,6 +181,9 @@ def test_slurm_hold_submit_list_cancel(slurm_world: SlurmWorld) -> None:
     node = w.nodes[2]
     hold = s.submit_hold(node)
     assert hold and s.submit_hold(node) == hold  # idempotent: one hold per node
+    both = s.submit_holds([node, w.nodes[3]])  # a pass's holds, one read: the one there is returned
+    assert both[node] == hold and isinstance(both[w.nodes[3]], str) and both[w.nodes[3]] != hold
+    assert s.cancel_hold(w.nodes[3]) == (both[w.nodes[3]],)
     h = w.eventually(lambda: (x := s.holds().get(node)) is not None and x.state == "running" and x, 20, "hold running")
     assert h.job_id == hold and h.nodes == (node,) and h.is_hold and h.hold_node == node
     assert h.partition == wk.SLURM_HOLD_PARTITION and h.name == wk.SLURM_HOLD_JOB_PREFIX + node

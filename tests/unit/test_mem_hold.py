@@ -33,7 +33,7 @@ class HeldRunner(FakeRunner):
     def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
         if self.held and list(argv[:2]) == ["squeue", "--noheader"] and wk.SLURM_WARM_HOLD_JOB_PREFIX + self.held in argv:
             self.calls.append(list(argv))
-            return CommandResult(0, "77|root\n", "")
+            return CommandResult(0, f"77|root|{wk.SLURM_WARM_HOLD_JOB_PREFIX}{self.held}\n", "")
         return super().__call__(argv, timeout_s)
 
 

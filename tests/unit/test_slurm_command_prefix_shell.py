@@ -29,7 +29,7 @@ RECORDER = """#!{python}
 import json, os, sys
 print(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]))
 if os.path.basename(sys.argv[0]) == "squeue":
-    print("4242|slurm")
+    print("4242|slurm|gpu-bridge-hold:gpu-node-01")
 """
 
 
@@ -77,10 +77,10 @@ def test_every_argument_arrives_intact_through_ssh_and_a_real_shell(remote: tupl
 
 
 def test_the_adapter_reads_hold_jobs_through_ssh(remote: tuple[list[str], dict[str, str], Path]) -> None:
-    # squeue --format %i|%u: unquoted, the remote shell pipes squeue into a command "%u"
+    # squeue --format %i|%u|%j: unquoted, the remote shell pipes squeue into a command "%u"
     prefix, env, _ = remote
     slurm = CliSlurm(command_prefix=prefix, env=env, timeout_s=10, hold_user="slurm")
-    assert slurm._hold_ids("gpu-node-01") == ("4242",)
+    assert slurm._hold_ids(["gpu-node-01", "gpu-node-02"]) == {"gpu-node-01": ("4242",), "gpu-node-02": ()}
 
 
 def test_a_local_prefix_gets_the_arguments_unquoted(tmp_path: Path) -> None:

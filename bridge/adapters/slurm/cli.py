@@ -14,10 +14,10 @@ import shlex
 import subprocess
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from bridge import logs, wellknown
-from bridge.adapters.protocols import DrainOutcomes, RequeueOutcome
+from bridge.adapters.protocols import DrainOutcomes, HoldOutcomes, RequeueOutcome
 from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
@@ -33,6 +33,7 @@ MAX_REASON = 200
 MAX_STDERR = 500
 HOLD_WRAP = "exec sleep infinity"  # fixed text: nothing from data ever goes into a command
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+T = TypeVar("T")
 
 
 def _log() -> Any:
@@ -140,6 +141,22 @@ def _drain_due(cur: SlurmNode, text: str) -> bool:
 
 def hold_job_name(node: str) -> str:
     return wellknown.SLURM_HOLD_JOB_PREFIX + validate_node_name(node)
+
+
+def _one(outcomes: Mapping[str, T | AdapterError], key: str) -> T:
+    """One node's outcome of a call made for many: its error raised."""
+    got = outcomes[key]
+    if isinstance(got, AdapterError):
+        raise got
+    return got
+
+
+def _sbatch_job_id(answer: str) -> str:
+    """The job id ``sbatch --parsable`` answers (``ID`` or ``ID;cluster``), checked."""
+    try:
+        return validate_job_id(answer.strip().split(";")[0])
+    except AdapterError:
+        raise AdapterError("slurm", f"sbatch: unexpected answer {sanitize(answer, 80)!r}") from None
 
 
 def mem_hold_job_name(node: str) -> str:
@@ -293,29 +310,24 @@ class CliSlurm:
         """Our hold's (``mem``: memory hold's) job name for ``node``, and its partition."""
         return (mem_hold_job_name(node), self.warm_partition) if mem else (hold_job_name(node), self.hold_partition)
 
-    def _hold_ids(self, node: str, *, mem: bool = False) -> tuple[str, ...]:
-        """Ids of our live hold jobs for ``node`` (squeue's text output honours its filters);
-        ``mem``: its memory holds (warm lending) instead of its serving holds."""
-        name, partition = self._hold_name(node, mem=mem)
+    def _hold_ids(self, nodes: Collection[str], *, mem: bool = False) -> dict[str, tuple[str, ...]]:
+        """Ids of our live hold jobs (``mem``: memory holds, warm lending) on each of ``nodes``, in
+        one squeue (its text output honours its filters; the job name says the node)."""
+        names = {self._hold_name(n, mem=mem)[0]: n for n in nodes}
         res = self._run([
-            "squeue", "--noheader", "--name", name, "--partition", partition,
+            "squeue", "--noheader", "--name", ",".join(sorted(names)), "--partition", self._hold_name("x", mem=mem)[1],
             # not COMPLETING: a cancelled hold on its way out (scancel again would fail)
-            "--states", "PENDING,RUNNING,CONFIGURING,SUSPENDED,REQUEUED", "--format", "%i|%u",
+            "--states", "PENDING,RUNNING,CONFIGURING,SUSPENDED,REQUEUED", "--format", "%i|%u|%j",
         ])
-        ids = []
+        ids: dict[str, list[str]] = {n: [] for n in names.values()}
         for line in res.stdout.splitlines():
-            job_id, _, user = line.strip().partition("|")
-            if not job_id:
-                continue
-            if self.hold_user is None or user == self.hold_user:
-                ids.append(validate_job_id(job_id))
-        return tuple(ids)
+            job_id, user, name = (line.strip().split("|", 2) + ["", ""])[:3]
+            if job_id and name in names and (self.hold_user is None or user == self.hold_user):
+                ids[names[name]].append(validate_job_id(job_id))
+        return {n: tuple(v) for n, v in ids.items()}
 
     def drain(self, node: str, reason: str) -> bool:
-        got = self.drain_nodes({node: reason})[validate_node_name(node)]
-        if isinstance(got, AdapterError):
-            raise got
-        return got
+        return _one(self.drain_nodes({node: reason}), validate_node_name(node))
 
     def drain_nodes(self, reasons: Mapping[str, str]) -> DrainOutcomes:
         """``drain`` for many nodes (node -> reason) with one read: each node decided as ``drain``
@@ -378,27 +390,32 @@ class CliSlurm:
         return True
 
     def submit_hold(self, node: str) -> str:
-        return self._submit_ours(node, ["--exclusive"], "gpu-bridge hold: keeps this node for serving", mem=False)
+        return _one(self.submit_holds([node]), validate_node_name(node))
 
-    def _submit_ours(self, node: str, size: Sequence[str], comment: str, *, mem: bool, **log_kw: int) -> str:
-        """Our hold (``mem``: memory hold) pinned to ``node``, of ``size`` (sbatch options);
-        idempotent: an active one is returned. The job id sbatch answers, checked."""
-        name, partition = self._hold_name(node, mem=mem)
-        existing = self._hold_ids(node, mem=mem)
-        if existing:
-            return existing[0]
-        res = self._run([
-            "sbatch", "--parsable", "--partition", partition, "--nodelist", node, "--nodes", "1", *size,
-            "--job-name", name, "--output", "/dev/null", "--error", "/dev/null", "--chdir", "/", "--comment", comment,
-            "--wrap", HOLD_WRAP,
-        ])
-        job_id = res.stdout.strip().split(";")[0]
-        try:
-            validate_job_id(job_id)
-        except AdapterError:
-            raise AdapterError("slurm", f"sbatch: unexpected answer {sanitize(res.stdout, 80)!r}") from None
-        _log().info("slurm_mem_hold_submitted" if mem else "slurm_hold_submitted", node=node, job=job_id, **log_kw)
-        return job_id
+    def submit_holds(self, nodes: Collection[str]) -> HoldOutcomes:
+        return self._submit_ours({validate_node_name(n): ["--exclusive"] for n in nodes},
+                                 "gpu-bridge hold: keeps this node for serving", mem=False)
+
+    def _submit_ours(self, sizes: Mapping[str, Sequence[str]], comment: str, *, mem: bool, **log_kw: int) -> HoldOutcomes:
+        """Our hold (``mem``: memory hold) pinned to each node, of its size (sbatch options), the
+        holds there read in one squeue first: an active one is returned, not submitted again. The
+        job id sbatch answers, checked; a node's failed sbatch is its outcome, the others go on."""
+        out: HoldOutcomes = {n: ids[0] for n, ids in (self._hold_ids(sizes, mem=mem) if sizes else {}).items() if ids}
+        for node, size in ((n, z) for n, z in sizes.items() if n not in out):
+            name, partition = self._hold_name(node, mem=mem)
+            try:
+                res = self._run([
+                    "sbatch", "--parsable", "--partition", partition, "--nodelist", node, "--nodes", "1", *size,
+                    "--job-name", name, "--output", "/dev/null", "--error", "/dev/null", "--chdir", "/",
+                    "--comment", comment, "--wrap", HOLD_WRAP,
+                ])
+                job_id = _sbatch_job_id(res.stdout)
+            except AdapterError as exc:
+                out[node] = exc
+                continue
+            _log().info("slurm_mem_hold_submitted" if mem else "slurm_hold_submitted", node=node, job=job_id, **log_kw)
+            out[node] = job_id
+        return out
 
     def cancel_hold(self, node: str) -> tuple[str, ...]:
         return self._cancel_ours(node, mem=False)
@@ -406,7 +423,7 @@ class CliSlurm:
     def _cancel_ours(self, node: str, *, mem: bool) -> tuple[str, ...]:
         """Cancel our hold (``mem``: our memory hold) on ``node``; the ids cancelled."""
         name, partition = self._hold_name(node, mem=mem)
-        ids = self._hold_ids(node, mem=mem)
+        ids = self._hold_ids([node], mem=mem)[node]
         if not ids:
             return ()
         # scancel applies the filters to the listed ids too: only our hold jobs can go
@@ -421,9 +438,9 @@ class CliSlurm:
         """Warm lending's memory hold: pinned to ``node``, 1 CPU, no GPU, ``mem_mb`` of host
         memory, in the never-preempted warm partition (its tier preempts a research job that
         leaves too little memory). Idempotent: an active one is returned."""
-        mb = validate_mem_mb(mem_mb)
-        return self._submit_ours(node, ["--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}"],
-                                 "gpu-bridge memory hold: a sleeping vLLM replica's host memory", mem=True, mem_mb=mb)
+        mb, node = validate_mem_mb(mem_mb), validate_node_name(node)
+        return _one(self._submit_ours({node: ["--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}"]},
+                                      "gpu-bridge memory hold: a sleeping vLLM replica's host memory", mem=True, mem_mb=mb), node)
 
     def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
         return self._cancel_ours(node, mem=True)

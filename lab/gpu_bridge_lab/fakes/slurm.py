@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from bridge import wellknown
@@ -336,6 +336,18 @@ class FakeSlurm:
         self.writes.append(("submit_hold", node))
         self._schedule()
         return jid
+
+    def submit_holds(self, nodes: Collection[str]) -> dict[str, str | AdapterError]:
+        """Each node through ``submit_hold`` (its failure, injected or Slurm's, is its outcome)."""
+        self._check("submit_holds")
+        self.calls["submit_holds"] += 1
+        out: dict[str, str | AdapterError] = {}
+        for node in nodes:
+            try:
+                out[node] = self.submit_hold(node)
+            except AdapterError as exc:
+                out[node] = exc
+        return out
 
     def cancel_hold(self, node: str) -> tuple[str, ...]:
         return self._cancel_ours(node, mem=False)

@@ -11,9 +11,11 @@ What it enforces, for the nodes gpu-bridge lends to Slurm:
     moving a job into the preemptible partition without making it requeueable in the same
     update (`scontrol update JobId=N Partition=preempt` is refused; `... Requeue=1` is fine).
   * The hold partition (gpu-bridge) and the hold job name prefix (gpu-bridge-hold:) belong
-    to the bridge: submissions there by anyone else are rejected (AllowGroups= in slurm.conf
-    enforces it too; this gives the clear message). A researcher cannot fake a hold job,
-    because gpu-bridge reads its holds by name. "The bridge" is the uid slurmctld
+    to the bridge, and so do warm lending's memory-hold partition (gpu-bridge-warm) and its
+    job name prefix (gpu-bridge-warm:): submissions there, or renames to those names, by anyone
+    else are rejected (AllowGroups= in slurm.conf enforces the partitions too; this gives the
+    clear message). A researcher cannot fake a hold or a memory hold (which would keep a node
+    counted as serving, or as lent warm), because gpu-bridge reads them by partition and name. "The bridge" is the uid slurmctld
     authenticated for the request (submit_uid / modify_uid), never a user name the request
     carries.
   * The optional fast-grace tier (FAST_PARTITION, e.g. `preempt-fast`: GraceTime of seconds,
@@ -36,6 +38,8 @@ cli_filter.lua (CliFilterPlugins=cli_filter/lua) sets it on the client side inst
 local PREEMPT_PARTITION = "preempt"        -- bridge.wellknown.SLURM_PREEMPT_PARTITION
 local HOLD_PARTITION = "gpu-bridge"        -- bridge.wellknown.SLURM_HOLD_PARTITION
 local HOLD_JOB_PREFIX = "gpu-bridge-hold:" -- bridge.wellknown.SLURM_HOLD_JOB_PREFIX
+local WARM_PARTITION = "gpu-bridge-warm"   -- gpu-bridge.yaml slurm.warm_partition
+local WARM_JOB_PREFIX = "gpu-bridge-warm:" -- bridge.wellknown.SLURM_WARM_HOLD_JOB_PREFIX
 -- Uids that may use the hold partition and hold job names (root always may): the uid the
 -- gpu-bridge daemon runs as (`id -u gpu-bridge`), e.g. { [998] = true }. A uid, not a name:
 -- it is what slurmctld authenticated (munge), and Lua has no name lookup.
@@ -155,6 +159,27 @@ local function starts_with(s, prefix)
    return s ~= nil and string.sub(s, 1, #prefix) == prefix
 end
 
+-- The bridge's own partitions and job names, and what they are for.
+local RESERVED = {
+   { partition = HOLD_PARTITION, prefix = HOLD_JOB_PREFIX, what = "placeholder jobs (it holds nodes for serving)" },
+   { partition = WARM_PARTITION, prefix = WARM_JOB_PREFIX,
+     what = "memory holds (a sleeping vLLM replica's host memory, warm lending)" },
+}
+
+-- Why a job in partitions ``parts`` named ``name`` is not for anyone but the bridge, or nil.
+local function reserved_problem(parts, name)
+   for _, r in ipairs(RESERVED) do
+      if contains(parts, r.partition) then
+         return "partition '" .. r.partition .. "' is reserved for gpu-bridge's " .. r.what ..
+                "; submit research jobs with -p " .. PREEMPT_PARTITION
+      end
+      if starts_with(name, r.prefix) then
+         return "job names starting with '" .. r.prefix .. "' are reserved for gpu-bridge; choose another --job-name"
+      end
+   end
+   return nil
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
    if READ_ONLY_UIDS[submit_uid] == true then
       return reject("uid " .. tostring(submit_uid) .. " is read-only (gpu-bridge web): it submits no jobs")
@@ -162,13 +187,9 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
    local parts = requested_partitions(job_desc, part_list)
    local bridge = is_bridge(submit_uid)
 
-   if contains(parts, HOLD_PARTITION) and not bridge then
-      return reject("partition '" .. HOLD_PARTITION .. "' is reserved for gpu-bridge's placeholder jobs " ..
-                    "(it holds nodes for serving); submit research jobs with -p " .. PREEMPT_PARTITION)
-   end
-   if starts_with(job_desc.name, HOLD_JOB_PREFIX) and not bridge then
-      return reject("job names starting with '" .. HOLD_JOB_PREFIX .. "' are reserved for gpu-bridge; " ..
-                    "choose another --job-name")
+   local reserved = not bridge and reserved_problem(parts, job_desc.name)
+   if reserved then
+      return reject(reserved)
    end
 
    local fast = FAST_PARTITION ~= nil and contains(parts, FAST_PARTITION)
@@ -207,11 +228,9 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    end
    local bridge = is_bridge(modify_uid)
 
-   if contains(split_partitions(job_desc.partition), HOLD_PARTITION) and not bridge then
-      return reject("partition '" .. HOLD_PARTITION .. "' is reserved for gpu-bridge's placeholder jobs")
-   end
-   if starts_with(job_desc.name, HOLD_JOB_PREFIX) and not bridge then
-      return reject("job names starting with '" .. HOLD_JOB_PREFIX .. "' are reserved for gpu-bridge")
+   local reserved = not bridge and reserved_problem(split_partitions(job_desc.partition), job_desc.name)
+   if reserved then
+      return reject(reserved)
    end
    for _, part in ipairs({ PREEMPT_PARTITION, FAST_PARTITION }) do
       if contains(parts, part) and job_desc.requeue == 0 then
@@ -248,6 +267,6 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
    return slurm.SUCCESS
 end
 
-slurm.log_info("job_submit/lua gpu-bridge: loaded (preempt=%s hold=%s grace_s=%d fast=%s fast_grace_s=%d)",
-               PREEMPT_PARTITION, HOLD_PARTITION, GRACE_S, tostring(FAST_PARTITION), FAST_GRACE_S)
+slurm.log_info("job_submit/lua gpu-bridge: loaded (preempt=%s hold=%s warm=%s grace_s=%d fast=%s fast_grace_s=%d)",
+               PREEMPT_PARTITION, HOLD_PARTITION, WARM_PARTITION, GRACE_S, tostring(FAST_PARTITION), FAST_GRACE_S)
 return slurm.SUCCESS

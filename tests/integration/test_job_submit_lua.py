@@ -2,7 +2,8 @@
 
 The cluster runs with JobRequeue=0, so a job that ends up requeueable proves the script set it.
 Covered: --no-requeue rejected in `preempt` (and allowed elsewhere), requeue forced, the
-`gpu-bridge` partition and hold job names refused to other users with a clear message, the
+`gpu-bridge` partition and hold job names (and warm lending's `gpu-bridge-warm` and memory-hold
+names) refused to other users with a clear message, the
 bridge (root, and the uid BRIDGE_UIDS names: `daemon` here) may use them and rename its jobs,
 `scontrol update Requeue=0` refused, a move into `preempt` refused unless it sets Requeue=1
 (a --no-requeue job would be lost at the reclaim), GPU_BRIDGE_GRACE_S
@@ -133,6 +134,24 @@ def test_hold_job_name_refused_to_other_users(cluster: SlurmOnly) -> None:
     rc, _, err = submit(cluster, "-p", "preempt", "-J", "gpu-bridge-hold:gpu-node-01", user="nobody")
     assert rc != 0
     assert "job names starting with 'gpu-bridge-hold:' are reserved for gpu-bridge" in err
+
+
+@pytest.mark.parametrize(("args", "problem"), [
+    (["-p", wk.SLURM_WARM_PARTITION], f"partition '{wk.SLURM_WARM_PARTITION}' is reserved for gpu-bridge's memory holds"),
+    (["-p", "preempt", "-J", wk.SLURM_WARM_HOLD_JOB_PREFIX + "gpu-node-01"],
+     f"job names starting with '{wk.SLURM_WARM_HOLD_JOB_PREFIX}' are reserved for gpu-bridge"),
+], ids=["partition", "job-name"])
+def test_warm_lendings_memory_holds_are_the_bridges_too(cluster: SlurmOnly, args: list[str], problem: str) -> None:
+    """A fake memory hold would keep a node counted as lent warm: refused to others, by name and
+    partition, on submission and on a rename; the bridge's uid may use them."""
+    rc, _, err = submit(cluster, *args, user="nobody")
+    assert rc != 0 and problem in err, err
+    rc, job, err = submit(cluster, "-p", "preempt", user="nobody")
+    assert rc == 0, err
+    r = cluster.run(["scontrol", "update", f"JobId={job}", f"Name={wk.SLURM_WARM_HOLD_JOB_PREFIX}gpu-node-01"], user="nobody")
+    assert r.returncode != 0 and show_job(cluster, job)["JobName"] == "wrap"
+    rc, _, err = submit(cluster, "-p", "preempt", "-J", wk.SLURM_WARM_HOLD_JOB_PREFIX + "gpu-node-01", user=BRIDGE_USER)
+    assert rc == 0, err
 
 
 @pytest.mark.parametrize("flag", ["--no-requeue", "--requeue"])

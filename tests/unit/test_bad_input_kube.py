@@ -205,6 +205,13 @@ def world(kube: FakeKube | None = None, *, unadopted: str = "gpu-node-04") -> tu
     return d, kube, runner
 
 
+def delivered(kube: FakeKube, obj: dict[str, Any]) -> None:
+    """A malformed object as a watch delivers it: with a new resourceVersion when it has one (the
+    fake, like the real adapter's informers, parses an object once per version)."""
+    if "resourceVersion" in obj["metadata"]:
+        kube._bump(obj)
+
+
 def snapshot(kube: FakeKube) -> tuple[dict[str, Any], dict[str, Any]]:
     return copy.deepcopy(kube._nodes), copy.deepcopy(kube._pods)
 
@@ -224,6 +231,7 @@ def test_node_missing_a_field_is_held_and_never_written(field: str, node: str) -
         kube._nodes[node]["metadata"]["name"] = ""
     else:
         del kube._nodes[node]["metadata"][field]
+    delivered(kube, kube._nodes[node])
     before = copy.deepcopy(kube._nodes[node])
     pods_before = {k: copy.deepcopy(v) for k, v in kube._pods.items() if v["spec"].get("nodeName") == node}
     for _ in range(2):
@@ -243,6 +251,7 @@ def test_pod_missing_a_field_holds_its_node(field: str) -> None:
     d, kube, runner = world()
     pod = next(k for k, v in kube._pods.items() if v["spec"].get("nodeName") == "gpu-node-02")
     del kube._pods[pod]["metadata"][field]
+    delivered(kube, kube._pods[pod])
     nodes_before, pods_before = snapshot(kube)
     d.iterate()
     plan = d.ledger.last_plan

@@ -138,20 +138,12 @@ def own_drain_reason(reason: str, config: Config) -> str | None:
     return next((r for r in config.slurm.own_drain_reasons if r and wk.is_slurm_reason(reason, r)), None)
 
 
-def is_hold_job(job: SlurmJob, config: Config) -> bool:
-    """Our placeholder job: its partition and name, and its user when ``slurm.hold_user`` is
-    set (anyone else's job of that name is a research job: never cancelled as a hold)."""
-    hold_user = config.slurm.hold_user
-    return (job.partition == config.slurm.hold_partition and job.name.startswith(wk.SLURM_HOLD_JOB_PREFIX)
-            and (hold_user is None or job.user == hold_user))
-
-
-def is_mem_hold_job(job: SlurmJob, config: Config) -> bool:
-    """Warm lending's memory hold (``gpu-bridge-warm:<node>``): by partition and name, and user
-    as for the serving holds. Never a research job: never requeued, counted or cancelled as one."""
-    hold_user = config.slurm.hold_user
-    return (job.partition == config.slurm.warm_partition and job.name.startswith(wk.SLURM_WARM_HOLD_JOB_PREFIX)
-            and (hold_user is None or job.user == hold_user))
+def is_hold_job(job: SlurmJob, config: Config, *, mem: bool = False) -> bool:
+    """Our placeholder job (``mem``: warm lending's memory hold, ``gpu-bridge-warm:<node>``): its
+    partition and name, and its user when ``slurm.hold_user`` is set (anyone else's job of that
+    name is a research job: never cancelled as a hold; a hold is never requeued or counted as research)."""
+    part, prefix = (config.slurm.warm_partition, wk.SLURM_WARM_HOLD_JOB_PREFIX) if mem else (config.slurm.hold_partition, wk.SLURM_HOLD_JOB_PREFIX)
+    return job.partition == part and job.name.startswith(prefix) and config.slurm.hold_user in (None, job.user)
 
 
 def hold_job_node(job: SlurmJob) -> str:
@@ -312,7 +304,7 @@ class _JobsByNode:
         tiers = {config.slurm.preempt_partition} | ({fast} if fast else set())
         for job in jobs:
             parts = frozenset(job.partition.split(","))  # a pending job's list: preempt,preempt-fast
-            if is_mem_hold_job(job, config):
+            if is_hold_job(job, config, mem=True):
                 # not in ``allocated`` (research or a serving hold there): beside it the node takes research jobs
                 node = job.name[len(wk.SLURM_WARM_HOLD_JOB_PREFIX):]
                 running = job.state in JOB_STATES_HOLDING_NODES and node in job.nodes

@@ -3,6 +3,7 @@ argv (and only when needed), refusals, client-side filters, errors sanitized, fa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -242,3 +243,22 @@ def test_subprocess_runner_timeout_and_missing_binary() -> None:
     with pytest.raises(AdapterError, match="cannot run"):
         run(["/nonexistent/sinfo"], 1.0)
     assert run(["true"], 5.0).returncode == 0
+
+
+@pytest.mark.parametrize("partition", [wellknown.SLURM_HOLD_PARTITION, wellknown.SLURM_WARM_PARTITION, "preempt"])
+def test_release_frees_a_research_job_slurm_held_never_a_job_of_the_bridges_partitions(partition: str) -> None:
+    """A job in the hold or warm partition (a hold, a memory hold, or whatever got there: those
+    partitions are the bridge's) is never released as research, whatever its name or user."""
+    a, r = adapter()
+    doc = json.loads(r.squeue)
+    job = doc["jobs"][0]
+    job.update(partition=partition, job_state="PENDING", state_reason="launch_failed_requeued_held", name="train")
+    r.squeue = json.dumps(doc)
+    jid = str(job["job_id"])
+    if partition == "preempt":
+        assert a.release(jid, "launch_failed_requeued_held") is True
+        assert r.writes() == [["scontrol", "release", jid]]
+        return
+    with pytest.raises(NotOursError, match="hold job"):
+        a.release(jid, "launch_failed_requeued_held")
+    assert r.writes() == []

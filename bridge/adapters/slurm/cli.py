@@ -533,8 +533,7 @@ class CliSlurm:
         job = next((j for j in self.jobs() if j.job_id == jid), None)
         if job is None or not job.held_for(reason):
             return False
-        if self._is_our_hold(job) or (job.partition == self.warm_partition
-                                      and job.name.startswith(wellknown.SLURM_WARM_HOLD_JOB_PREFIX)):
+        if job.partition in (self.hold_partition, self.warm_partition):  # as requeue_jobs: the bridge's partitions
             raise NotOursError("slurm", f"release {jid}: it is a hold job, not a research job")
         self._run(["scontrol", "release", jid])
         _log().info("slurm_job_released", job=jid, reason=job.state_description or job.state_reason)

@@ -314,8 +314,10 @@ class CliSlurm:
         """Ids of our live hold jobs (``mem``: memory holds, warm lending) on each of ``nodes``, in
         one squeue (its text output honours its filters; the job name says the node)."""
         names = {self._hold_name(n, mem=mem)[0]: n for n in nodes}
+        if not names:
+            return {}
         res = self._run([
-            "squeue", "--noheader", "--name", ",".join(sorted(names)), "--partition", self._hold_name("x", mem=mem)[1],
+            "squeue", "--noheader", "--name", ",".join(sorted(names)), "--partition", self.warm_partition if mem else self.hold_partition,
             # not COMPLETING: a cancelled hold on its way out (scancel again would fail)
             "--states", "PENDING,RUNNING,CONFIGURING,SUSPENDED,REQUEUED", "--format", "%i|%u|%j",
         ])
@@ -400,7 +402,7 @@ class CliSlurm:
         """Our hold (``mem``: memory hold) pinned to each node, of its size (sbatch options), the
         holds there read in one squeue first: an active one is returned, not submitted again. The
         job id sbatch answers, checked; a node's failed sbatch is its outcome, the others go on."""
-        out: HoldOutcomes = {n: ids[0] for n, ids in (self._hold_ids(sizes, mem=mem) if sizes else {}).items() if ids}
+        out: HoldOutcomes = {n: ids[0] for n, ids in self._hold_ids(sizes, mem=mem).items() if ids}
         for node, size in ((n, z) for n, z in sizes.items() if n not in out):
             name, partition = self._hold_name(node, mem=mem)
             try:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import copy
 import itertools
-from functools import partial
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar, cast
 
 from bridge import wellknown as wk

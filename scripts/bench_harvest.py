@@ -542,6 +542,13 @@ def stress_cases(args: argparse.Namespace, seed: int) -> list[tuple[str, Any, tu
     gaps = tuple((float(a), float(a + rng.uniform(600, 10800))) for a in starts)
     cases.append(("gaps x8 azure2024-conv", w, gaps))
     cases.append(("down x8 azure2024-conv", w, gaps))
+    # burstiness that changes at a random time, at the same level: every window's cv x3 from then
+    # on (drawn after the cases above, whose random times stay as they were)
+    for name in ("azure2024-code.csv", "azure2024-conv.csv"):
+        tr = load_trace(str(data / name))
+        at = int(rng.uniform(0.25, 0.6) * len(tr.cvs))
+        tr = dataclasses.replace(tr, cvs=tuple(c * (3.0 if i >= at else 1.0) for i, c in enumerate(tr.cvs)))
+        cases.append((f"cv x3 from day {at * tr.window_s / 86400:.1f} {Path(name).stem}", wl(name, trace=tr), ()))
     return cases
 
 

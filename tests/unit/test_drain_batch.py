@@ -214,9 +214,10 @@ def test_outside_a_pass_a_drain_reads_its_own_node() -> None:
     assert slurm.commands() == ["show gpu-node-02", "update NodeName=gpu-node-02"]
 
 
-def test_a_mass_reclaim_drains_every_node_with_one_read_per_pass() -> None:
+def test_a_mass_reclaim_holds_and_drains_every_node_with_one_read_per_pass() -> None:
     """Three lent nodes reclaimed at once (the fake counts its calls as CliSlurm makes them): the
-    pass where their holds run drains the three with one ``drain_nodes``, never ``drain``."""
+    pass that starts the reclaim submits their holds with one ``submit_holds`` (test_hold_batch.py),
+    and the pass where their holds run drains the three with one ``drain_nodes``, never ``drain``."""
     w = World()
     w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
     lent = [n for n, p in w.phases().items() if p is Phase.LENT]
@@ -225,8 +226,9 @@ def test_a_mass_reclaim_drains_every_node_with_one_read_per_pass() -> None:
     for _ in range(20):
         calls, writes = dict(w.slurm.calls), len(w.slurm.writes)
         w.tick()
-        per_tick.append((w.slurm.calls["drain_nodes"] - calls.get("drain_nodes", 0), w.slurm.calls["drain"] - calls.get("drain", 0),
-                         sorted(n for k, n in w.slurm.writes[writes:] if k == "drain")))
-    drained = [t for t in per_tick if t[2]]
-    assert drained == [(1, 0, sorted(lent))], per_tick
+        per_tick.append({k: (w.slurm.calls[c] - calls.get(c, 0), sorted(n for x, n in w.slurm.writes[writes:] if x == k))
+                         for k, c in (("submit_hold", "submit_holds"), ("drain", "drain_nodes"), ("drain_alone", "drain"))})
+    assert [t["submit_hold"] for t in per_tick if t["submit_hold"][1]] == [(1, sorted(lent))], per_tick
+    assert [t["drain"] for t in per_tick if t["drain"][1]] == [(1, sorted(lent))], per_tick
+    assert sum(t["drain_alone"][0] for t in per_tick) == 0, per_tick
     assert w.count(Phase.SERVING) == 4 and w.violations == []

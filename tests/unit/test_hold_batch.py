@@ -6,7 +6,8 @@
   count), then one sbatch per node without one; a node whose sbatch fails gets its error, the
   others go on; a read that fails submits nothing.
 - The actuator: the SUBMIT_HOLD/ENSURE_HOLD steps of one pass share one ``submit_holds``, made at
-  the first of them; each step records its own node. Outside a pass, ``submit_hold``."""
+  the first of them; each step records its own node. Outside a pass, ``submit_hold``. (The mass
+  reclaim over the fakes: test_drain_batch.py, one ``submit_holds`` per pass.)"""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from bridge.errors import AdapterError
 from bridge.lifecycle import NodeFacts, Step
 from bridge.model import Phase
 from bridge.reconcile import Intents
-from tests.unit.test_daemon_loop import HIGH, World
 from tests.unit.test_drain_batch import POOL, Kube
 
 NODES = [f"gpu-node-{i:02d}" for i in range(1, 5)]
@@ -141,17 +141,3 @@ def test_a_failed_batch_read_fails_every_hold_step_and_submits_nothing() -> None
     assert len(slurm.calls) == 1 and points == []  # one read, made once
     assert [r.node for r in records] == NODES and all(r.error is not None and "Socket timed out" in str(r.error) for r in records)
 
-
-def test_a_mass_reclaim_submits_every_hold_with_one_read_per_pass() -> None:
-    w = World()
-    w.run_until(lambda: w.count(Phase.LENT) == 3, 80, "lent down to min_serving")
-    lent = [n for n, p in w.phases().items() if p is Phase.LENT]
-    w.load = HIGH
-    per_tick = []
-    for _ in range(20):
-        calls, writes = dict(w.slurm.calls), len(w.slurm.writes)
-        w.tick()
-        per_tick.append((w.slurm.calls["submit_holds"] - calls.get("submit_holds", 0),
-                         sorted(n for k, n in w.slurm.writes[writes:] if k == "submit_hold")))
-    assert [t for t in per_tick if t[1]] == [(1, sorted(lent))], per_tick
-    assert w.count(Phase.SERVING) == 4 and w.violations == []

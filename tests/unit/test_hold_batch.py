@@ -141,3 +141,30 @@ def test_a_failed_batch_read_fails_every_hold_step_and_submits_nothing() -> None
     assert len(slurm.calls) == 1 and points == []  # one read, made once
     assert [r.node for r in records] == NODES and all(r.error is not None and "Socket timed out" in str(r.error) for r in records)
 
+
+
+def test_many_nodes_are_read_in_lists_execve_accepts() -> None:
+    """A first pass adopting thousands of serving nodes looks up their holds (and a mass drain
+    reads its nodes) in lists of at most LIST_CHUNK: one argument of 10,000 names (270 KB) is
+    more than Linux accepts (128 KiB), and every step of the pass would fail on every tick."""
+    from bridge.adapters.slurm.cli import LIST_CHUNK
+
+    nodes = [f"gpu-node-{i:05d}" for i in range(2 * LIST_CHUNK + 1)]
+    slurm = Slurm({"7": ("root", hold(nodes[-1]), wk.SLURM_HOLD_PARTITION)})
+    got = CliSlurm(runner=slurm).submit_holds(nodes)
+    reads = [c[c.index("--name") + 1].split(",") for c in slurm.calls if c[0] == "squeue"]
+    assert [len(r) for r in reads] == [LIST_CHUNK, LIST_CHUNK, 1] and sorted(sum(reads, [])) == sorted(hold(n) for n in nodes)
+    assert max(len(",".join(r)) for r in reads) < 64 * 1024
+    assert got[nodes[-1]] == "7" and len([c for c in slurm.calls if c[0] == "sbatch"]) == len(nodes) - 1
+
+    shown: list[list[str]] = []
+
+    def scontrol(argv: Sequence[str], timeout_s: float) -> CommandResult:
+        shown.append((argv[4] if argv[2] == "show" else argv[2].removeprefix("NodeName=")).split(","))
+        if argv[2] != "show":  # scontrol update NodeName=A,B,... State=DRAIN
+            return CommandResult(0, "", "")
+        return CommandResult(0, "".join(f"NodeName={n} State=IDLE\n" for n in argv[4].split(",")), "")
+
+    drained = CliSlurm(runner=scontrol).drain_nodes(dict.fromkeys(nodes, "serving"))
+    assert [len(x) for x in shown] == [LIST_CHUNK, LIST_CHUNK, 1] * 2  # the reads, then the writes, in lists
+    assert all(drained[n] is True for n in nodes)

@@ -12,7 +12,7 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -32,6 +32,10 @@ SINFO_ARGV = ("sinfo", "--json", "--Node")
 MAX_REASON = 200
 MAX_STDERR = 500
 HOLD_WRAP = "exec sleep infinity"  # fixed text: nothing from data ever goes into a command
+# Names per list argument (A,B,...) of one read: 500 of at most 80 characters (a node name and a
+# job name prefix) stay far below Linux's 128 KiB per argument; a first pass adopting 10,000
+# serving nodes looks up their holds in 20 reads, not in one argument execve refuses.
+LIST_CHUNK = 500
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 T = TypeVar("T")
 
@@ -141,6 +145,11 @@ def _drain_due(cur: SlurmNode, text: str) -> bool:
 
 def hold_job_name(node: str) -> str:
     return wellknown.SLURM_HOLD_JOB_PREFIX + validate_node_name(node)
+
+
+def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
+    """``items`` in lists of at most ``LIST_CHUNK``: one command's list argument each."""
+    return (items[i : i + LIST_CHUNK] for i in range(0, len(items), LIST_CHUNK))
 
 
 def _one(outcomes: Mapping[str, T | AdapterError], key: str) -> T:
@@ -297,14 +306,17 @@ class CliSlurm:
         return parse_scontrol_node(self._run(["scontrol", "--oneliner", "show", "node", name]).stdout)
 
     def nodes_now(self, names: Collection[str]) -> dict[str, SlurmNode]:
-        """The named nodes as slurmctld has them now, in one ``scontrol show node A,B,...`` (22.05
-        and 24.11 print one line per node; an unknown one fails the read): a pass's drains."""
-        asked = sorted({validate_node_name(n) for n in names})
-        res = self._run(["scontrol", "--oneliner", "show", "node", ",".join(asked)], ok_codes=(0, 1))
-        if res.returncode:  # e.g. "Node X not found" after the nodes it knows: the message, not the nodes
-            why = " ".join(ln for ln in (res.stdout + "\n" + res.stderr).splitlines() if not ln.startswith("NodeName="))
-            raise AdapterError("slurm", f"scontrol show node failed (rc 1): {sanitize(why, MAX_STDERR) or '(no output)'}")
-        return parse_scontrol_nodes(res.stdout, asked)
+        """The named nodes as slurmctld has them now, in one ``scontrol show node A,B,...`` per
+        ``LIST_CHUNK`` (22.05 and 24.11 print one line per node; an unknown one fails the read):
+        a pass's drains."""
+        asked, out = sorted({validate_node_name(n) for n in names}), {}
+        for chunk in _chunks(asked):
+            res = self._run(["scontrol", "--oneliner", "show", "node", ",".join(chunk)], ok_codes=(0, 1))
+            if res.returncode:  # e.g. "Node X not found" after the nodes it knows: the message, not the nodes
+                why = " ".join(ln for ln in (res.stdout + "\n" + res.stderr).splitlines() if not ln.startswith("NodeName="))
+                raise AdapterError("slurm", f"scontrol show node failed (rc 1): {sanitize(why, MAX_STDERR) or '(no output)'}")
+            out.update(parse_scontrol_nodes(res.stdout, chunk))
+        return out
 
     def _hold_name(self, node: str, *, mem: bool) -> tuple[str, str]:
         """Our hold's (``mem``: memory hold's) job name for ``node``, and its partition."""
@@ -312,20 +324,20 @@ class CliSlurm:
 
     def _hold_ids(self, nodes: Collection[str], *, mem: bool = False) -> dict[str, tuple[str, ...]]:
         """Ids of our live hold jobs (``mem``: memory holds, warm lending) on each of ``nodes``, in
-        one squeue (its text output honours its filters; the job name says the node)."""
+        one squeue per ``LIST_CHUNK`` (its text output honours its filters; the job name says the node)."""
         names = {self._hold_name(n, mem=mem)[0]: n for n in nodes}
-        if not names:
-            return {}
-        res = self._run([
-            "squeue", "--noheader", "--name", ",".join(sorted(names)), "--partition", self.warm_partition if mem else self.hold_partition,
-            # not COMPLETING: a cancelled hold on its way out (scancel again would fail)
-            "--states", "PENDING,RUNNING,CONFIGURING,SUSPENDED,REQUEUED", "--format", "%i|%u|%j",
-        ])
         ids: dict[str, list[str]] = {n: [] for n in names.values()}
-        for line in res.stdout.splitlines():
-            job_id, user, name = (line.strip().split("|", 2) + ["", ""])[:3]
-            if job_id and name in names and (self.hold_user is None or user == self.hold_user):
-                ids[names[name]].append(validate_job_id(job_id))
+        asked = sorted(names)
+        for chunk in _chunks(asked):
+            res = self._run([
+                "squeue", "--noheader", "--name", ",".join(chunk), "--partition", self.warm_partition if mem else self.hold_partition,
+                # not COMPLETING: a cancelled hold on its way out (scancel again would fail)
+                "--states", "PENDING,RUNNING,CONFIGURING,SUSPENDED,REQUEUED", "--format", "%i|%u|%j",
+            ])
+            for line in res.stdout.splitlines():
+                job_id, user, name = (line.strip().split("|", 2) + ["", ""])[:3]
+                if job_id and name in names and (self.hold_user is None or user == self.hold_user):
+                    ids[names[name]].append(validate_job_id(job_id))
         return {n: tuple(v) for n, v in ids.items()}
 
     def drain(self, node: str, reason: str) -> bool:
@@ -333,7 +345,7 @@ class CliSlurm:
 
     def drain_nodes(self, reasons: Mapping[str, str]) -> DrainOutcomes:
         """``drain`` for many nodes (node -> reason) with one read: each node decided as ``drain``
-        does, then one ``scontrol update`` per reason for the nodes due, right after the read. A
+        does, then one ``scontrol update`` per reason (and ``LIST_CHUNK``) for the nodes due, right after the read. A
         list Slurm refuses (it may have drained some) goes again node by node, each re-read."""
         texts = {validate_node_name(n): drain_reason(r) for n, r in reasons.items()}
         if not texts:
@@ -341,25 +353,23 @@ class CliSlurm:
         now = self.nodes_now(texts)
         out: DrainOutcomes = dict.fromkeys(texts, False)
         for text in sorted(set(texts.values())):
-            due = [n for n in sorted(texts) if texts[n] == text and _drain_due(now[n], text)]
-            if not due:
-                continue
-            try:
-                self._run(["scontrol", "update", f"NodeName={','.join(due)}", "State=DRAIN", f"Reason={text}"])
-            except AdapterError as exc:
-                if len(due) == 1:
-                    out[due[0]] = exc
+            for due in _chunks([n for n in sorted(texts) if texts[n] == text and _drain_due(now[n], text)]):
+                try:
+                    self._run(["scontrol", "update", f"NodeName={','.join(due)}", "State=DRAIN", f"Reason={text}"])
+                except AdapterError as exc:
+                    if len(due) == 1:
+                        out[due[0]] = exc
+                        continue
+                    _log().warning("slurm_drain_retried_alone", node=",".join(due), error=str(exc))
+                    for n in due:
+                        try:
+                            out[n] = self.drain(n, text)
+                        except AdapterError as one:
+                            out[n] = one
                     continue
-                _log().warning("slurm_drain_retried_alone", node=",".join(due), error=str(exc))
                 for n in due:
-                    try:
-                        out[n] = self.drain(n, text)
-                    except AdapterError as one:
-                        out[n] = one
-                continue
-            for n in due:
-                _log().info("slurm_drained", node=n, reason=text)
-                out[n] = True
+                    _log().info("slurm_drained", node=n, reason=text)
+                    out[n] = True
         return out
 
     def resume(self, node: str) -> bool:

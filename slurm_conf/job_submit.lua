@@ -15,9 +15,9 @@ What it enforces, for the nodes gpu-bridge lends to Slurm:
     job name prefix (gpu-bridge-warm:): submissions there, or renames to those names, by anyone
     else are rejected (AllowGroups= in slurm.conf enforces the partitions too; this gives the
     clear message). A researcher cannot fake a hold or a memory hold (which would keep a node
-    counted as serving, or as lent warm), because gpu-bridge reads them by partition and name. "The bridge" is the uid slurmctld
-    authenticated for the request (submit_uid / modify_uid), never a user name the request
-    carries.
+    counted as serving, or as lent warm), because gpu-bridge reads them by partition and name.
+    "The bridge" is the uid slurmctld authenticated for the request (submit_uid / modify_uid),
+    never a user name the request carries.
   * The optional fast-grace tier (FAST_PARTITION, e.g. `preempt-fast`: GraceTime of seconds,
     same nodes, preempted first on a surprise) takes only jobs that are honest about it: the
     same requeue rule as `preempt`, and either short (--time <= FAST_MAX_TIME_MIN minutes) or
@@ -40,7 +40,7 @@ local HOLD_PARTITION = "gpu-bridge"        -- bridge.wellknown.SLURM_HOLD_PARTIT
 local HOLD_JOB_PREFIX = "gpu-bridge-hold:" -- bridge.wellknown.SLURM_HOLD_JOB_PREFIX
 local WARM_PARTITION = "gpu-bridge-warm"   -- gpu-bridge.yaml slurm.warm_partition
 local WARM_JOB_PREFIX = "gpu-bridge-warm:" -- bridge.wellknown.SLURM_WARM_HOLD_JOB_PREFIX
--- Uids that may use the hold partition and hold job names (root always may): the uid the
+-- Uids that may use the bridge's partitions and job names (root always may): the uid the
 -- gpu-bridge daemon runs as (`id -u gpu-bridge`), e.g. { [998] = true }. A uid, not a name:
 -- it is what slurmctld authenticated (munge), and Lua has no name lookup.
 local BRIDGE_UIDS = { }

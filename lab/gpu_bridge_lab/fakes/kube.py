@@ -164,7 +164,7 @@ class FakeKube:
 
     def pods(self, pool: str) -> tuple[PodInfo, ...]:
         self._pool(pool)
-        return tuple(self._parsed(self._pods[p], partial(parse_pod, self._pods[p], pool)) for p in sorted(self._pods) if self._pod_pool[p] == pool)
+        return tuple(self._pod(p, pool) for p in sorted(self._pods) if self._pod_pool[p] == pool)
 
     def deployment(self, pool: str) -> DeploymentInfo | None:
         p = self._pool(pool)
@@ -291,6 +291,7 @@ class FakeKube:
         for name in list(self._pods):
             meta = self._pods[name]["metadata"]
             if meta.get("deletionTimestamp") and now >= self._pod_times[name]:
+                self._cache.pop(id(self._pods[name]), None)  # its parse goes with it (the id may be reused)
                 del self._pods[name], self._pod_pool[name], self._pod_times[name]
         for name, obj in self._pods.items():
             pool = self._pools[self._pod_pool[name]]
@@ -333,6 +334,9 @@ class FakeKube:
 
     def _node(self, name: str) -> NodeInfo:
         return self._parsed(self._nodes[name], partial(parse_node, self._nodes[name]))
+
+    def _pod(self, name: str, pool: str) -> PodInfo:
+        return self._parsed(self._pods[name], partial(parse_pod, self._pods[name], pool))
 
     def _pool(self, pool: str) -> _Pool:
         try:

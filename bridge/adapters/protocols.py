@@ -203,8 +203,9 @@ class SlurmWriter(Protocol):
         ...
 
     def submit_holds(self, nodes: Collection[str]) -> HoldOutcomes:
-        """``submit_hold`` for each node, the holds there read in one Slurm call first (a pass's
-        holds: a mass reclaim's); a failed read raises, and nothing is submitted."""
+        """``submit_hold`` for each node, the holds there read first, all in one Slurm call (per
+        list of 500 names) rather than one per node (a pass's holds: a mass reclaim's); a failed
+        read raises, and nothing is submitted."""
         ...
 
     def cancel_hold(self, node: str) -> tuple[str, ...]:

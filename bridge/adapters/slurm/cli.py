@@ -327,8 +327,7 @@ class CliSlurm:
         one squeue per ``LIST_CHUNK`` (its text output honours its filters; the job name says the node)."""
         names = {self._hold_name(n, mem=mem)[0]: n for n in nodes}
         ids: dict[str, list[str]] = {n: [] for n in names.values()}
-        asked = sorted(names)
-        for chunk in _chunks(asked):
+        for chunk in _chunks(sorted(names)):
             res = self._run([
                 "squeue", "--noheader", "--name", ",".join(chunk), "--partition", self.warm_partition if mem else self.hold_partition,
                 # not COMPLETING: a cancelled hold on its way out (scancel again would fail)
@@ -344,9 +343,10 @@ class CliSlurm:
         return _one(self.drain_nodes({node: reason}), validate_node_name(node))
 
     def drain_nodes(self, reasons: Mapping[str, str]) -> DrainOutcomes:
-        """``drain`` for many nodes (node -> reason) with one read: each node decided as ``drain``
-        does, then one ``scontrol update`` per reason (and ``LIST_CHUNK``) for the nodes due, right after the read. A
-        list Slurm refuses (it may have drained some) goes again node by node, each re-read."""
+        """``drain`` for many nodes (node -> reason) with one read (``nodes_now``): each node decided
+        as ``drain`` does, then one ``scontrol update`` per reason (and ``LIST_CHUNK``) for the nodes
+        due, right after the read. A list Slurm refuses (it may have drained some) goes again node
+        by node, each re-read."""
         texts = {validate_node_name(n): drain_reason(r) for n, r in reasons.items()}
         if not texts:
             return {}
@@ -410,7 +410,7 @@ class CliSlurm:
 
     def _submit_ours(self, sizes: Mapping[str, Sequence[str]], comment: str, *, mem: bool, **log_kw: int) -> HoldOutcomes:
         """Our hold (``mem``: memory hold) pinned to each node, of its size (sbatch options), the
-        holds there read in one squeue first: an active one is returned, not submitted again. The
+        holds there read first (``_hold_ids``): an active one is returned, not submitted again. The
         job id sbatch answers, checked; a node's failed sbatch is its outcome, the others go on."""
         out: HoldOutcomes = {n: ids[0] for n, ids in self._hold_ids(sizes, mem=mem).items() if ids}
         for node, size in ((n, z) for n, z in sizes.items() if n not in out):

@@ -34,7 +34,7 @@ Measured: README.md "Scale" and docs/real-kubernetes.md (2-core dev VM shared wi
 work, Slurm 22.05-size output: sinfo 2.0 MiB, squeue 6.1 MiB per read). The emulator this
 bench ran on before it was deleted: 86 ms median CPU per tick, 0 Kubernetes calls per tick.
 What keeps a tick there: desired replicas computed once per pool, the cyclic GC paused during
-the Slurm parse (about 1 s per tick without it), orjson for the JSON; a Slurm write reads back
+the Slurm parse (about 1 s per tick without it), msgspec decoding only the keys read; a Slurm write reads back
 only its one node and our hold ids, so calls follow changes, not nodes.
 """
 

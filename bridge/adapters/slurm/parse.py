@@ -21,6 +21,7 @@ import re
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
+import msgspec
 import orjson
 
 from bridge import wellknown
@@ -81,6 +82,45 @@ def load_json(text: str, what: str) -> Mapping[str, Any]:
     if errors:
         raise _fail(what, f"Slurm reported errors: {str(errors)[:300]}")
     return doc
+
+
+# The keys each record parser reads: the fast decode keeps these and skips the rest of a
+# record (a job of ``squeue --json`` has about 100 keys; the parsers read 17).
+JOB_KEYS = ("job_id", "job_state", "nodes", "tres_per_node", "gres_detail", "name", "user_name", "partition",
+            "start_time", "comment", "requeue", "restart_cnt", "preempt_time", "end_time", "state_reason",
+            "batch_host", "state_description")
+NODE_KEYS_22 = ("name", "state", "state_flags", "partitions", "reason", "gres", "gres_used", "reason_set_by_user",
+                "reason_changed_at")
+SINFO_KEYS_24 = ("nodes", "node", "reason", "gres", "partition")
+
+
+@functools.cache
+def _decoder(lists: tuple[tuple[str, tuple[str, ...]], ...]) -> msgspec.json.Decoder[Any]:
+    """A decoder of a document whose list ``key`` holds records of which only ``keys`` are kept."""
+    unset = msgspec.UNSET
+    fields: list[tuple[str, Any, Any]] = [("errors", Any, unset)]
+    for key, keys in lists:
+        rec = msgspec.defstruct(f"_{key}", [(k, Any, unset) for k in keys])
+        fields.append((key, list[rec] | msgspec.UnsetType, unset))  # type: ignore[valid-type]
+    return msgspec.json.Decoder(msgspec.defstruct("_doc", fields))
+
+
+def load_records(text: str, what: str, lists: tuple[tuple[str, tuple[str, ...]], ...]) -> Mapping[str, Any]:
+    """``load_json`` of a document read for the records of its lists only, each record a dict of
+    the ``keys`` it has: decoding skips every other key without building it (at 2,000 nodes
+    squeue's 6 MB in about a quarter of ``load_json``'s time). Anything the fast decode does not
+    take as that shape (not JSON, not an object, a record not an object, no list at all) goes
+    through ``load_json`` and the parsers' checks, which name the problem."""
+    try:
+        doc = _decoder(lists).decode(text)
+    except msgspec.DecodeError:  # ValidationError is one
+        return load_json(text, what)
+    unset = msgspec.UNSET
+    if doc.errors is not unset and doc.errors:
+        raise _fail(what, f"Slurm reported errors: {str(doc.errors)[:300]}")
+    out = {key: [{k: v for k in keys if (v := getattr(r, k)) is not unset} for r in recs]
+           for key, keys in lists if (recs := getattr(doc, key)) is not unset}
+    return out if out else load_json(text, what)
 
 
 def number(value: Any, what: str) -> float | None:
@@ -225,7 +265,7 @@ def parse_nodes(text: str) -> tuple[SlurmNode, ...]:
 
 
 def _parse_nodes(text: str) -> tuple[SlurmNode, ...]:
-    doc = load_json(text, "sinfo --json")
+    doc = load_records(text, "sinfo --json", (("sinfo", SINFO_KEYS_24), ("nodes", NODE_KEYS_22)))
     if "sinfo" in doc:
         nodes = _guarded("sinfo --json", _nodes_24, doc["sinfo"])
     elif "nodes" in doc:
@@ -316,7 +356,7 @@ def parse_jobs(text: str, *, active_only: bool = True) -> tuple[SlurmJobInfo, ..
 
 
 def _parse_jobs(text: str, *, active_only: bool) -> tuple[SlurmJobInfo, ...]:
-    doc = load_json(text, "squeue --json")
+    doc = load_records(text, "squeue --json", (("jobs", JOB_KEYS),))
     raw = doc.get("jobs")
     if raw is None:
         raise _fail("squeue --json", f"unknown shape: no 'jobs' key (keys: {sorted(doc)[:10]})")

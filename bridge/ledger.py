@@ -164,7 +164,8 @@ class Ledger:
             f = obs.facts.get(record.node)  # woken: its warm record says awake until serving clears it
             mode = ReclaimMode.WARM if f and f.warm and f.warm.state is WarmState.AWAKE else ReclaimMode.COLD
             if times.slurm_released is not None:  # measured: decision -> Slurm release -> Ready
-                self.memory[times.pool].add_delay(times.ready - times.decided, times.tier, mode)
+                self.memory[times.pool].add_delay(delay := times.ready - times.decided, times.tier, mode)
+                m.record_measured_delay(pool=times.pool, seconds=delay, tier=str(times.tier), mode=str(mode))  # rebuilt at start
             b = times.breakdown()
             log.info("node_reclaimed", node=record.node, pool=times.pool, tier=str(times.tier), mode=str(mode), **b)
             m.record_reclaim(pool=times.pool, reason="policy", tier=str(times.tier), mode=str(mode),

@@ -23,12 +23,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
 from bridge import __version__
-from bridge.model import Calibration, ClusterView, Governor, NodeState, Phase, Plan, SlurmJob
+from bridge.model import Calibration, ClusterView, Governor, NodeState, Phase, Plan, ReclaimMode, SlurmJob, Tier
 from bridge.policy.victims import saves_within_grace
 
 # Reclaim latency is seconds (a node whose jobs checkpoint fast and a warm vLLM start) to
 # many minutes (GraceTime plus a cold model load).
 RECLAIM_BUCKETS_S: tuple[float, ...] = (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1200, 1800)
+# The measured delays a restart rebuilds from, each at its bucket's upper bound: 5 s steps to
+# 10 min (grace + cold start; the horizon rounds up to whole ticks anyway), seconds for wakes.
+MEASURED_DELAY_BUCKETS_S: tuple[float, ...] = (1, 2, 3, *range(5, 601, 5), 720, 900, 1200, 1800, 2700, 3600)
 # One tick observes, plans and starts actions; it should take well under a second.
 TICK_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # How long a job had been running (since its current run started) when a reclaim preempted it:
@@ -150,6 +153,11 @@ class BridgeMetrics:
             "Reclaim latency by phase: detection, slurm_release, kubernetes_ready; tier (normal, fast) and mode (warm, cold).",
             ["pool", "phase", "tier", "mode"], buckets=RECLAIM_BUCKETS_S, registry=r,
         )
+        self.measured_delay = Histogram(
+            "gpu_bridge_reclaim_measured_delay_seconds",
+            "Measured reclaims, decision to Ready replica: the delays the reclaim horizon uses (rebuilt from here at start).",
+            ["pool", "tier", "mode"], buckets=MEASURED_DELAY_BUCKETS_S, registry=r,
+        )
         self.preempted_jobs = Counter(
             "gpu_bridge_preempted_jobs", "Slurm jobs preempted (requeued) by reclaims.", ["pool"], registry=r,
         )
@@ -266,9 +274,13 @@ class BridgeMetrics:
             self.demand_forecast.labels(pool=pool, hours_ahead=str(k)).set(dem)
 
     def record_settings(self, *, pool: str, min_serving: int, reclaim_budget_s: float) -> None:
-        """Configured thresholds, exported so alert rules need no copy of the config."""
+        """Configured thresholds, exported so alert rules need no copy of the config; the
+        measured delays' series at zero, so ``increase()`` counts a new series' first reclaim."""
         self.min_serving.labels(pool=pool).set(min_serving)
         self.reclaim_budget.labels(pool=pool).set(reclaim_budget_s)
+        for tier in Tier:
+            for mode in ReclaimMode:
+                self.measured_delay.labels(pool=pool, tier=str(tier), mode=str(mode))
 
     def record_horizon(self, *, pool: str, horizon_s: float) -> None:
         """The reclaim horizon the policy plans with (the slow-reclaim alert compares with it)."""
@@ -303,6 +315,10 @@ class BridgeMetrics:
             self.reclaim_phase_latency.labels(pool=pool, phase=phase, tier=tier, mode=mode).observe(seconds)
         self.reclaim_latency.labels(pool=pool, tier=tier, mode=mode).observe(sum(phases.values()))
         self.reclaims.labels(pool=pool, reason=reason).inc()
+
+    def record_measured_delay(self, *, pool: str, seconds: float, tier: str, mode: str) -> None:
+        """A measured reclaim, the value ``PoolMemory.add_delay`` got (``policy_memory`` reads it back)."""
+        self.measured_delay.labels(pool=pool, tier=tier, mode=mode).observe(seconds)
 
     def record_slurm_repair(self, *, kind: str, pool: str) -> None:
         self.slurm_repairs.labels(pool=pool, kind=kind).inc()

@@ -4,8 +4,8 @@ pass: ``Observer.read`` (the watch cache, one sinfo/squeue, one Prometheus query
 ``Actuator.apply`` (skipped by ``--dry-run``) -> ``bridge.ledger`` (memory, metrics, reclaim
 timings). ``iterate`` ticks again at once while a pass changed something; while anything is in
 transit it iterates every ``transit_poll_s``, else it waits for the next policy tick or a watch
-event. Nothing here cannot be rebuilt: phases live on the nodes, the load history is refilled
-from Prometheus at start (``bridge.wiring.policy_memory``).
+event. Nothing here cannot be rebuilt: phases live on the nodes, the load history and the
+measured reclaim delays are refilled from Prometheus at start (``bridge.wiring.policy_memory``).
 """
 
 from __future__ import annotations

@@ -3,23 +3,24 @@ and the policy memory back-filled from Prometheus at start."""
 
 from __future__ import annotations
 
+import math
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge import logs
 from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
 from bridge.adapters.prom.signals import PromAccess, PromAdapter
-from bridge.adapters.prom.types import PromPool
+from bridge.adapters.prom.types import DelayCount, PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, PromReader, SlurmAdapterProtocol
 from bridge.adapters.slurm.cli import CliSlurm
 from bridge.adapters.wrappers import FencedKube, FencedSlurm, lease_fence
 from bridge.config import Config
 from bridge.errors import AdapterError, ConfigError
 from bridge.adapters.kube.lease import LeaderElector, default_identity
-from bridge.model import LoadSignals
+from bridge.model import LoadSignals, Tier
 from bridge.policy.forecast import history_windows
 from bridge.policy.memory import PoolMemory
 
@@ -216,10 +217,18 @@ def policy_memory(config: Config, prom: PromReader, pools: Mapping[str, PromPool
     """Each pool's policy memory as a restart lost it, rebuilt from Prometheus once at start:
     the history windows (oldest first) and the calibration's window (``query_range`` in
     chunks: Prometheus answers at most 11 000 points per series and query). Day one is not
-    blind when Prometheus already holds the pool's vLLM history; a failed read is logged."""
+    blind when Prometheus already holds the pool's vLLM history; a failed read is logged.
+    The measured reclaim delays too (``rebuild_delays``), over the calibration's window."""
     out = {}
     for pool in config.pools:
         mem = out[pool.name] = PoolMemory(config, pool)
+        if pool.measured_delays:
+            window = config.policy.calibration.window_s
+            try:
+                got = rebuild_delays(mem, prom.reclaim_delays(pools[pool.name], window_s=window))
+                log.info("reclaim_delays_rebuilt", pool=pool.name, samples=got, window_s=window)
+            except AdapterError as exc:
+                log.warning("reclaim_delays_unavailable", pool=pool.name, error=str(exc))
         samples: list[LoadSignals] = []
         for w in history_windows(config, pool):
             try:
@@ -242,3 +251,19 @@ def policy_memory(config: Config, prom: PromReader, pools: Mapping[str, PromPool
             start = end + step
         log.info("calibration_history", pool=pool.name, samples=got, window_s=mem.calibrator.span_s)
     return out
+
+
+def rebuild_delays(mem: PoolMemory, buckets: Sequence[DelayCount], *, keep: int = 512) -> int:
+    """Feed ``mem`` the measured delays of a histogram's buckets, each at its bucket's upper
+    bound (never below the delay measured: nor is the horizon). Their order is lost: a tier's
+    counts beyond ``keep`` are scaled down (rounded up), so its quantile stays; smallest first,
+    so any excess dropped is of the smallest. Returns the samples fed."""
+    fed = 0
+    for tier in Tier:
+        mine = sorted((b for b in buckets if b.tier is tier), key=lambda b: b.le)
+        scale = min(1.0, keep / max(1, sum(b.count for b in mine)))
+        for b in mine:
+            for _ in range(math.ceil(b.count * scale)):
+                mem.add_delay(b.le, tier, b.mode)
+                fed += 1
+    return fed

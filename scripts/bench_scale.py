@@ -255,7 +255,7 @@ class Load:
 
     def __init__(self, clock: Any, replicas: float, reporting: int) -> None:
         self.clock, self.replicas, self.reporting = clock, replicas, reporting
-        self.queries = 0  # Prometheus queries the daemon made (current + history)
+        self.queries = 0  # Prometheus queries the daemon made (current, history, reclaim delays)
 
     def __call__(self) -> int:
         return self.queries
@@ -267,6 +267,10 @@ class Load:
         return SignalsReading(pool=pool.name, signals=s)
 
     def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
+        self.queries += 1
+        return ()
+
+    def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[Any, ...]:
         self.queries += 1
         return ()
 

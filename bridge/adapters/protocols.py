@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from .kube.informer import InformerStatus
     from .kube.objects import DeploymentInfo, EvictOutcome, NodeInfo, PodInfo, ScaleInfo
-    from .prom.types import PromPool, SignalsReading
+    from .prom.types import DelayCount, PromPool, SignalsReading
     from .slurm.types import SlurmJobInfo, SlurmNode
 
 
@@ -256,13 +256,16 @@ class SlurmAdapterProtocol(SlurmReader, SlurmWriter, Protocol):
 
 @runtime_checkable
 class PromReader(Protocol):
-    """Read only: the pool's load signals now, and their history (to rebuild what a restart lost)."""
+    """Read only: the pool's load signals now, their history and its measured reclaims (to
+    rebuild what a restart lost)."""
 
     def current(
         self, pool: PromPool, *, at: float | None = None, live_pods: Collection[str] | None = None
     ) -> SignalsReading: ...
 
     def history(self, pool: PromPool, *, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]: ...
+
+    def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[DelayCount, ...]: ...
 
 
 # --- the Lease ------------------------------------------------------------------------------

@@ -7,8 +7,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from bridge.model import ReclaimMode, Tier
+
 from .types import (
-    E2E_COUNT, E2E_SUM, KV_V0, KV_V1, RUNNING, SUCCESS, TAG, WAITING, DaemonHistory, PromPool, RequestHistory,
+    E2E_COUNT, E2E_SUM, KV_V0, KV_V1, RUNNING, SUCCESS, TAG, WAITING, DaemonHistory, DelayCount, PromPool, RequestHistory,
     _bad, _describe, _escape, _float, _pod_key, _replica_key, _tag, _window, selector,
 )
 
@@ -56,6 +58,41 @@ def parse_daemon_history(result: Sequence[Mapping[str, Any]], *, start: float, e
             if 0 <= i < n:
                 out[tag][i] = float(v_raw)
     return DaemonHistory(start=start, step_s=step_s, series={k: tuple(v) for k, v in out.items()})
+
+
+def build_delay_query(pool: PromPool, *, window_s: float) -> str:
+    """The pool's measured reclaims of the last ``window_s`` per tier, mode and bucket (instant)."""
+    series = f'gpu_bridge_reclaim_measured_delay_seconds_bucket{{pool="{_escape(pool.name)}"}}'
+    return f"sum by (tier, mode, le) (increase({series}[{_window(window_s)}]))"
+
+
+def parse_delay_buckets(result: Sequence[Mapping[str, Any]]) -> tuple[DelayCount, ...]:
+    """A ``build_delay_query`` answer -> the count in each bucket (pure). ``increase()``
+    extrapolates: counts are rounded, a bucket never counts less than 0. The ``+Inf`` bucket's
+    reclaims (over the largest bound, an hour) count at the largest bound. Any series without
+    its labels or with a count NaN, infinite, negative or not a number: ValueError naming it."""
+    cumulative: dict[tuple[Tier, ReclaimMode], dict[float, int]] = {}
+    for item in result:
+        metric = item["metric"]
+        missing = [k for k in ("tier", "mode", "le") if k not in metric]
+        if missing:
+            raise ValueError(f"series {dict(metric)} has no {missing[0]!r} label")
+        le, raw = _float(metric["le"]), item["value"][1]
+        if math.isnan(le) or le < 0:
+            raise ValueError(f"series {dict(metric)}: le is not a bucket bound")
+        if (why := _bad(_float(raw))) is not None:
+            raise ValueError(f"series {dict(metric)}: count {why} ({raw!r})")
+        cumulative.setdefault((Tier(metric["tier"]), ReclaimMode(metric["mode"])), {})[le] = round(_float(raw))
+    out = []
+    for (tier, mode), by_le in cumulative.items():
+        top, below = max((b for b in by_le if math.isfinite(b)), default=None), 0
+        if top is None:
+            raise ValueError(f"tier {tier}, mode {mode}: no finite le bucket")
+        for le in sorted(by_le):
+            n, below = max(0, by_le[le] - below), max(below, by_le[le])
+            if n:
+                out.append(DelayCount(tier, mode, min(le, top), n))
+    return tuple(out)
 
 
 # --- request history (``gpu-bridge simulate --prometheus``) ------------------------------------

@@ -45,9 +45,12 @@ from bridge import logs
 from bridge.errors import AdapterError
 from bridge.model import LoadSignals
 
-from .history import MAX_RANGE_POINTS, REQUEST_CHUNK_STEPS, build_daemon_query, build_request_query, parse_daemon_history, parse_request_range
+from .history import (
+    MAX_RANGE_POINTS, REQUEST_CHUNK_STEPS, build_daemon_query, build_delay_query, build_request_query, parse_daemon_history,
+    parse_delay_buckets, parse_request_range,
+)
 from .types import (
-    ERROR_CAP, GAUGES, GENERATION, KV_V0, KV_V1, POD_LABEL, PROMPT, RUNNING, TAG, WAITING, DaemonHistory, PromPool,
+    ERROR_CAP, GAUGES, GENERATION, KV_V0, KV_V1, POD_LABEL, PROMPT, RUNNING, TAG, WAITING, DaemonHistory, DelayCount, PromPool,
     RequestHistory, SignalsReading, _bad, _describe, _escape, _float, _pod_key, _replica_key, _tag, _window, selector,
 )
 
@@ -396,6 +399,13 @@ class PromAdapter:
         except (KeyError, TypeError, ValueError, IndexError):
             return None
         return int(v) if math.isfinite(v) and v >= 1 else None
+
+    def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[DelayCount, ...]:
+        """The pool's measured reclaims of the last ``window_s`` by bucket, from the daemon's own
+        histogram (``gpu_bridge_reclaim_measured_delay_seconds``): what a restart forgot."""
+        query = build_delay_query(pool, window_s=window_s)
+        result = self._run("query", pool, lambda: self._client.custom_query(query, params={}, timeout=self.timeout_s))
+        return _parsed("query", pool, lambda: parse_delay_buckets(result))
 
     def request_history(self, pool: PromPool, *, start: float, end: float, step_s: float = 60.0) -> RequestHistory:
         """The pool's request history (completions, requests in the system, KV usage, e2e

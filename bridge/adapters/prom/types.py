@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bridge.model import LoadSignals
+from bridge.model import LoadSignals, ReclaimMode, Tier
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -110,6 +110,16 @@ class SignalsReading:
     # pod -> requests running + waiting on it (label ``pod``), to lend the least busy node
     # first; only when both gauges are valid, and only pods whose series carry a ``pod`` label
     inflight_by_pod: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DelayCount:
+    """Measured reclaims of one tier and mode in one bucket of the daemon's histogram, up to ``le`` s."""
+
+    tier: Tier
+    mode: ReclaimMode
+    le: float
+    count: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from bridge.adapters.kube.objects import (
     parse_pod,
 )
 from bridge.adapters.protocols import CacheStatus, KubeAdapterProtocol, Leader, PoolTarget, PromReader
-from bridge.adapters.prom.types import PromPool, SignalsReading
+from bridge.adapters.prom.types import DelayCount, PromPool, SignalsReading
 from bridge.model import LoadSignals, Phase, Pin, WarmRecord
 
 
@@ -457,6 +457,7 @@ class FakeProm:
 
     readings: dict[str, SignalsReading] = field(default_factory=dict)
     histories: dict[str, tuple[LoadSignals, ...]] = field(default_factory=dict)
+    delays: dict[str, tuple[DelayCount, ...]] = field(default_factory=dict)  # pool -> its histogram's buckets
     fail: bool = False
     live_pods: frozenset[str] | None = None  # what the last current() was told exists
 
@@ -490,6 +491,13 @@ class FakeProm:
         if self.fail:
             raise AdapterError("prometheus", f"pool {pool.name}: query_range failed: injected")
         return tuple(s for s in self.histories.get(pool.name, ()) if start <= s.t <= end)
+
+    def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[DelayCount, ...]:
+        from bridge.errors import AdapterError
+
+        if self.fail:
+            raise AdapterError("prometheus", f"pool {pool.name}: query failed: injected")
+        return self.delays.get(pool.name, ())
 
 
 @dataclass

@@ -34,6 +34,7 @@ REQUEST_POINT = "request"  # an operator's request, carried out or refused
 START_POINTS = {ActionKind.LEND: "start_lending", ActionKind.RECLAIM: "start_reclaiming"}  # a policy action's first mark
 MAX_PARALLEL_WAKES = 16  # engines woken at once in one pass (each its own HTTP call, waiting on its GPUs)
 TIER_POINT = "set_tier"  # a lend's Slurm partition (the fast tier), written before its first mark
+RETRY_LOG_S = 60.0  # a sleep vLLM refuses, retried each pass, is logged again after this long (or a new reason)
 
 
 def _no_hook(point: str) -> None:
@@ -153,6 +154,7 @@ class Actuator:
     _drains: _PassBatch[str, bool | AdapterError] | None = field(default=None, init=False, repr=False)
     _holds: _PassBatch[None, str | AdapterError] | None = field(default=None, init=False, repr=False)
     _wakes: _PassBatch[tuple[PoolTarget, PodFacts], AdapterError | None] | None = field(default=None, init=False, repr=False)
+    _refused: dict[str, tuple[str, float]] = field(default_factory=dict, init=False, repr=False)  # node -> sleep refusal logged, when
 
     def apply(self, intents: Intents) -> list[StepRecord]:
         """Carry out what ``bridge.reconcile`` decided, in its order. A write that fails is
@@ -223,11 +225,24 @@ class Actuator:
         now = self.clock() if now is None else now
         handler = _STEPS.get(step)
         changed, detail = handler(self, step, facts, pool, now) if handler is not None else (False, "")
-        if (step not in WAITS or step is Step.BLOCKED) and (changed or step is not Step.CHECK_ASLEEP):
+        said = (step not in WAITS or step is Step.BLOCKED) and (changed or step is not Step.CHECK_ASLEEP)
+        if said and self._news(step, facts.name, changed, detail, now):
             log.info("node_step", node=facts.name, pool=pool.name, phase=str(facts.phase), step=str(step), changed=changed, detail=detail)
         if changed:
             self.after_write(str(step))
         return StepRecord(facts.name, step, changed, self.clock(), detail)
+
+    def _news(self, step: Step, node: str, changed: bool, detail: str, now: float) -> bool:
+        """A sleep vLLM refuses is retried each pass (``sleep_retry_s``): said when it starts,
+        then only for a new reason or every ``RETRY_LOG_S``, not on every pass."""
+        if step is not Step.SLEEP_REPLICA or changed:
+            self._refused.pop(node, None)
+            return True
+        said = self._refused.get(node)
+        if said is not None and said[0] == detail and now - said[1] < RETRY_LOG_S:
+            return False
+        self._refused[node] = (detail, now)
+        return True
 
     def release_job(self, job_id: str, reason: str, node: str | None) -> StepRecord:
         """Release a research job Slurm itself held (``reason``), logged and, when the node

@@ -36,7 +36,8 @@ class Client:
     """Stands in for PrometheusConnect: ``answer`` to every instant query, no history."""
 
     def __init__(self, answer: Any) -> None:
-        self.answer, self.queries = answer, []  # type: list[str]
+        self.answer = answer
+        self.queries: list[str] = []
 
     def custom_query(self, query: str, params: Mapping[str, Any] | None = None, timeout: float | None = None) -> Any:
         self.queries.append(query)

@@ -29,9 +29,12 @@ from bridge.policy.victims import saves_within_grace
 # Reclaim latency is seconds (a node whose jobs checkpoint fast and a warm vLLM start) to
 # many minutes (GraceTime plus a cold model load).
 RECLAIM_BUCKETS_S: tuple[float, ...] = (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1200, 1800)
-# The measured delays a restart rebuilds from, each at its bucket's upper bound: 5 s steps to
-# 10 min (grace + cold start; the horizon rounds up to whole ticks anyway), seconds for wakes.
-MEASURED_DELAY_BUCKETS_S: tuple[float, ...] = (1, 2, 3, *range(5, 601, 5), 720, 900, 1200, 1800, 2700, 3600)
+# The measured delays a restart rebuilds from, each at its bucket's upper bound: seconds for
+# wakes, at most 15 s wide to 2 min, 30 s (the default tick, which the horizon is rounded up to
+# anyway) to 10 min (grace + cold start); 38 series per pool, tier and mode.
+MEASURED_DELAY_BUCKETS_S: tuple[float, ...] = (
+    1, 2, 3, 5, 7, 10, 15, 20, 30, 45, 60, 75, 90, 105, 120, *range(150, 601, 30), 720, 900, 1200, 1800, 2700, 3600,
+)
 # One tick observes, plans and starts actions; it should take well under a second.
 TICK_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # How long a job had been running (since its current run started) when a reclaim preempted it:

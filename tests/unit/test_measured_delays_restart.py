@@ -5,7 +5,6 @@ bucket's upper bound; a garbled answer is refused, logged, and the configured de
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -98,7 +97,7 @@ def test_a_restart_rebuilds_the_measured_delays_from_the_histogram_never_shorter
     assert sorted(rebuilt) == sorted(up(d) for d in measured)
     pool = cfg.pools[0]
     before, after = measured_horizon(cfg, pool, measured), measured_horizon(cfg, pool, rebuilt)
-    assert before is not None and after is not None and before <= after <= before + 5
+    assert before is not None and after is not None and before <= after <= before + 30  # one bucket, one tick
     w.tick(1)
     assert w.daemon.ledger.last_observation.view.pools["default"].horizon_s == after
 
@@ -177,4 +176,5 @@ def test_the_first_reclaim_of_a_series_is_seen_by_increase() -> None:
         for mode in ReclaimMode:
             labels = {"pool": "default", "tier": str(tier), "mode": str(mode), "le": "+Inf"}
             assert m.registry.get_sample_value(f"{NAME}_bucket", labels) == 0  # exported before the first
-    assert not math.isnan(MEASURED_DELAY_BUCKETS_S[-1]) and MEASURED_DELAY_BUCKETS_S[3:123] == tuple(range(5, 601, 5))
+    b = (0.0, *MEASURED_DELAY_BUCKETS_S)
+    assert max(hi - lo for lo, hi in zip(b, b[1:]) if hi <= 600) <= 30 and b[-1] == 3600  # within a tick to 10 min

@@ -14,7 +14,7 @@ checks them on both)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import pytest
@@ -26,55 +26,56 @@ from bridge.errors import AdapterError
 from bridge.lifecycle import HoldFacts, NodeFacts, Step
 from bridge.model import Phase
 from bridge.reconcile import Intents
+from tests.slurm_script import ScriptedSlurm
 from tests.unit.test_daemon_loop import HIGH, World
 
 OURS = "gpu-bridge: serving (pool default)"
 POOL = PoolTarget("default", "serving", "vllm")
 
 
-class Slurm:
-    """A few nodes as ``scontrol --oneliner show node`` prints them (node -> [state, reason, user]);
-    ``scontrol update`` changes them, or, per the next of ``refusals`` (None: done), refuses after
-    draining the nodes it names (Slurm applies a list up to the node it refuses). Every argv recorded."""
+SHOW_NODE = ["scontrol", "--oneliner", "show", "node"]
 
-    def __init__(self, nodes: dict[str, tuple[str, str, str]],
-                 refusals: Sequence[tuple[CommandResult, Sequence[str]] | None] = ()) -> None:
-        self.nodes = {n: list(v) for n, v in nodes.items()}
-        self.refusals = list(refusals)
-        self.calls: list[list[str]] = []
-        self.before_read: Callable[[], None] = lambda: None  # what happens in Slurm meanwhile
 
-    def line(self, name: str) -> str:
-        state, reason, user = self.nodes[name]
+def cluster(nodes: dict[str, tuple[str, str, str]],
+            refusals: Sequence[tuple[CommandResult, Sequence[str]] | None] = ()) -> tuple[ScriptedSlurm, dict[str, list[str]]]:
+    """A few nodes as ``scontrol --oneliner show node`` prints them (node -> [state, reason, user],
+    the table returned beside the runner); ``scontrol update`` changes them, or, per the next of
+    ``refusals`` (None: done), refuses after draining the nodes it names (Slurm applies a list up
+    to the node it refuses)."""
+    table = {n: list(v) for n, v in nodes.items()}
+    pending = list(refusals)
+
+    def line(name: str) -> str:
+        state, reason, user = table[name]
         why = f" Reason={reason} [{user}@2026-12-06T04:23:13]" if reason else ""
         return f"NodeName={name} Arch=x86_64 CoresPerSocket=1 Gres=gpu:4 State={state} Partitions=preempt,gpu-bridge{why}\n"
 
-    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
-        self.calls.append(list(argv))
-        if list(argv[:4]) == ["scontrol", "--oneliner", "show", "node"]:
-            self.before_read()
-            out = ""
-            for name in argv[4].split(","):
-                if name not in self.nodes:
-                    return CommandResult(1, out + f"Node {name} not found\n", "")
-                out += self.line(name)
-            return CommandResult(0, out, "")
-        if list(argv[:2]) == ["scontrol", "update"]:
-            opts = dict(a.split("=", 1) for a in argv[2:])
-            assert opts["State"] == "DRAIN", argv
-            refused = self.refusals.pop(0) if self.refusals else None
-            for name in refused[1] if refused else opts["NodeName"].split(","):
-                base = self.nodes[name][0].split("+")[0]
-                self.nodes[name] = [f"{base}+DRAIN", opts["Reason"], "root"]
-            return refused[0] if refused else CommandResult(0, "", "")
-        raise AssertionError(f"unexpected {argv}")
+    def show(argv: list[str]) -> CommandResult:
+        out = ""
+        for name in argv[4].split(","):
+            if name not in table:
+                return CommandResult(1, out + f"Node {name} not found\n", "")
+            out += line(name)
+        return CommandResult(0, out, "")
 
-    def commands(self) -> list[str]:
-        return [f"show {c[4]}" if c[2] == "show" else f"update {c[2]}" for c in self.calls]
+    def update(argv: list[str]) -> CommandResult:
+        opts = dict(a.split("=", 1) for a in argv[2:])
+        assert opts["State"] == "DRAIN", argv
+        refused = pending.pop(0) if pending else None
+        for name in refused[1] if refused else opts["NodeName"].split(","):
+            base = table[name][0].split("+")[0]
+            table[name] = [f"{base}+DRAIN", opts["Reason"], "root"]
+        return refused[0] if refused else CommandResult(0, "", "")
+
+    return ScriptedSlurm().on(SHOW_NODE, show).on(["scontrol", "update"], update), table
+
+
+def commands(slurm: ScriptedSlurm) -> list[str]:
+    return [f"show {c[4]}" if c[2] == "show" else f"update {c[2]}" for c in slurm.calls]
 
 
 def test_one_read_decides_each_node_as_drain_does_and_one_write_drains_the_due() -> None:
-    slurm = Slurm({
+    slurm, nodes = cluster({
         "gpu-node-01": ("IDLE", "", ""),  # lent, empty: drained
         "gpu-node-02": ("IDLE+DRAIN", OURS, "root"),  # already so: nothing to write
         "gpu-node-03": ("IDLE+DRAIN", "maintenance: disk", "admin"),  # an administrator's drain: left alone
@@ -82,34 +83,34 @@ def test_one_read_decides_each_node_as_drain_does_and_one_write_drains_the_due()
         "gpu-node-05": ("ALLOCATED+DRAIN", "gpu-bridge: reclaimed", "root"),  # ours, another reason: rewritten
         "gpu-node-06": ("DOWN*", "Not responding", "slurm"),  # Slurm's own DOWN: ours to drain
     })
-    got = CliSlurm(runner=slurm).drain_nodes({n: "serving (pool default)" for n in slurm.nodes})
-    assert slurm.commands() == ["show gpu-node-01,gpu-node-02,gpu-node-03,gpu-node-04,gpu-node-05,gpu-node-06",
+    got = CliSlurm(runner=slurm).drain_nodes({n: "serving (pool default)" for n in nodes})
+    assert commands(slurm) == ["show gpu-node-01,gpu-node-02,gpu-node-03,gpu-node-04,gpu-node-05,gpu-node-06",
                                 "update NodeName=gpu-node-01,gpu-node-05,gpu-node-06"]
     assert slurm.calls[1] == ["scontrol", "update", "NodeName=gpu-node-01,gpu-node-05,gpu-node-06", "State=DRAIN",
                               f"Reason={OURS}"]
     assert got == {"gpu-node-01": True, "gpu-node-02": False, "gpu-node-03": False, "gpu-node-04": False,
                    "gpu-node-05": True, "gpu-node-06": True}
-    assert slurm.nodes["gpu-node-03"][1:] == ["maintenance: disk", "admin"] and slurm.nodes["gpu-node-04"][1] == "bad dimm"
+    assert nodes["gpu-node-03"][1:] == ["maintenance: disk", "admin"] and nodes["gpu-node-04"][1] == "bad dimm"
 
 
 def test_nodes_of_different_reasons_get_one_write_per_reason_after_the_one_read() -> None:
-    slurm = Slurm({n: ("IDLE", "", "") for n in ("gpu-node-01", "gpu-node-02", "gpu-node-03")})
+    slurm, nodes = cluster({n: ("IDLE", "", "") for n in ("gpu-node-01", "gpu-node-02", "gpu-node-03")})
     got = CliSlurm(runner=slurm).drain_nodes({"gpu-node-03": "serving (pool a)", "gpu-node-01": "serving (pool b)",
                                               "gpu-node-02": "serving (pool a)"})
-    assert slurm.commands() == ["show gpu-node-01,gpu-node-02,gpu-node-03", "update NodeName=gpu-node-02,gpu-node-03",
+    assert commands(slurm) == ["show gpu-node-01,gpu-node-02,gpu-node-03", "update NodeName=gpu-node-02,gpu-node-03",
                                 "update NodeName=gpu-node-01"]
     assert got == dict.fromkeys(("gpu-node-01", "gpu-node-02", "gpu-node-03"), True)
-    assert slurm.nodes["gpu-node-01"][1] == "gpu-bridge: serving (pool b)"
+    assert nodes["gpu-node-01"][1] == "gpu-bridge: serving (pool b)"
 
 
 def test_a_refused_list_goes_again_node_by_node_each_re_read() -> None:
     # Slurm drained 01 then refused at 02 (as 22.05 and 24.11 do with a list): 01 re-read is
     # drained with our reason (no second write), 02 is written alone, 03 refused alone: its error
     refusal = CommandResult(1, "", "slurm_update error: Invalid node state specified\n")
-    slurm = Slurm({n: ("IDLE", "", "") for n in ("gpu-node-01", "gpu-node-02", "gpu-node-03")},
-                  refusals=[(refusal, ["gpu-node-01"]), None, (refusal, [])])
-    got = CliSlurm(runner=slurm).drain_nodes(dict.fromkeys(slurm.nodes, "serving (pool default)"))
-    assert slurm.commands() == ["show gpu-node-01,gpu-node-02,gpu-node-03",
+    slurm, nodes = cluster({n: ("IDLE", "", "") for n in ("gpu-node-01", "gpu-node-02", "gpu-node-03")},
+                           refusals=[(refusal, ["gpu-node-01"]), None, (refusal, [])])
+    got = CliSlurm(runner=slurm).drain_nodes(dict.fromkeys(nodes, "serving (pool default)"))
+    assert commands(slurm) == ["show gpu-node-01,gpu-node-02,gpu-node-03",
                                 "update NodeName=gpu-node-01,gpu-node-02,gpu-node-03",
                                 "show gpu-node-01", "show gpu-node-02", "update NodeName=gpu-node-02",
                                 "show gpu-node-03", "update NodeName=gpu-node-03"]
@@ -133,19 +134,14 @@ def test_a_refused_list_goes_again_node_by_node_each_re_read() -> None:
                  "unknown state", id="state"),
 ])
 def test_a_read_not_understood_fails_the_batch_and_writes_nothing(answer: CommandResult, match: str) -> None:
-    calls: list[list[str]] = []
-
-    def runner(argv: Sequence[str], timeout_s: float) -> CommandResult:
-        calls.append(list(argv))
-        return answer
-
+    slurm = ScriptedSlurm(otherwise=answer)
     with pytest.raises(AdapterError, match=match):
-        CliSlurm(runner=runner).drain_nodes({"gpu-node-01": "serving", "gpu-node-02": "serving"})
-    assert [c[:4] for c in calls] == [["scontrol", "--oneliner", "show", "node"]]
+        CliSlurm(runner=slurm).drain_nodes({"gpu-node-01": "serving", "gpu-node-02": "serving"})
+    assert [c[:4] for c in slurm.calls] == [["scontrol", "--oneliner", "show", "node"]]
 
 
 def test_an_invalid_node_name_never_reaches_argv() -> None:
-    slurm = Slurm({})
+    slurm, _ = cluster({})
     with pytest.raises(AdapterError, match="node name"):
         CliSlurm(runner=slurm).drain_nodes({"gpu-node-01": "serving", "a,b": "serving"})
     assert slurm.calls == []
@@ -168,7 +164,7 @@ class Kube:
         self.events.append((node, reason))
 
 
-def _pass(slurm: Slurm, nodes: Sequence[str]) -> tuple[list[StepRecord], list[str]]:
+def _pass(slurm: ScriptedSlurm, nodes: Sequence[str]) -> tuple[list[StepRecord], list[str]]:
     """One pass of DRAIN steps for ``nodes`` through the real CliSlurm; its records and write points."""
     points: list[str] = []
     act = Actuator(kube=Kube(), slurm=CliSlurm(runner=slurm), clock=lambda: 1.0,  # type: ignore[arg-type]
@@ -179,39 +175,35 @@ def _pass(slurm: Slurm, nodes: Sequence[str]) -> tuple[list[StepRecord], list[st
 
 def test_a_pass_of_drains_reads_slurm_once_and_each_step_records_its_own_node() -> None:
     nodes = [f"gpu-node-{i:02d}" for i in range(1, 5)]
-    slurm = Slurm(dict.fromkeys(nodes, ("ALLOCATED", "", "")))
-
-    def meanwhile() -> None:  # after the daemon observed the nodes, before its pass writes
-        slurm.nodes["gpu-node-02"] = ["ALLOCATED+DRAIN", "maintenance: psu", "admin"]
-        slurm.nodes["gpu-node-03"] = ["DOWN", "rma", "admin"]
-        slurm.before_read = lambda: None
-
-    slurm.before_read = meanwhile
+    slurm, table = cluster(dict.fromkeys(nodes, ("ALLOCATED", "", "")))
+    # after the daemon observed the nodes (each step's facts: none drained or DOWN), before its pass writes
+    table["gpu-node-02"] = ["ALLOCATED+DRAIN", "maintenance: psu", "admin"]
+    table["gpu-node-03"] = ["DOWN", "rma", "admin"]
     records, points = _pass(slurm, nodes)
-    assert slurm.commands() == ["show gpu-node-01,gpu-node-02,gpu-node-03,gpu-node-04",
+    assert commands(slurm) == ["show gpu-node-01,gpu-node-02,gpu-node-03,gpu-node-04",
                                 "update NodeName=gpu-node-01,gpu-node-04"]
     assert [(r.node, r.step, r.changed, r.error) for r in records] == [
         ("gpu-node-01", Step.DRAIN, True, None), ("gpu-node-02", Step.DRAIN, False, None),
         ("gpu-node-03", Step.DRAIN, False, None), ("gpu-node-04", Step.DRAIN, True, None)]
     assert points == ["drain", "drain"]  # each drained node's own write point (the lab's crash injection)
-    assert slurm.nodes["gpu-node-02"][1:] == ["maintenance: psu", "admin"]  # never overwritten
-    assert slurm.nodes["gpu-node-03"][:2] == ["DOWN", "rma"]  # an administrator's DOWN respected
+    assert table["gpu-node-02"][1:] == ["maintenance: psu", "admin"]  # never overwritten
+    assert table["gpu-node-03"][:2] == ["DOWN", "rma"]  # an administrator's DOWN respected
 
 
 def test_a_failed_batch_read_fails_every_drain_step_and_writes_nothing() -> None:
     nodes = ["gpu-node-01", "gpu-node-02", "gpu-node-03"]
-    slurm = Slurm({"gpu-node-01": ("IDLE", "", ""), "gpu-node-03": ("IDLE", "", "")})  # 02 unknown: the read fails
+    slurm, _ = cluster({"gpu-node-01": ("IDLE", "", ""), "gpu-node-03": ("IDLE", "", "")})  # 02 unknown: the read fails
     records, points = _pass(slurm, nodes)
-    assert slurm.commands() == ["show gpu-node-01,gpu-node-02,gpu-node-03"]  # one read, made once, no write
+    assert commands(slurm) == ["show gpu-node-01,gpu-node-02,gpu-node-03"]  # one read, made once, no write
     assert [r.node for r in records] == nodes and points == []
     assert all(not r.changed and r.error is not None and "gpu-node-02 not found" in str(r.error) for r in records)
 
 
 def test_outside_a_pass_a_drain_reads_its_own_node() -> None:
-    slurm = Slurm({"gpu-node-01": ("IDLE", "", ""), "gpu-node-02": ("IDLE", "", "")})
+    slurm, _ = cluster({"gpu-node-01": ("IDLE", "", ""), "gpu-node-02": ("IDLE", "", "")})
     act = Actuator(kube=Kube(), slurm=CliSlurm(runner=slurm), clock=lambda: 1.0)  # type: ignore[arg-type]
     assert act.execute(Step.DRAIN, _lent_back("gpu-node-02"), POOL).changed
-    assert slurm.commands() == ["show gpu-node-02", "update NodeName=gpu-node-02"]
+    assert commands(slurm) == ["show gpu-node-02", "update NodeName=gpu-node-02"]
 
 
 def test_a_mass_reclaim_holds_and_drains_every_node_with_one_read_per_pass() -> None:

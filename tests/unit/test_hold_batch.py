@@ -23,43 +23,47 @@ from bridge.errors import AdapterError
 from bridge.lifecycle import NodeFacts, Step
 from bridge.model import Phase
 from bridge.reconcile import Intents
+from tests.slurm_script import ScriptedSlurm
 from tests.unit.test_drain_batch import POOL, Kube
 
 NODES = [f"gpu-node-{i:02d}" for i in range(1, 5)]
 ACTIVE = "PENDING,RUNNING,CONFIGURING,SUSPENDED,REQUEUED"
 
 
-class Slurm:
+def queue(jobs: dict[str, tuple[str, str, str]], refuse: dict[str, CommandResult] | None = None,
+          read: CommandResult | None = None) -> ScriptedSlurm:
     """Jobs as ``squeue`` lists them (id -> (user, name, partition)), filtered as squeue filters
-    its text output; sbatch queues a job, or answers ``refuse[node]`` for that node."""
+    its text output (or, given ``read``, its answer); sbatch queues a job, or answers
+    ``refuse[node]`` for that node."""
+    jobs, refused = dict(jobs), refuse or {}
 
-    def __init__(self, jobs: dict[str, tuple[str, str, str]], refuse: dict[str, CommandResult] | None = None,
-                 read: CommandResult | None = None) -> None:
-        self.jobs, self.refuse, self.read = dict(jobs), refuse or {}, read
-        self.calls: list[list[str]] = []
+    def options(argv: list[str]) -> dict[str, str]:
+        return {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
 
-    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
-        self.calls.append(list(argv))
-        opts = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
-        if argv[0] == "squeue":
-            assert argv[1] == "--noheader" and opts["--states"] == ACTIVE and opts["--format"] == "%i|%u|%j", argv
-            if self.read is not None:
-                return self.read
-            names = opts["--name"].split(",")
-            return CommandResult(0, "".join(f"{j}|{u}|{n}\n" for j, (u, n, p) in self.jobs.items()
-                                            if n in names and p == opts["--partition"]), "")
-        if argv[0] == "sbatch":
-            node = opts["--nodelist"]
-            if node in self.refuse:
-                return self.refuse[node]
-            job = str(100 + len(self.jobs))
-            self.jobs[job] = ("root", opts["--job-name"], opts["--partition"])
-            return CommandResult(0, f"{job}\n", "")
-        raise AssertionError(f"unexpected {argv}")
+    def squeue(argv: list[str]) -> CommandResult:
+        opts = options(argv)
+        assert argv[1] == "--noheader" and opts["--states"] == ACTIVE and opts["--format"] == "%i|%u|%j", argv
+        if read is not None:
+            return read
+        names = opts["--name"].split(",")
+        return CommandResult(0, "".join(f"{j}|{u}|{n}\n" for j, (u, n, p) in jobs.items()
+                                        if n in names and p == opts["--partition"]), "")
 
-    def commands(self) -> list[str]:
-        return [f"squeue {c[c.index('--name') + 1]}" if c[0] == "squeue" else f"sbatch {c[c.index('--nodelist') + 1]}"
-                for c in self.calls]
+    def sbatch(argv: list[str]) -> CommandResult:
+        opts = options(argv)
+        node = opts["--nodelist"]
+        if node in refused:
+            return refused[node]
+        job = str(100 + len(jobs))
+        jobs[job] = ("root", opts["--job-name"], opts["--partition"])
+        return CommandResult(0, f"{job}\n", "")
+
+    return ScriptedSlurm().on(["squeue"], squeue).on(["sbatch"], sbatch)
+
+
+def commands(slurm: ScriptedSlurm) -> list[str]:
+    return [f"squeue {c[c.index('--name') + 1]}" if c[0] == "squeue" else f"sbatch {c[c.index('--nodelist') + 1]}"
+            for c in slurm.calls]
 
 
 def hold(node: str) -> str:
@@ -67,14 +71,14 @@ def hold(node: str) -> str:
 
 
 def test_one_read_finds_the_holds_there_and_only_the_nodes_without_one_are_submitted() -> None:
-    slurm = Slurm({
+    slurm = queue({
         "7": ("root", hold("gpu-node-02"), wk.SLURM_HOLD_PARTITION),  # ours: returned, not submitted again
         "8": ("alice", hold("gpu-node-03"), wk.SLURM_HOLD_PARTITION),  # another user's job of that name: not ours
         "9": ("root", hold("gpu-node-04"), "preempt"),  # another partition: not ours
         "10": ("root", wk.SLURM_WARM_HOLD_JOB_PREFIX + "gpu-node-01", wk.SLURM_WARM_PARTITION),  # a memory hold
     })
     got = CliSlurm(runner=slurm, hold_user="root").submit_holds(NODES)
-    assert slurm.commands() == [f"squeue {','.join(hold(n) for n in NODES)}",
+    assert commands(slurm) == [f"squeue {','.join(hold(n) for n in NODES)}",
                                 "sbatch gpu-node-01", "sbatch gpu-node-03", "sbatch gpu-node-04"]
     assert got == {"gpu-node-01": "104", "gpu-node-02": "7", "gpu-node-03": "105", "gpu-node-04": "106"}
     sbatch = slurm.calls[1]
@@ -83,10 +87,10 @@ def test_one_read_finds_the_holds_there_and_only_the_nodes_without_one_are_submi
 
 
 def test_a_refused_sbatch_is_that_nodes_outcome_and_the_others_go_on() -> None:
-    slurm = Slurm({}, refuse={"gpu-node-02": CommandResult(1, "", "sbatch: error: Batch job submission failed: Invalid node name specified\n"),
+    slurm = queue({}, refuse={"gpu-node-02": CommandResult(1, "", "sbatch: error: Batch job submission failed: Invalid node name specified\n"),
                               "gpu-node-03": CommandResult(0, "Submitted batch job 5\n", "")})
     got = CliSlurm(runner=slurm).submit_holds(NODES)
-    assert slurm.commands() == [f"squeue {','.join(hold(n) for n in NODES)}"] + [f"sbatch {n}" for n in NODES]
+    assert commands(slurm) == [f"squeue {','.join(hold(n) for n in NODES)}"] + [f"sbatch {n}" for n in NODES]
     assert isinstance(got["gpu-node-02"], AdapterError) and "Invalid node name" in str(got["gpu-node-02"])
     assert isinstance(got["gpu-node-03"], AdapterError) and "unexpected answer" in str(got["gpu-node-03"])
     assert got["gpu-node-01"] == "100" and got["gpu-node-04"] == "101"
@@ -95,11 +99,11 @@ def test_a_refused_sbatch_is_that_nodes_outcome_and_the_others_go_on() -> None:
 
 
 def test_a_failed_read_submits_nothing_and_bad_names_never_reach_argv() -> None:
-    slurm = Slurm({}, read=CommandResult(1, "", "slurm_load_jobs error: Unable to contact slurm controller\n"))
+    slurm = queue({}, read=CommandResult(1, "", "slurm_load_jobs error: Unable to contact slurm controller\n"))
     with pytest.raises(AdapterError, match="Unable to contact"):
         CliSlurm(runner=slurm).submit_holds(NODES)
-    assert slurm.commands() == [f"squeue {','.join(hold(n) for n in NODES)}"]
-    clean = Slurm({})
+    assert commands(slurm) == [f"squeue {','.join(hold(n) for n in NODES)}"]
+    clean = queue({})
     with pytest.raises(AdapterError, match="node name"):
         CliSlurm(runner=clean).submit_holds(["gpu-node-01", "a,b"])
     assert clean.calls == [] and CliSlurm(runner=clean).submit_holds([]) == {} and clean.calls == []
@@ -113,7 +117,7 @@ def _reclaiming(name: str) -> NodeFacts:
                      slurm_drained_by_other=False, slurm_down=False, slurm_allocated=True, hold=None, research_jobs=("3",))
 
 
-def _pass(slurm: Slurm, nodes: Sequence[str]) -> tuple[list[StepRecord], list[str]]:
+def _pass(slurm: ScriptedSlurm, nodes: Sequence[str]) -> tuple[list[StepRecord], list[str]]:
     points: list[str] = []
     act = Actuator(kube=Kube(), slurm=CliSlurm(runner=slurm), clock=lambda: 1.0,  # type: ignore[arg-type]
                    targets={"default": POOL}, after_write=points.append)
@@ -123,10 +127,10 @@ def _pass(slurm: Slurm, nodes: Sequence[str]) -> tuple[list[StepRecord], list[st
 
 
 def test_a_pass_of_holds_reads_slurm_once_and_each_step_records_its_own_node() -> None:
-    slurm = Slurm({"7": ("root", hold("gpu-node-03"), wk.SLURM_HOLD_PARTITION)},
+    slurm = queue({"7": ("root", hold("gpu-node-03"), wk.SLURM_HOLD_PARTITION)},
                   refuse={"gpu-node-04": CommandResult(1, "", "sbatch: error: Socket timed out\n")})
     records, points = _pass(slurm, NODES)
-    assert slurm.commands() == [f"squeue {','.join(hold(n) for n in NODES)}", "sbatch gpu-node-01", "sbatch gpu-node-02",
+    assert commands(slurm) == [f"squeue {','.join(hold(n) for n in NODES)}", "sbatch gpu-node-01", "sbatch gpu-node-02",
                                 "sbatch gpu-node-04"]
     assert [(r.node, r.step, r.detail, r.error is None) for r in records] == [
         ("gpu-node-01", Step.SUBMIT_HOLD, "101", True), ("gpu-node-02", Step.SUBMIT_HOLD, "102", True),
@@ -136,7 +140,7 @@ def test_a_pass_of_holds_reads_slurm_once_and_each_step_records_its_own_node() -
 
 
 def test_a_failed_batch_read_fails_every_hold_step_and_submits_nothing() -> None:
-    slurm = Slurm({}, read=CommandResult(1, "", "slurm_load_jobs error: Socket timed out\n"))
+    slurm = queue({}, read=CommandResult(1, "", "slurm_load_jobs error: Socket timed out\n"))
     records, points = _pass(slurm, NODES)
     assert len(slurm.calls) == 1 and points == []  # one read, made once
     assert [r.node for r in records] == NODES and all(r.error is not None and "Socket timed out" in str(r.error) for r in records)
@@ -150,21 +154,18 @@ def test_many_nodes_are_read_in_lists_execve_accepts() -> None:
     from bridge.adapters.slurm.cli import LIST_CHUNK
 
     nodes = [f"gpu-node-{i:05d}" for i in range(2 * LIST_CHUNK + 1)]
-    slurm = Slurm({"7": ("root", hold(nodes[-1]), wk.SLURM_HOLD_PARTITION)})
+    slurm = queue({"7": ("root", hold(nodes[-1]), wk.SLURM_HOLD_PARTITION)})
     got = CliSlurm(runner=slurm).submit_holds(nodes)
     reads = [c[c.index("--name") + 1].split(",") for c in slurm.calls if c[0] == "squeue"]
     assert [len(r) for r in reads] == [LIST_CHUNK, LIST_CHUNK, 1] and sorted(sum(reads, [])) == sorted(hold(n) for n in nodes)
     assert max(len(",".join(r)) for r in reads) < 64 * 1024
     assert got[nodes[-1]] == "7" and len([c for c in slurm.calls if c[0] == "sbatch"]) == len(nodes) - 1
 
-    shown: list[list[str]] = []
-
-    def scontrol(argv: Sequence[str], timeout_s: float) -> CommandResult:
-        shown.append((argv[4] if argv[2] == "show" else argv[2].removeprefix("NodeName=")).split(","))
-        if argv[2] != "show":  # scontrol update NodeName=A,B,... State=DRAIN
-            return CommandResult(0, "", "")
-        return CommandResult(0, "".join(f"NodeName={n} State=IDLE\n" for n in argv[4].split(",")), "")
-
+    scontrol = (ScriptedSlurm()
+                .on(["scontrol", "--oneliner", "show", "node"],
+                    lambda argv: CommandResult(0, "".join(f"NodeName={n} State=IDLE\n" for n in argv[4].split(",")), ""))
+                .on(["scontrol", "update"], CommandResult(0, "", "")))  # scontrol update NodeName=A,B,... State=DRAIN
     drained = CliSlurm(runner=scontrol).drain_nodes(dict.fromkeys(nodes, "serving"))
+    shown = [(c[4] if c[2] == "show" else c[2].removeprefix("NodeName=")).split(",") for c in scontrol.calls]
     assert [len(x) for x in shown] == [LIST_CHUNK, LIST_CHUNK, 1] * 2  # the reads, then the writes, in lists
     assert all(drained[n] is True for n in nodes)

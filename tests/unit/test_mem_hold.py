@@ -5,8 +5,6 @@ The daemon's use of it is tested over the fakes in test_daemon_warm.py."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 
 from bridge import wellknown as wk
@@ -18,27 +16,23 @@ from bridge.model import SlurmJob
 from bridge.observe import Observation, Readings, join
 from gpu_bridge_lab.fakes.kube import FakeKube
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
-from tests.unit.test_slurm_cli_adapter import FakeRunner
+from tests.slurm_script import ScriptedSlurm
+from tests.unit.test_slurm_cli_adapter import fixture_runner
 
 NODE = "gpu-node-01"
 
 
-class HeldRunner(FakeRunner):
+def held_runner(held: str | None = None) -> ScriptedSlurm:
     """The fixture's cluster, plus our memory hold 77 (user root) on ``held`` in squeue's text output."""
-
-    def __init__(self, held: str | None = None) -> None:
-        super().__init__()
-        self.held = held
-
-    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
-        if self.held and list(argv[:2]) == ["squeue", "--noheader"] and wk.SLURM_WARM_HOLD_JOB_PREFIX + self.held in argv:
-            self.calls.append(list(argv))
-            return CommandResult(0, f"77|root|{wk.SLURM_WARM_HOLD_JOB_PREFIX}{self.held}\n", "")
-        return super().__call__(argv, timeout_s)
+    r = fixture_runner()
+    if held:
+        r.on(lambda argv: argv[:2] == ["squeue", "--noheader"] and wk.SLURM_WARM_HOLD_JOB_PREFIX + held in argv,
+             CommandResult(0, f"77|root|{wk.SLURM_WARM_HOLD_JOB_PREFIX}{held}\n", ""))
+    return r
 
 
 def test_submit_mem_hold_argv_pinned_one_cpu_no_gpu_and_idempotent() -> None:
-    r = HeldRunner(held="gpu-node-02")
+    r = held_runner(held="gpu-node-02")
     a = CliSlurm(runner=r, warm_partition="warm-x")
     assert a.submit_mem_hold("gpu-node-02", 12_000) == "77"  # already there: nothing submitted
     assert r.writes() == []
@@ -56,20 +50,20 @@ def test_submit_mem_hold_argv_pinned_one_cpu_no_gpu_and_idempotent() -> None:
 
 
 def test_cancel_mem_hold_only_ours_by_name_partition_and_user() -> None:
-    r = HeldRunner(held="gpu-node-02")
+    r = held_runner(held="gpu-node-02")
     a = CliSlurm(runner=r, hold_user="root")
     assert a.cancel_mem_hold(NODE) == ()
     assert r.writes() == []
     assert a.cancel_mem_hold("gpu-node-02") == ("77",)
     assert r.writes() == [["scancel", "--name=gpu-bridge-warm:gpu-node-02", "--partition=gpu-bridge-warm", "--user=root", "77"]]
-    other = HeldRunner(held="gpu-node-02")
+    other = held_runner(held="gpu-node-02")
     assert CliSlurm(runner=other, hold_user="gpu-bridge").cancel_mem_hold("gpu-node-02") == ()  # root's: not ours
     assert other.writes() == []
 
 
 @pytest.mark.parametrize("node", ["gpu-node-01;reboot", "-w", "", "gpu node"])
 def test_bad_node_names_never_reach_argv(node: str) -> None:
-    r = HeldRunner()
+    r = held_runner()
     a = CliSlurm(runner=r)
     for call in (lambda: a.submit_mem_hold(node, 1000), lambda: a.cancel_mem_hold(node)):
         with pytest.raises(AdapterError):
@@ -79,7 +73,7 @@ def test_bad_node_names_never_reach_argv(node: str) -> None:
 
 @pytest.mark.parametrize("mem_mb", [0, -1, True, "12000", 1.5, 1 << 41])
 def test_bad_sizes_never_reach_argv(mem_mb: object) -> None:
-    r = HeldRunner()
+    r = held_runner()
     with pytest.raises(AdapterError, match="not a positive number of MB"):
         CliSlurm(runner=r).submit_mem_hold(NODE, mem_mb)  # type: ignore[arg-type]
     assert r.writes() == []

@@ -25,8 +25,9 @@ from bridge.wiring import Adapters
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeLeader, FakeProm
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
 from gpu_bridge_lab.sandbox.daemon_config import write_config
+from tests.slurm_script import ScriptedSlurm
 from tests.unit.test_kube_adapter_leader import Clock, LeaseStore, elector
-from tests.unit.test_slurm_cli_adapter import FakeRunner
+from tests.unit.test_slurm_cli_adapter import fixture_runner
 
 NODES = ("gpu-node-01", "gpu-node-02")
 POOL = PoolTarget("default", "serving", "vllm")
@@ -139,11 +140,11 @@ def test_what_counts_as_a_slurm_write(argv: list[str], writes: bool) -> None:
     assert changes_slurm(argv) is writes
 
 
-def _leader_and_slurm(*, timeout_s: float) -> tuple[LeaseStore, Clock, Any, CliSlurm, FakeRunner]:
+def _leader_and_slurm(*, timeout_s: float) -> tuple[LeaseStore, Clock, Any, CliSlurm, ScriptedSlurm]:
     store, clock = LeaseStore(), Clock()
     e = elector(store, clock, "a")  # lease 15 s, renew deadline 10 s
     assert e.try_acquire_or_renew()
-    runner = FakeRunner()
+    runner = fixture_runner()
     slurm = CliSlurm(runner=runner, timeout_s=timeout_s, fence=lease_fence(e))
     return store, clock, e, slurm, runner
 
@@ -170,7 +171,7 @@ def test_a_slurm_write_renews_first_when_the_lease_is_short_and_then_runs() -> N
 
 
 def test_a_short_lived_fake_leadership_refuses_too() -> None:
-    runner = FakeRunner()
+    runner = fixture_runner()
     leader = FakeLeader(valid_s=2.0)
     slurm = CliSlurm(runner=runner, timeout_s=5, fence=lease_fence(leader))
     with pytest.raises(NotLeaderError):

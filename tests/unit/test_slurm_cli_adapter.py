@@ -13,51 +13,34 @@ from bridge import wellknown
 from bridge.adapters.protocols import SlurmAdapterProtocol, SlurmReader, SlurmWriter
 from bridge.adapters.slurm.cli import CliSlurm, CommandResult, NotOursError, SubprocessRunner, drain_reason
 from bridge.errors import AdapterError
+from tests.slurm_script import ScriptedSlurm
 from tests.slurm_text import scontrol_node, sdiag, squeue_filtered
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm"
 
 
-class FakeRunner:
-    """Answers sinfo/squeue/scontrol ping from fixture files, records every argv; writes succeed
-    (or fail with ``fail``)."""
-
-    def __init__(self, version: str = "22.05", *, fail: dict[str, CommandResult] | None = None) -> None:
-        self.sinfo = (FIX / f"sinfo-{version}.json").read_text()
-        self.squeue = (FIX / f"squeue-{version}.json").read_text()
-        self.calls: list[list[str]] = []
-        self.fail = fail or {}
-        self.timeouts: list[float] = []
-
-    def __call__(self, argv: Sequence[str], timeout_s: float) -> CommandResult:
-        self.calls.append(list(argv))
-        self.timeouts.append(timeout_s)
-        if argv[0] in self.fail:
-            return self.fail[argv[0]]
-        if list(argv) == ["sinfo", "--json", "--Node"]:
-            return CommandResult(0, self.sinfo, "")
-        if list(argv) == ["squeue", "--json"]:
-            return CommandResult(0, self.squeue, "")
-        if list(argv) == ["sdiag"]:
-            return CommandResult(*sdiag(1796216801.0))
-        if list(argv) == ["scontrol", "ping"]:
-            return CommandResult(0, (FIX / "ping-22.05.txt").read_text(), "")
-        if list(argv[:4]) == ["scontrol", "--oneliner", "show", "node"]:
-            return CommandResult(*scontrol_node(self.sinfo, argv[4]))
-        if list(argv[:2]) == ["squeue", "--noheader"]:
-            return CommandResult(*squeue_filtered(self.squeue, argv))
-        if argv[0] == "sbatch":
-            return CommandResult(0, "42\n", "")
-        return CommandResult(0, "", "")
-
-    def writes(self) -> list[list[str]]:
-        reads = (["sinfo", "--json", "--Node"], ["squeue", "--json"], ["scontrol", "ping"], ["scontrol", "--oneliner"],
-                 ["squeue", "--noheader"], ["sdiag"])
-        return [c for c in self.calls if c[:2] not in reads and c not in reads]
+def fixture_runner(version: str = "22.05", *, sinfo: str | None = None, squeue: str | None = None,
+                   fail: dict[str, CommandResult] | None = None) -> ScriptedSlurm:
+    """Answers sinfo/squeue/sdiag/scontrol ping and the single reads from fixture files (or the
+    ``sinfo``/``squeue`` text given), records every argv; writes succeed, a command named in
+    ``fail`` answers that."""
+    sinfo = (FIX / f"sinfo-{version}.json").read_text() if sinfo is None else sinfo
+    squeue = (FIX / f"squeue-{version}.json").read_text() if squeue is None else squeue
+    r = (ScriptedSlurm(otherwise=CommandResult(0, "", ""))
+         .on(["sbatch"], CommandResult(0, "42\n", ""))
+         .on(["squeue", "--noheader"], lambda argv: CommandResult(*squeue_filtered(squeue, argv)))
+         .on(["scontrol", "--oneliner", "show", "node"], lambda argv: CommandResult(*scontrol_node(sinfo, argv[4])))
+         .on(["scontrol", "ping"], CommandResult(0, (FIX / "ping-22.05.txt").read_text(), ""))
+         .on(["sdiag"], CommandResult(*sdiag(1796216801.0)))
+         .on(["squeue", "--json"], CommandResult(0, squeue, ""))
+         .on(["sinfo", "--json", "--Node"], CommandResult(0, sinfo, "")))
+    for command, answer in (fail or {}).items():
+        r.on([command], answer)
+    return r
 
 
-def adapter(version: str = "22.05", **kw: object) -> tuple[CliSlurm, FakeRunner]:
-    r = FakeRunner(version, **kw)  # type: ignore[arg-type]
+def adapter(version: str = "22.05", **kw: object) -> tuple[CliSlurm, ScriptedSlurm]:
+    r = fixture_runner(version, **kw)  # type: ignore[arg-type]
     return CliSlurm(runner=r, timeout_s=7.0), r
 
 
@@ -105,8 +88,7 @@ def test_drain_is_idempotent_and_never_overwrites_an_admin() -> None:
 
 def test_drain_a_not_responding_node() -> None:
     """A node that comes back after a reboot must not take research jobs: drain it anyway."""
-    r = FakeRunner()
-    r.sinfo = (FIX / "sinfo-22.05-down.json").read_text()
+    r = fixture_runner(sinfo=(FIX / "sinfo-22.05-down.json").read_text())
     a = CliSlurm(runner=r)
     assert a.drain("gpu-node-01", "serving") is True
 
@@ -145,7 +127,7 @@ def test_submit_hold_argv_and_idempotence() -> None:
 
 
 def test_submit_hold_bad_answer() -> None:
-    r = FakeRunner(fail={"sbatch": CommandResult(0, "Submitted batch job 42\n", "")})
+    r = fixture_runner(fail={"sbatch": CommandResult(0, "Submitted batch job 42\n", "")})
     with pytest.raises(AdapterError, match="unexpected answer"):
         CliSlurm(runner=r).submit_hold("gpu-node-01")
 
@@ -176,7 +158,7 @@ def test_requeue_research_job_only() -> None:
 
 
 def test_requeue_only_in_the_preempt_partition() -> None:
-    r = FakeRunner("24.11")
+    r = fixture_runner("24.11")
     a = CliSlurm(runner=r, preempt_partition="other")
     assert a.requeue("101") is False and r.writes() == []
 
@@ -184,15 +166,15 @@ def test_requeue_only_in_the_preempt_partition() -> None:
 def test_slurmctlds_clock_and_grace_time() -> None:
     a, r = adapter()
     assert a.clock() == 1796216801.0
-    r.fail["scontrol"] = CommandResult(0, "PartitionName=preempt AllowGroups=ALL Default=YES GraceTime=120 Hidden=NO "
-                                          "PreemptMode=REQUEUE State=UP\n", "")
+    r.on(["scontrol"], CommandResult(0, "PartitionName=preempt AllowGroups=ALL Default=YES GraceTime=120 Hidden=NO "
+                                          "PreemptMode=REQUEUE State=UP\n", ""))
     assert a.grace_time_s("preempt") == 120.0
     assert r.calls[-1] == ["scontrol", "--oneliner", "show", "partition", "preempt"]
     with pytest.raises(AdapterError, match="expected one PartitionName=other line"):
         a.grace_time_s("other")
     with pytest.raises(AdapterError, match="invalid partition"):
         a.grace_time_s("p;reboot")
-    r.fail["sdiag"] = CommandResult(0, "Server thread count: 3\n", "")
+    r.on(["sdiag"], CommandResult(0, "Server thread count: 3\n", ""))
     with pytest.raises(AdapterError, match="sdiag"):
         a.clock()
 
@@ -249,11 +231,10 @@ def test_subprocess_runner_timeout_and_missing_binary() -> None:
 def test_release_frees_a_research_job_slurm_held_never_a_job_of_the_bridges_partitions(partition: str) -> None:
     """A job in the hold or warm partition (a hold, a memory hold, or whatever got there: those
     partitions are the bridge's) is never released as research, whatever its name or user."""
-    a, r = adapter()
-    doc = json.loads(r.squeue)
+    doc = json.loads((FIX / "squeue-22.05.json").read_text())
     job = doc["jobs"][0]
     job.update(partition=partition, job_state="PENDING", state_reason="launch_failed_requeued_held", name="train")
-    r.squeue = json.dumps(doc)
+    a, r = adapter(squeue=json.dumps(doc))
     jid = str(job["job_id"])
     if partition == "preempt":
         assert a.release(jid, "launch_failed_requeued_held") is True

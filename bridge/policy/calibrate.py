@@ -84,15 +84,19 @@ def calibrate(
     hours: np.ndarray | None = None,
     replicas_per_node: int = 1,
     pace: float = 1.0,
+    rises: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Calibration:
     """The margin from per-step arrays (oldest first; NaN = unknown): ``demand`` the peak
     demand of each step in replicas, ``ready`` the fewest Ready replicas in it. ``capacity``:
-    replicas the whole pool can serve (demand above it is no one's violation)."""
+    replicas the whole pool can serve (demand above it is no one's violation). ``rises``:
+    ``_rises`` of ``demand`` with these arguments when the caller has it already."""
     d = np.asarray(demand, dtype=float)
     r = np.asarray(ready, dtype=float)
     c = smoothing
-    rises, where = _rises(d, step_s=step_s, horizon_s=horizon_s, lookback_s=lookback_s, replicas_per_node=replicas_per_node, smoothing=c)
-    scores = rises * (1.0 + 1e-9)
+    if rises is None:
+        rises = _rises(d, step_s=step_s, horizon_s=horizon_s, lookback_s=lookback_s, replicas_per_node=replicas_per_node, smoothing=c)
+    scores, where = rises
+    scores = scores * (1.0 + 1e-9)
     n = int(scores.size)
     known = np.isfinite(d) & np.isfinite(r)
     spent = int(np.count_nonzero(known & (d > r + 1e-6) & (d <= capacity + 1e-6)))
@@ -349,17 +353,19 @@ class Calibrator:
     def _forget(
         self, d: np.ndarray, r: np.ndarray, hours: np.ndarray | None, *, h: float, lookback_s: float, min_samples: int,
         level_hours: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
         """The window with the regime before the last change point forgotten at the stated
         rate (``CP_HALF_LIFE_S``) while the change's level holds (``level_held``), never
-        shorter than the history needed to calibrate. ``level_hours``: each step's hour of the day."""
+        shorter than the history needed to calibrate. ``level_hours``: each step's hour of the day.
+        Last, the window's ``_rises`` when nothing was forgotten (``calibrate`` takes them), else None."""
         hs = max(1, math.ceil(h / self.step_s - 1e-9))
         ls = max(1, math.ceil(lookback_s / self.step_s - 1e-9))
-        rises, where = _rises(d, step_s=self.step_s, horizon_s=h, lookback_s=lookback_s,
-                              replicas_per_node=self.pool.replicas_per_node,
-                              smoothing=self.config.policy.forecast.burst_smoothing_replicas)
+        whole = _rises(d, step_s=self.step_s, horizon_s=h, lookback_s=lookback_s,
+                       replicas_per_node=self.pool.replicas_per_node,
+                       smoothing=self.config.policy.forecast.burst_smoothing_replicas)
+        rises, where = whole
         if rises.size == 0:
-            return d, r, hours
+            return d, r, hours, whole
         logs = np.log(rises)
         mu = None
         if hours is not None:
@@ -369,18 +375,18 @@ class Calibrator:
             mu = q[hh]
         alarm = change_point(logs, mu)
         if alarm is None:
-            return d, r, hours
+            return d, r, hours, whole
         n0 = int(where[alarm]) + hs + ls  # the new regime's own scores begin here
         age_s = (d.size - n0) * self.step_s
         if age_s <= 0:
-            return d, r, hours  # the change is still under way: its scores widen the margin at once
+            return d, r, hours, whole  # the change is still under way: its scores widen the margin at once
         if not level_held(d, n0, level_hours, round(3600.0 / self.step_s)):
-            return d, r, hours  # a burst that ended, not a new regime: its history still counts
+            return d, r, hours, whole  # a burst that ended, not a new regime: its history still counts
         keep = int(n0 * 0.5 ** (age_s / CP_HALF_LIFE_S))
         start = min(n0 - keep, d.size - (min_samples + hs + ls))
         if start <= 0:
-            return d, r, hours
-        return d[start:], r[start:], (hours[start:] if hours is not None else None)
+            return d, r, hours, whole
+        return d[start:], r[start:], (hours[start:] if hours is not None else None), None
 
     def _keys(self, now: float) -> np.ndarray:
         """The steps of the window ending at ``now``'s step, oldest first."""
@@ -417,8 +423,9 @@ class Calibrator:
         hours = self._hours(now) if cal.by_time_of_day else None
         lookback_s = max(f.lend_lookback_s, f.burst_window_s)
         min_samples = math.ceil(cal.min_history_s / self.step_s)
+        rises = None
         if cal.change_points:
-            d, r, hours = self._forget(
+            d, r, hours, rises = self._forget(
                 d, r, hours, h=h, lookback_s=lookback_s, min_samples=min_samples, level_hours=self._hours(now)
             )
         got = calibrate(
@@ -435,6 +442,7 @@ class Calibrator:
             hours=hours,
             replicas_per_node=self.pool.replicas_per_node,
             pace=pc,
+            rises=rises,
         )
         self._cached = (key, got)
         return got

@@ -281,12 +281,11 @@ class Calibrator:
     Only a cache: ``add`` the same samples (the daemon's Prometheus history at start-up, then
     each new sample) and the same calibration comes out."""
 
-    def __init__(self, config: Config, pool: PoolConfig, *, governor_window_s: float | None = None) -> None:
+    def __init__(self, config: Config, pool: PoolConfig) -> None:
         cal = config.policy.calibration
         self.config = config
         self.pool = pool
-        # the governor's window: the config's (28 d), or the whole run in the simulator
-        self.governor_window_s = governor_window_s if governor_window_s is not None else config.policy.governor.window_s
+        self.governor_window_s = config.policy.governor.window_s
         self.ledger = ViolationLedger(
             step_s=cal.step_s, window_s=self.governor_window_s, gap_steps=gap_steps(config, pool, cal.step_s, self.governor_window_s)
         )

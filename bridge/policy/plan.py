@@ -36,7 +36,7 @@ exactly the single-tier one.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from bridge.config import Config, PoolConfig
@@ -573,8 +573,3 @@ def _lend_blocked(c: _Tick) -> _PoolWork | None:
     if not c.lendable:
         return c.hold(Reason.NO_CANDIDATES, "no serving node may be lent (pinned or with a problem)")
     return None
-
-
-def decisions_by_pool(p: Plan) -> Mapping[str, PoolDecision]:
-    """Helper for callers: the plan's decisions keyed by pool name."""
-    return {d.pool: d for d in p.pools}

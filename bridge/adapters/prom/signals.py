@@ -82,7 +82,7 @@ class PromAccess:
 # --- query building ---------------------------------------------------------------------------
 
 
-def build_query(pool: PromPool, *, rate_window_s: float, with_timestamps: bool = True, gauge_window_s: float | None = None) -> str:
+def build_query(pool: PromPool, *, rate_window_s: float, gauge_window_s: float | None = None) -> str:
     """The one query of a pool. ``gauge_window_s`` set = each gauge as ``max_over_time`` over
     that window (history: the peak of each step) and no timestamps."""
     sel = selector(pool)
@@ -90,7 +90,7 @@ def build_query(pool: PromPool, *, rate_window_s: float, with_timestamps: bool =
     for g in GAUGES:
         expr = f"{g}{{{sel}}}" if gauge_window_s is None else f"max_over_time({g}{{{sel}}}[{_window(gauge_window_s)}])"
         terms.append(_tag(expr, f"value:{g}"))
-    if with_timestamps and gauge_window_s is None:
+    if gauge_window_s is None:
         terms += [_tag(f"timestamp({g}{{{sel}}})", f"ts:{g}") for g in GAUGES]
     w = _window(rate_window_s)
     terms.append(_tag(f"rate({PROMPT}{{{sel}}}[{w}])", "rate:prompt"))

@@ -18,6 +18,7 @@ queries over each window (``max_over_time(...[step])`` at that step).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -74,9 +75,15 @@ class _Level:
             self.start = 0
 
     def between(self, lo: float, hi: float) -> list[LoadSignals]:
+        """The buckets with samples in [lo, hi]. A bucket's merged sample carries its newest
+        ``t``: one that begins by ``hi`` but ends after it is given ``t = hi``, or a peak in its
+        first part would drop out of the history for up to a step as a finer window's start
+        passes it (the finer window no longer holds it, this one not yet)."""
         ss = self.samples
         i = bisect.bisect_left(ss, lo, lo=self.start, key=_t)
         j = bisect.bisect_right(ss, hi, lo=i, key=_t)
+        if j < len(ss) and self.keys[j] * self.step <= hi and ss[j].t > hi >= lo:
+            return [*ss[i:j], dataclasses.replace(ss[j], t=hi)]
         return ss[i:j]
 
 
@@ -118,8 +125,14 @@ class HistoryRecorder:
             for a, b in _minus((lo, hi), covered):
                 out.extend(self._levels[w.step_s].between(a, b))
             covered.append((lo, hi))
-        out.sort(key=_t)  # stable: at equal t the finer sample (added first) comes first
-        return tuple(s for i, s in enumerate(out) if i == 0 or s.t != out[i - 1].t)
+        out.sort(key=_t)
+        merged: list[LoadSignals] = []
+        for s in out:  # at a window's edge two resolutions can meet at one t: their maximum
+            if merged and merged[-1].t == s.t:
+                merged[-1] = merge_max(merged[-1], s)
+            else:
+                merged.append(s)
+        return tuple(merged)
 
 
 def _minus(iv: tuple[float, float], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -8,12 +8,14 @@ import datetime as dt
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.config import CalendarEffect, CalendarRule, TargetConfig, VictimRule, default_config
 from bridge.model import LoadSignals, NodeState, Phase, SlurmJob
 from bridge.policy import calendar
 from bridge.policy.demand import demand, nodes_for, replicas_needed
-from bridge.policy.forecast import forecast, history_span_s, history_windows, horizon_s, lend_horizon_s
+from bridge.policy.forecast import forecast, history_span_s, history_windows, horizon_s, lend_horizon_s, lend_span_s
 from bridge.policy.history import HistoryRecorder, merge_max
 from bridge.policy.victims import choose_victims, job_loss_gpu_hours
 
@@ -316,3 +318,24 @@ def test_recorder_rejects_time_going_back_and_ignores_repeats() -> None:
     rec.add(LoadSignals(NOW, 1.0, 0.0, None, None, 1))
     rec.add(LoadSignals(NOW, 9.0, 0.0, None, None, 1))
     assert [x.running for x in rec.history(NOW)] == [1.0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(offset=st.integers(0, 299), ticks_after=st.integers(0, 200))
+def test_a_peak_stays_in_the_history_until_the_lend_lookback_has_passed_it(offset: int, ticks_after: int) -> None:
+    """A peak leaves the fine window while the coarse bucket holding it still ends later: it
+    must not vanish in between (it did for up to a step, and a lend slipped through: the
+    saw hypothesis found in test_governor's no-thrash test, level 0.75, cv 0.15, seed 6568)."""
+    cfg = CFG
+    rec = HistoryRecorder(history_windows(cfg))
+    t0 = NOW - 4 * 3600 + offset
+    peak_t = t0 + 1800
+    now = peak_t + ticks_after * 30.0
+    t = t0
+    while t <= now:
+        rec.add(LoadSignals(t, 48.0 if t == peak_t else 24.0, 0.0, None, None, 1))
+        t += 30.0
+    lookback = lend_span_s(cfg)
+    h = [x for x in rec.history(now) if now - lookback <= x.t <= now]
+    if now - peak_t <= lookback - cfg.policy.forecast.burst_step_s:  # the whole bucket still inside
+        assert max(x.running for x in h if x.running is not None) == 48.0, now - peak_t

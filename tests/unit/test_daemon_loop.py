@@ -37,8 +37,10 @@ def config(**policy: object) -> Config:
             "policy": {"tick_s": 1, "scale_down_window_s": 5, "min_lend_s": 3, "max_lends_per_tick": 1,
                        "signal_max_age_s": 10, "blind_after_s": 30,
                        "forecast": {"margin_s": 1, "burst_window_s": 5, "trend_window_s": 10,
-                                    "compare_window_s": 10, "burst_history_s": 86400},
-                       # seconds-scale fake world: the headroom floors, no week-long calibration
+                                    "compare_window_s": 10, "burst_history_s": 86400, "lend_lookback_s": 10},
+                       # seconds-scale fake world: the headroom floors, no week-long calibration, a
+                       # lend lookback of seconds (the product's hour, now read whole, would keep
+                       # these worlds from lending again within their few hundred ticks)
                        "calibration": {"enabled": False}, **policy},
             "prometheus": {"scrape_interval_s": 1, "step_s": 1},
         }

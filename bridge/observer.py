@@ -17,11 +17,19 @@ from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PromReader, SlurmAdapterProtocol
 from bridge.config import Config, PoolConfig
 from bridge.errors import AdapterError
-from bridge.model import Calibration, LoadSignals, SlurmJob
-from bridge.observe import Readings, Snapshot, SlurmNodeLike
+from bridge.model import Calibration, LoadSignals, Phase, SlurmJob
+from bridge.observe import KubeNode, Readings, Snapshot, SlurmNodeLike
 from bridge.policy.outlook import OUTLOOK_HOURS, OUTLOOK_STEP_S, HourOutlook, lendable_outlook, outlook_span_s
 
 log = logs.get(__name__)
+
+
+def needs_slurm_clock(kube_nodes: Sequence[KubeNode], jobs: Sequence[SlurmJob]) -> bool:
+    """slurmctld's clock is compared only with a preemption's time (the grace, ``past_grace``)
+    and a fresh drain's (its state save, in ``returning``): read (``sdiag``) only while a job
+    was preempted or a node is on its way back, so a steady tick is one ``sinfo`` and one ``squeue``."""
+    return (any(getattr(j, "preempt_time", None) is not None for j in jobs)
+            or any(n.phase in (Phase.RECLAIMING, Phase.RETURNING) for n in kube_nodes))
 
 
 @dataclass
@@ -52,7 +60,8 @@ class Observer:
         slurm_now: float | None = None
         try:
             slurm_nodes, slurm_jobs = self.slurm.nodes(), self.slurm.jobs()
-            slurm_now = self.slurm.clock()  # after both reads: no time of theirs is later than it
+            if needs_slurm_clock(kube_nodes, slurm_jobs):
+                slurm_now = self.slurm.clock()  # after both reads: no time of theirs is later than it
         except AdapterError as exc:
             log.warning("slurm_unavailable", error=str(exc))
             errors.append("slurm")

@@ -233,3 +233,36 @@ def test_the_root_paths_need_exactly_one_replica() -> None:
         assert call(srv, "GET", "/replicas/r1/is_sleeping") == (200, {"is_sleeping": False})
     finally:
         srv.stop()
+
+
+def _put_faults(srv: SimServer, body: Any) -> tuple[int, Any]:
+    req = urllib.request.Request(srv.url + "/faults", data=json.dumps(body).encode(), method="PUT",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_an_injected_wake_failure_answers_500_and_leaves_the_engine_asleep() -> None:
+    """The lab's fault knob (the reliability harness' failed-wake row): ``PUT /faults``
+    ``{"wake_fails": [...]}`` makes those replicas' ``/wake_up`` fail until cleared; others wake."""
+    srv = _server(True, FAST, replicas=2)
+    try:
+        assert call(srv, "GET", "/faults") == (200, {"wake_fails": []})
+        for r in ("r0", "r1"):
+            assert call(srv, "POST", f"/replicas/{r}/sleep?level=1")[0] == 200
+        assert _put_faults(srv, {"wake_fails": ["r0"]}) == (200, {"wake_fails": ["r0"]})
+        status, body = call(srv, "POST", "/replicas/r0/wake_up")
+        assert status == 500 and "wake_up of r0 failed" in body["error"]
+        assert call(srv, "GET", "/replicas/r0/is_sleeping") == (200, {"is_sleeping": True})
+        assert call(srv, "POST", "/replicas/r1/wake_up")[0] == 200  # only the named replica fails
+        assert call(srv, "GET", "/replicas/r1/is_sleeping") == (200, {"is_sleeping": False})
+        assert _put_faults(srv, {"wake_fails": []}) == (200, {"wake_fails": []})
+        assert call(srv, "POST", "/replicas/r0/wake_up")[0] == 200
+        assert call(srv, "GET", "/replicas/r0/is_sleeping") == (200, {"is_sleeping": False})
+        assert _put_faults(srv, {"wake_fails": "r0"})[0] == 400
+        assert _put_faults(srv, {"sleep_fails": []})[0] == 400
+    finally:
+        srv.stop()

@@ -8,6 +8,9 @@
     DELETE /replicas/{name}     drain (optional ?shutdown_timeout_s=S)    -> 202
     GET    /load                trace clock, rates, overrides
     PUT    /load                {"model"?, "rate"?, "multiplier"?, "cv"?, "reset"?}
+    GET    /faults              the injected faults (lab only)
+    PUT    /faults              {"wake_fails": [replica, ...]}: those replicas' /wake_up answers
+                                500 and leaves the engine asleep (replaces the list; [] clears)
 
 vLLM's sleep-mode dev endpoints, per replica (each replica is one vLLM server; its base URL
 is ``/replicas/{name}``), and at the root when exactly one replica exists. Only with
@@ -232,7 +235,13 @@ def _make_handler(server: SimServer) -> type[BaseHTTPRequestHandler]:
                     status = sim.set_load(self._body())
                     log.info("load_override", reason=json.dumps(status["models"], sort_keys=True))
                     self._json(200, status)
-                elif path in ("/metrics", "/healthz", "/health", "/replicas", "/load") or path.startswith("/replicas/"):
+                elif path == "/faults" and method == "GET":
+                    self._json(200, sim.faults())
+                elif path == "/faults" and method in ("PUT", "POST"):
+                    status = sim.set_faults(self._body())
+                    log.warning("vllm_sim_faults", reason=json.dumps(status, sort_keys=True))
+                    self._json(200, status)
+                elif path in ("/metrics", "/healthz", "/health", "/replicas", "/load", "/faults") or path.startswith("/replicas/"):
                     self._error(405, f"{method} not allowed on {path}")
                 else:
                     self._error(404, f"no such path {path}; try /metrics, /healthz, /replicas, /load")

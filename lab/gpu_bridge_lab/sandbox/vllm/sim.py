@@ -99,6 +99,9 @@ class Simulation:
         # vLLM's sleep mode (--enable-sleep-mode): None = off, as vLLM's default
         self.sleep_params = sleep_params
         self.sleep: dict[str, SleepState] = {}
+        # a lab fault (``PUT /faults``): the replicas whose ``/wake_up`` fails (HTTP 500, the
+        # engine left asleep), as a wake does that hits a CUDA error or GPU memory still held
+        self.wake_fails: set[str] = set()
         self._seq = 0
         self._picks = 0
 
@@ -256,12 +259,34 @@ class Simulation:
         """``POST /wake_up[?tags=weights|kv_cache]``: the simulation time the wake completes."""
         with self.lock:
             rep, st = self._sleep_state(name)
+            if name in self.wake_fails and st.is_sleeping:
+                raise SimError(f"wake_up of {name} failed: CUDA error: out of memory (an injected fault: PUT /faults)", 500)
             try:
                 done = st.wake(self.t, tags)
             except ValueError as exc:
                 raise SimError(str(exc), 400) from exc
             rep.paused = st.serving_blocked(self.t)
             return done
+
+    def set_faults(self, body: Any) -> dict[str, Any]:
+        """``PUT /faults`` (lab only): ``{"wake_fails": [replica, ...]}`` replaces the set of
+        replicas whose wake fails; the current faults."""
+        if not isinstance(body, dict):
+            raise SimError("faults: expected a JSON object")
+        unknown = set(body) - {"wake_fails"}
+        if unknown:
+            raise SimError(f"faults: unknown key(s) {', '.join(sorted(unknown))}; expected wake_fails")
+        if "wake_fails" in body:
+            names = body["wake_fails"]
+            if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+                raise SimError(f"faults.wake_fails: expected a list of replica names, got {names!r}")
+            with self.lock:
+                self.wake_fails = set(names)
+        return self.faults()
+
+    def faults(self) -> dict[str, Any]:
+        with self.lock:
+            return {"wake_fails": sorted(self.wake_fails)}
 
     def is_sleeping(self, name: str) -> bool:
         with self.lock:

@@ -4,6 +4,7 @@
     .venv/bin/python scripts/reliability.py            # everything (~45-50 min on 2 cores)
     .venv/bin/python scripts/reliability.py --only crash --points fence,drain
     .venv/bin/python scripts/reliability.py --warm      # the crash matrix of warm lending only
+    .venv/bin/python scripts/reliability.py --warm-fallback   # warm lending's cold-fallback rows only
     .venv/bin/python scripts/reliability.py --fast-tier --warm --points set_tier,wake_replica
 
 1. the crash matrix: SIGKILL at every write of bootstrap, lending and reclaiming, restart,
@@ -11,7 +12,10 @@
    `--only crash-warm`: a pool lending warm, every write of the warm path) and its fast-tier
    variant (`--fast-tier`, `--only crash-fast`: the lend's partition write, set_tier), each
    on a sandbox of its own; a row whose point was never written fails (except the points
-   that happen only in some runs: requeue_jobs, evict_pod);
+   that happen only in some runs: requeue_jobs, evict_pod); and the warm cold fallback's rows
+   (`--warm-fallback`, `--only crash-warm-fallback`: mem_hold_lost, check_asleep, warm_lost,
+   delete_asleep, each after its failure is caused for real; a row fails too if the fallback
+   did not happen);
 2. the outage table: Prometheus down / stale, Kubernetes API 500/429/timeouts/refused,
    slurmctld down, a lent node's slurmd dying, a pod that never becomes Ready, a PDB that
    blocks eviction: what the daemon did, logged and exported, and that nothing was lost;
@@ -31,6 +35,7 @@ and every violation with its evidence; exit status 1 on any violation:
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -51,10 +56,14 @@ def say(text: str) -> None:
 
 
 # the crash matrix' variants: --only part -> (warm, fast_tier) of its Harness
-CRASH_VARIANTS = {"crash": (False, False), "crash-warm": (True, False), "crash-fast": (False, True)}
+CRASH_VARIANTS = {"crash": (False, False), "crash-warm": (True, False), "crash-fast": (False, True),
+                  "crash-warm-fallback": (True, False)}
+FALLBACK_VARIANT = "crash-warm-fallback"  # rel.fallback_matrix: each row causes its failure first
 
 
 def variant_rows(variant: str) -> tuple[tuple[str, str], ...]:
+    if variant == FALLBACK_VARIANT:
+        return rel.WARM_FALLBACK_ROWS
     warm, fast_tier = CRASH_VARIANTS[variant]
     return rel.matrix_rows(warm=warm, fast_tier=fast_tier)
 
@@ -62,7 +71,9 @@ def variant_rows(variant: str) -> tuple[tuple[str, str], ...]:
 def crash(points: list[str] | None, variant: str = "crash") -> tuple[list[rel.Row], bool]:
     warm, fast_tier = CRASH_VARIANTS[variant]
     with rel.Harness(3, warm=warm, fast_tier=fast_tier) as h:
-        if points:
+        if variant == FALLBACK_VARIANT:
+            rows = rel.fallback_matrix(h, points=points, log=say)
+        elif points:
             whole = rel.default_rows(h)
             rows = rel.crash_matrix(
                 h, bootstrap=[p for p in points if p in rel.rows_of(whole, "bootstrap")],
@@ -156,10 +167,12 @@ def soak(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None,
-                    help="comma list of crash,crash-warm,crash-fast,outages,two,scale (default: all; with --warm or "
-                         "--fast-tier only those)")
+                    help="comma list of crash,crash-warm,crash-fast,crash-warm-fallback,outages,two,scale (default: all; "
+                         "with --warm, --fast-tier or --warm-fallback only those)")
     ap.add_argument("--warm", action="store_true", help="the crash matrix of a pool lending warm (= --only crash-warm)")
     ap.add_argument("--fast-tier", action="store_true", help="the crash matrix with the fast tier (= --only crash-fast)")
+    ap.add_argument("--warm-fallback", action="store_true",
+                    help="warm lending's cold-fallback rows (= --only crash-warm-fallback)")
     ap.add_argument("--points", default="", help="crash: only these injection points (comma list)")
     ap.add_argument("--faults", default="", help="outages: only these (prometheus,stale,kube-500,...,slurmctld,slurmd,pdb,notready)")
     ap.add_argument("--soak", action="store_true", help="the randomized soak instead of the tables")
@@ -172,23 +185,29 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             say(problem)
             return 2
+    # the sandbox starts its own processes (the vLLM simulator, ...) in its own directory: a
+    # relative PYTHONPATH (`.:lab`) would give them another checkout's code (the venv's install)
+    if os.environ.get("PYTHONPATH"):
+        os.environ["PYTHONPATH"] = os.pathsep.join(str(Path(x).resolve()) for x in os.environ["PYTHONPATH"].split(os.pathsep) if x)
     logs.configure(json=True, level="error")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-ups (sandbox down)
     if args.soak:
         return soak(args)
     chosen = {"crash-warm"} if args.warm else set()
     chosen |= {"crash-fast"} if args.fast_tier else set()
+    chosen |= {FALLBACK_VARIANT} if args.warm_fallback else set()
     if args.only is not None:
         parts = set(args.only.split(",")) | chosen
     else:
-        parts = chosen or {"crash", "crash-warm", "crash-fast", "outages", "two", "scale"}
+        parts = chosen or {"crash", "crash-warm", "crash-fast", FALLBACK_VARIANT, "outages", "two", "scale"}
     unknown = parts - {*CRASH_VARIANTS, "outages", "two", "scale"}
     if unknown:
         say(f"--only: unknown part(s) {', '.join(sorted(unknown))}")
         return 2
     t_start = time.monotonic()
     ok = True
-    titles = {"crash": "", "crash-warm": " -- warm lending", "crash-fast": " -- the fast tier"}
+    titles = {"crash": "", "crash-warm": " -- warm lending", "crash-fast": " -- the fast tier",
+              FALLBACK_VARIANT: " -- warm lending's cold fallback (each failure caused first)"}
     points = [p for p in args.points.split(",") if p]
     for variant in (v for v in CRASH_VARIANTS if v in parts):
         if points and not set(points) & {p for _, p in variant_rows(variant)}:
@@ -199,11 +218,17 @@ def main(argv: list[str] | None = None) -> int:
         say(rel.HEADER)
         rows, good = crash(points or None, variant)
         say("\n" + rel.format_matrix(rows))
+        for fr in rows:  # the warm fallback's rows: what the watcher saw of the failure itself
+            if fr.fault_window:
+                say(f"  {fr.point}: the failure's own {len(fr.fault_window)} watcher samples, first [{fr.fault_window[0]}]"
+                    + (f", last [{fr.fault_window[-1]}]" if len(fr.fault_window) > 1 else ""))
         unreached = [r.point for r in rows if r.must_crash and not r.crashed]
         say(f"crash matrix{titles[variant]}: {len(rows)} rows, {sum(r.crashed for r in rows)} crashes injected, "
             f"all converged: {all(r.converged for r in rows)}, violations: {sum(len(r.violations) for r in rows)}, "
             f"jobs lost: {max((r.jobs_lost for r in rows), default=0)}"
             + (f", NEVER WRITTEN: {', '.join(unreached)}" if unreached else "")
+            + (f", fell back: {sum(bool(r.fell_back) for r in fb)} of {len(fb)}, the failures' own watcher samples: "
+               f"{sum(len(r.fault_window) for r in fb)}" if (fb := [r for r in rows if r.fell_back is not None]) else "")
             + f"  ({time.monotonic() - t0:.0f} s)\n")
         ok &= good
     if "outages" in parts:

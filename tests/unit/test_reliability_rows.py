@@ -1,6 +1,8 @@
 """The crash matrix' rows (lab/gpu_bridge_lab/sandbox/reliability.py), without a sandbox: every
 injection point is a write the actuator reports (a misspelt point would never fire), the warm
-rows cover the warm path's writes in order, and a row whose point was never written fails."""
+rows cover the warm path's writes in order, the warm fallback's rows exactly the cold fallback's
+writes (each with the failure that causes it), and a row whose point was never written, or whose
+fallback did not happen, fails."""
 
 from __future__ import annotations
 
@@ -43,3 +45,26 @@ def test_a_row_whose_point_was_never_written_fails_and_says_so() -> None:
     assert rel.Row("lend", "close_gate", crashed=True, converged=True).ok
     assert not rel.Row("lend", "close_gate", crashed=True, converged=True, jobs_lost=1).ok
     assert not rel.Row("lend", "close_gate", crashed=True, converged=True, violations=["x"]).ok
+
+
+FALLBACK_STEPS = {Step.WARM_LOST, Step.CHECK_ASLEEP, Step.DELETE_ASLEEP, Step.MEM_HOLD_LOST}
+
+
+def test_the_warm_fallback_rows_are_the_cold_fallbacks_writes_each_with_its_failure() -> None:
+    points = [p for _, p in rel.WARM_FALLBACK_ROWS]
+    assert set(points) == {str(s) for s in FALLBACK_STEPS} and len(points) == len(set(points))
+    assert set(points) <= WRITE_POINTS
+    assert not set(points) & {p for _, p in rel.WARM_ROWS}  # the warm rows without a failure stay as they were
+    assert set(rel.FALLBACK_FAULTS) == set(points) == set(rel.FALLBACK_EVENTS)
+    assert set(rel.FALLBACK_EVENTS.values()) == {"warm_lost", "warm_fallback"}
+    # a lent node's failures are noticed while lent; the failed wake only in a reclaim
+    assert rel.rows_of(rel.WARM_FALLBACK_ROWS, "lent") == ("mem_hold_lost", "check_asleep", "warm_lost")
+    assert rel.rows_of(rel.WARM_FALLBACK_ROWS, "reclaim") == ("delete_asleep",)
+    assert all(rel.Row(t, p).must_crash for t, p in rel.WARM_FALLBACK_ROWS)
+
+
+def test_a_fallback_row_fails_unless_the_fallback_happened() -> None:
+    good = rel.Row("lent", "warm_lost", crashed=True, converged=True, fell_back=True, fault_window=["1.0: x"])
+    assert good.ok  # the failure's own two-pool samples are reported apart, not violations
+    assert not rel.Row("lent", "warm_lost", crashed=True, converged=True, fell_back=False).ok
+    assert not rel.Row("lent", "warm_lost", crashed=False, converged=True, fell_back=True).ok

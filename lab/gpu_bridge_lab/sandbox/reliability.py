@@ -8,6 +8,10 @@ Prometheus, the vLLM simulator) and runs the daemon as a subprocess. Scenarios:
   checked all along by a ``Watcher``. ``Harness(warm=True)`` runs the warm variant (the pool
   lends warm: readiness gate, each pod's engine at its own IP; rows ``WARM_ROWS``),
   ``Harness(fast_tier=True)`` the fast tier's (``preempt-fast``; rows ``FAST_TIER_ROWS``).
+- ``fallback_matrix`` (``Harness(warm=True)``; rows ``WARM_FALLBACK_ROWS``): warm lending's cold
+  fallback, each row causing its failure for real first (a memory hold scancelled, an engine
+  woken behind the daemon's back, a sleeping pod deleted, a wake made to fail in the simulator),
+  then the same SIGKILL right after the fallback's first write, restart, convergence.
 - ``gpu_bridge_lab.sandbox.outages`` and ``two_instances`` build on the same harness.
 
 Convergence ("every node in exactly one pool") is read from both schedulers, never from the
@@ -27,7 +31,7 @@ import socket
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,7 @@ from gpu_bridge_lab.sandbox.e2e import (
     write_events,
 )
 from gpu_bridge_lab.sandbox.cluster.slurm import FAST_PARTITION
+from gpu_bridge_lab.sandbox import serving
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
 GRACE_S = 5
@@ -64,8 +69,9 @@ RECLAIM_POINTS = (faults.START_RECLAIMING, "submit_hold", "requeue_jobs", "drain
 # Warm lending (Harness(warm=True)): every write of the warm path, as (transition, point) in the
 # order they happen; a new write of the warm path is one more tuple here (e.g. the memory
 # hold's submit at lend and cancel at reclaim). No scale and no mark_pod: a node lent warm
-# keeps its replica counted. The cold fallback's writes (warm_lost, check_asleep,
-# delete_asleep) happen only after a failure: tests/unit/test_daemon_warm.py over the fakes.
+# keeps its replica counted. The cold fallback's writes (warm_lost, check_asleep, delete_asleep,
+# mem_hold_lost) happen only after a failure: WARM_FALLBACK_ROWS below (and
+# tests/unit/test_daemon_warm.py over the fakes).
 WARM_ROWS: tuple[tuple[str, str], ...] = (
     ("bootstrap", "open_gate"),  # a fresh warm pool's pods start not Ready: the first start opens their gates
     ("lend", faults.START_LENDING), ("lend", "fence"), ("lend", "close_gate"), ("lend", "sleep_replica"),
@@ -77,6 +83,25 @@ WARM_ROWS: tuple[tuple[str, str], ...] = (
 # The fast tier (Harness(fast_tier=True), fast-tier jobs waiting): the lend's partition write,
 # then a reclaim of the nodes lent to that tier (their jobs' grace is the fast one).
 FAST_TIER_ROWS: tuple[tuple[str, str], ...] = (("lend", faults.SET_TIER), ("reclaim", "drain"))
+# The cold fallback's writes (issue 23), in the order the variant runs them (Harness(warm=True),
+# ``fallback_matrix``): each happens only after a failure, so each row first causes that failure
+# for real on the sandbox (FALLBACK_FAULTS), on one node lent warm with research jobs on it, then
+# crashes the daemon right after the fallback's first write. "lent": the node stays lent and goes
+# cold (its sleeping pod evicted, the Deployment scaled down); "reclaim": the node serves again,
+# cold-started (its pod replaced).
+WARM_FALLBACK_ROWS: tuple[tuple[str, str], ...] = (
+    ("lent", "mem_hold_lost"), ("lent", "check_asleep"), ("lent", "warm_lost"), ("reclaim", "delete_asleep"),
+)
+FALLBACK_FAULTS: dict[str, str] = {
+    "mem_hold_lost": "its memory-hold job scancelled as the Slurm admin",
+    "check_asleep": "its engine woken behind the daemon's back (POST /wake_up at the pod's IP)",
+    "warm_lost": "its sleeping pod deleted (Kubernetes API)",
+    "delete_asleep": "its engine's /wake_up answering 500 (the simulator's PUT /faults), then a reclaim",
+}
+# the log event each fallback writes before its first write counts (the row's evidence, with the
+# node's own state): warm_lost for a lost pod or memory hold, warm_fallback for a warm call that failed
+FALLBACK_EVENTS: dict[str, str] = {"mem_hold_lost": "warm_lost", "check_asleep": "warm_fallback",
+                                   "warm_lost": "warm_lost", "delete_asleep": "warm_fallback"}
 # Points that happen only in some runs ("crashed: no" is then not a failure): requeue_jobs only
 # when a preempted job outlives its GraceTime + 1 s by slurmctld's clock, evict_pod only when the
 # ReplicaSet removed another pod than the marked one; "none" pads the shorter list.
@@ -124,6 +149,12 @@ class Row:
     violations: list[str] = field(default_factory=list)
     jobs_lost: int = 0
     note: str = ""
+    # the warm fallback's rows: the fallback the row's failure asks for happened (None: not such a row)
+    fell_back: bool | None = None
+    # the warm fallback's rows: the watcher's samples of the fault's own two-pool state (the node
+    # named, between the injected failure and its sleeping pod gone): the failure itself, which
+    # the row measures the daemon ending; not counted in ``violations``
+    fault_window: list[str] = field(default_factory=list)
 
     @property
     def must_crash(self) -> bool:
@@ -133,7 +164,8 @@ class Row:
 
     @property
     def ok(self) -> bool:
-        return self.converged and not self.violations and not self.jobs_lost and (self.crashed or not self.must_crash)
+        return (self.converged and not self.violations and not self.jobs_lost and (self.crashed or not self.must_crash)
+                and self.fell_back is not False)
 
 
 _LIVE_JOB_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"})
@@ -450,23 +482,162 @@ class Harness:
         for node in self.w.nodes():
             self.sb.run_slurm(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
 
+    # --- the warm fallback's failures --------------------------------------------------------
+
+    def warm_lent(self) -> dict[str, tuple[str, str]]:
+        """Lent nodes recorded asleep with their live pod: node -> (pod, pod IP)."""
+        live = {p.spec.node_name: p for p in self.w._pods() if p.spec.node_name and p.metadata.deletion_timestamp is None}
+        out = {}
+        for name, n in self.w.nodes().items():
+            pod = live.get(name)
+            if (pod is not None and (n.metadata.labels or {}).get(wk.LABEL_PHASE) == "lent"
+                    and (n.metadata.annotations or {}).get(wk.ANNOTATION_WARM) == f"asleep/{pod.metadata.name}"):
+                out[name] = (str(pod.metadata.name), str(pod.status.pod_ip or ""))
+        return out
+
+    def warm_record(self, node: str) -> str | None:
+        return (self.w.nodes()[node].metadata.annotations or {}).get(wk.ANNOTATION_WARM)
+
+    def deployment_settled(self) -> bool:
+        """The Deployment asks one replica per serving node and per node lent warm (its kept
+        sleeping one), and has exactly that many live pods (no replacement left pending)."""
+        phases = self.w.phases()
+        want = sum(v == "serving" for v in phases.values()) + len(self.warm_lent())
+        live = [p for p in self.w._pods() if p.metadata.deletion_timestamp is None]
+        return self.w.replicas() == want == len(live)
+
+    def set_sim_faults(self, wake_fails: Sequence[str]) -> None:
+        """The vLLM simulator's lab fault knob: these replicas' ``/wake_up`` answers 500."""
+        assert self.sb.vllm_url
+        req = urllib.request.Request(self.sb.vllm_url + "/faults", data=json.dumps({"wake_fails": list(wake_fails)}).encode(),
+                                     method="PUT", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - loopback only
+            if resp.status != 200:
+                raise RuntimeError(f"PUT {self.sb.vllm_url}/faults: HTTP {resp.status}")
+
+    def mem_hold_job(self, node: str) -> str | None:
+        """The live ``gpu-bridge-warm:<node>`` job's id, if any."""
+        return next((str(j["job_id"]) for j in self.w.jobs() if j["partition"] == wk.SLURM_WARM_PARTITION
+                     and j["name"] == wk.SLURM_WARM_HOLD_JOB_PREFIX + node and j["job_state"] in _LIVE_JOB_STATES), None)
+
+    def cause_failure(self, point: str, node: str, pod: str, ip: str) -> str:
+        """Cause, for real, the failure after which the cold fallback's ``point`` is written
+        (FALLBACK_FAULTS); what was done, in words."""
+        if point == "mem_hold_lost":
+            job = self.mem_hold_job(node)
+            if job is None:
+                raise RuntimeError(f"{node}: no memory-hold job to cancel")
+            self.sb.run_slurm(["scancel", job])
+            return f"scancel {job}"
+        if point == "check_asleep":
+            req = urllib.request.Request(f"http://{ip}:{self.warm_port}/wake_up", data=b"", method="POST")
+            with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - the pod's loopback IP
+                if resp.status != 200:
+                    raise RuntimeError(f"POST http://{ip}:{self.warm_port}/wake_up: HTTP {resp.status}")
+            return f"{pod} woken at {ip}"
+        if point == "warm_lost":
+            self.w.core.delete_namespaced_pod(pod, serving.NAMESPACE, _request_timeout=5)
+            return f"{pod} deleted"
+        if point == "delete_asleep":
+            self.set_sim_faults([pod])
+            self.load(HIGH)
+            return f"{pod}'s wake fails; load high"
+        raise ValueError(f"{point}: not a warm fallback row ({', '.join(FALLBACK_FAULTS)})")
+
+    def fallback_row(self, transition: str, point: str, *, converge_timeout_s: float = 120.0) -> Row:
+        """One row of WARM_FALLBACK_ROWS: on the first node lent warm, cause ``point``'s failure
+        (a lent node's: once the armed daemon has done a pass, so a running daemon notices it;
+        the failed wake: the fault set, then the load raised), the daemon armed to SIGKILL
+        itself after ``point``'s first write, restarted, converged: the node lent cold
+        ("lent") or all serving with the node's pod replaced ("reclaim"), every other node as
+        the transition's end state says. ``fell_back``: the node's state shows the fallback
+        (record ``cold/<pod>`` and the pod gone; reclaim: a new pod serving, the record
+        cleared) and a daemon of the row logged the fallback's event for the node."""
+        assert self.watcher is not None
+        warm = self.warm_lent()
+        if not warm:
+            return Row(transition, point, fell_back=False, note="NOT RUN: no node lent warm to fail")
+        node = sorted(warm)[0]
+        pod, ip = warm[node]
+        times: dict[str, float] = {}
+        first_daemon = len(self.daemons)
+
+        def pod_gone() -> bool:
+            gone = not any(p.metadata.name == pod for p in self.w._pods())
+            if gone:
+                times.setdefault("gone", time.time())
+            return gone
+
+        def node_fell_back() -> bool:
+            record = self.warm_record(node)
+            if transition == "lent":
+                return record == f"cold/{pod}" and pod_gone()
+            return record is None and pod_gone()
+
+        def target() -> bool:
+            try:
+                pod_gone()  # first: when the pod went, for the failure's own window
+                end = self.lent_down_to_min() if transition == "lent" else self.all_serving()
+                return bool(end and node_fell_back() and self.deployment_settled())
+            except Exception:  # noqa: BLE001 - a read that failed is not converged
+                return False
+
+        did: list[str] = []
+
+        def inject(armed: DaemonProc) -> None:
+            if transition == "lent":
+                poll(lambda: (armed.ticks() or 0) >= 1, 30, 0.3)
+            times["fault"] = time.time()
+            did.append(self.cause_failure(point, node, pod, ip))
+
+        try:
+            row = self.crash_row(transition, point, target=target, inject=inject, converge_timeout_s=converge_timeout_s)
+        finally:
+            if point == "delete_asleep":
+                self.set_sim_faults([])
+        event = FALLBACK_EVENTS[point]
+        logged = [d for proc in self.daemons[first_daemon:] for d in read_events(proc.log_path, event) if d.get("node") == node]
+        state_ok = target()
+        row.fell_back = bool(logged) and state_ok
+        # the failure's own two-pool state (research beside an engine awake, or without the memory
+        # hold) until the pod is gone: the watcher's samples naming the node up to then
+        end = times.get("gone", float("inf")) + 1.0
+        own = [v for v in row.violations if f": {node} " in v and _violation_time(v) <= end]
+        row.violations = [v for v in row.violations if v not in own]
+        row.fault_window = own
+        window = (f"{times['gone'] - times['fault']:.1f} s" if "gone" in times and "fault" in times else "never ended")
+        row.note = "; ".join(x for x in (
+            f"{node}: {did[0] if did else 'failure NOT caused'}",
+            f"{event} logged" if logged else f"NO {event} logged",
+            f"{node} {'lent cold' if transition == 'lent' else 'serving, cold-started'}" if state_ok
+            else f"{node} NOT fallen back (warm={self.warm_record(node)})",
+            f"failure to pod gone {window}" + (f", {len(own)} watcher samples of it" if own else ""),
+            row.note) if x)
+        return row
+
     # --- one crash row ----------------------------------------------------------------------
 
     def crash_row(self, transition: str, point: str, *, crash_timeout_s: float | None = None,
-                  converge_timeout_s: float = 90.0) -> Row:
+                  converge_timeout_s: float = 90.0, target: Callable[[], bool] | None = None,
+                  inject: Callable[[DaemonProc], None] | None = None) -> Row:
         """Start a daemon armed to SIGKILL itself after the first write of ``point``; once it
         died, start a plain one and time its convergence to the transition's end state.
         ``crash_timeout_s``: how long the armed daemon may take to crash or (a point not
         written) to reach the end state itself; default 60 s, 150 s warm, whose lends retry the
         sleep each pass until the gated-out replica's in-flight requests finish (up to
-        ``drain_s``), one node after the other."""
+        ``drain_s``), one node after the other. ``target``: the end state (default: the
+        transition's, lent down to ``min_serving`` or all serving); ``inject``: called with the
+        armed daemon just started (the warm fallback's rows cause their failure there)."""
         assert self.watcher is not None
         if crash_timeout_s is None:
             crash_timeout_s = 150.0 if self.warm else 60.0
         row = Row(transition, point)
         mark = self.watcher.mark()
-        target = self.lent_down_to_min if transition == "lend" else self.all_serving
+        if target is None:
+            target = self.lent_down_to_min if transition in ("lend", "lent") else self.all_serving
         armed = self.daemon(f"{transition}-{point}", crash_at=f"{point}:1")
+        if inject is not None:
+            inject(armed)
         poll(lambda: not armed.alive() or target(), crash_timeout_s, 0.2)
         rc = armed.returncode()
         row.crashed = rc == -9
@@ -488,7 +659,7 @@ class Harness:
                 row.note = "; ".join(f"{n}: {v}" for n, v in self.owners().items() if v not in ("serving", "lent"))
             d.stop()
         row.violations = self.watcher.violations[mark:]
-        if row.converged and transition in ("lend", "reclaim"):
+        if row.converged and transition in ("lend", "reclaim") and inject is None:
             notes = [row.note, self.warm_summary(transition)]
             if transition == "lend":
                 tiers, wrong = self.tier_check()
@@ -565,6 +736,59 @@ def crash_matrix(h: Harness, *, bootstrap: Iterable[str] | None = None, lend: Se
     return rows
 
 
+def _violation_time(v: str) -> float:
+    """A watcher violation's time (its ``<epoch>:`` prefix); inf if it has none."""
+    try:
+        return float(v.split(":", 1)[0])
+    except ValueError:
+        return float("inf")
+
+
+def _settle_with(h: Harness, name: str, load: dict[str, float], done: Callable[[], bool], timeout_s: float) -> bool:
+    """A plain daemon under ``load`` until ``done`` (or ``timeout_s``), then stopped."""
+    h.load(load)
+    if load is LOW:
+        h.backlog()
+    d = h.daemon(name)
+    ok = bool(poll(done, timeout_s, 0.5))
+    d.stop()
+    return ok
+
+
+def fallback_matrix(h: Harness, *, points: Sequence[str] | None = None, finish_jobs: bool = True,
+                    log: Any = print) -> list[Row]:
+    """WARM_FALLBACK_ROWS (``points``: only those) on a warm harness: adopt, lend warm (a plain
+    daemon), research jobs on the lent nodes; then each row on the first node still lent warm,
+    a plain reclaim and warm lend in between when none is left; the last step lends again and
+    waits for every research job to finish (none lost)."""
+    assert h.warm, "the warm fallback's rows need Harness(warm=True)"
+    rows: list[Row] = []
+    chosen = [(t, p) for t, p in WARM_FALLBACK_ROWS if points is None or p in points]
+    if not _settle_with(h, "adopt", HIGH, h.all_serving, 120):
+        log(f"adopt: not all serving: {h.owners()}")
+    h.start_watcher()
+    for transition, point in chosen:
+        if not h.warm_lent():
+            if not h.all_serving():
+                _settle_with(h, "reclaim", HIGH, h.all_serving, 180)
+            _settle_with(h, "lend", LOW, lambda: h.lent_down_to_min() and len(h.warm_lent()) == h.n - h.min_serving, 240)
+        h.ensure_jobs_on_lent()
+        rows.append(h.fallback_row(transition, point))
+        log(format_row(rows[-1]))
+    if finish_jobs:
+        h.load(LOW)
+        h.backlog()
+        d = h.daemon("finish")
+        poll(lambda: all(h.job_finished(j) for j in h.jobs), 150 + JOB_S * max(1, len(h.jobs)), 1.0)
+        d.stop()
+        unfinished = [j for j in h.jobs if not h.job_finished(j)]
+        rows.append(Row("final", "jobs finish", converged=not unfinished, jobs_lost=len(h.lost_jobs()),
+                        note=f"{len(h.jobs) - len(unfinished)}/{len(h.jobs)} research jobs finished"
+                        + (f"; unfinished {unfinished}" if unfinished else "")))
+        log(format_row(rows[-1]))
+    return rows
+
+
 HEADER = f"{'transition':<10} {'injection point':<17} {'crashed':<8} {'converged':<10} {'s':>6} {'ticks':>6} " \
          f"{'violations':>10} {'jobs lost':>9}  note"
 
@@ -582,7 +806,8 @@ def format_matrix(rows: Sequence[Row]) -> str:
     return "\n".join([HEADER, *(format_row(r) for r in rows)])
 
 
-__all__ = ["FAST_PARTITION", "FAST_TIER_ROWS", "WARM_ROWS", "Harness", "Row", "crash_matrix", "default_rows",
+__all__ = ["FALLBACK_FAULTS", "FAST_PARTITION", "FAST_TIER_ROWS", "WARM_FALLBACK_ROWS", "WARM_ROWS", "Harness", "Row",
+           "crash_matrix", "default_rows", "fallback_matrix",
            "format_matrix", "format_row", "matrix_rows", "read_events", "rows_of"]
 
 

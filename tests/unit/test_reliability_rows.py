@@ -51,16 +51,20 @@ FALLBACK_STEPS = {Step.WARM_LOST, Step.CHECK_ASLEEP, Step.DELETE_ASLEEP, Step.ME
 
 
 def test_the_warm_fallback_rows_are_the_cold_fallbacks_writes_each_with_its_failure() -> None:
-    points = [p for _, p in rel.WARM_FALLBACK_ROWS]
-    assert set(points) == {str(s) for s in FALLBACK_STEPS} and len(points) == len(set(points))
-    assert set(points) <= WRITE_POINTS
-    assert not set(points) & {p for _, p in rel.WARM_ROWS}  # the warm rows without a failure stay as they were
-    assert set(rel.FALLBACK_FAULTS) == set(points) == set(rel.FALLBACK_EVENTS)
+    rows = rel.WARM_FALLBACK_ROWS
+    points = {p for _, p in rows}
+    assert points == {str(s) for s in FALLBACK_STEPS} and len(rows) == len(set(rows))
+    assert points <= WRITE_POINTS
+    assert not points & {p for _, p in rel.WARM_ROWS}  # the warm rows without a failure stay as they were
+    assert set(rel.FALLBACK_FAILURES) == set(rows)
+    assert set(rel.FALLBACK_FAILURES.values()) == set(rel.FALLBACK_FAULTS) == set(rel.FALLBACK_EVENTS)
     assert set(rel.FALLBACK_EVENTS.values()) == {"warm_lost", "warm_fallback"}
     # a lent node's failures are noticed while lent; the failed wake only in a reclaim
-    assert rel.rows_of(rel.WARM_FALLBACK_ROWS, "lent") == ("mem_hold_lost", "check_asleep", "warm_lost")
-    assert rel.rows_of(rel.WARM_FALLBACK_ROWS, "reclaim") == ("delete_asleep",)
-    assert all(rel.Row(t, p).must_crash for t, p in rel.WARM_FALLBACK_ROWS)
+    assert rel.rows_of(rows, "lent") == ("mem_hold_lost", "check_asleep", "warm_lost", "delete_asleep")
+    assert rel.rows_of(rows, "reclaim") == ("delete_asleep",)
+    assert rel.FALLBACK_FAILURES[("lent", "delete_asleep")] == rel.FALLBACK_FAILURES[("lent", "check_asleep")]
+    assert rel.FALLBACK_FAILURES[("reclaim", "delete_asleep")] == "wake_fails"
+    assert all(rel.Row(t, p).must_crash for t, p in rows)
 
 
 def test_a_fallback_row_fails_unless_the_fallback_happened() -> None:

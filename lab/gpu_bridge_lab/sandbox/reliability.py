@@ -85,23 +85,31 @@ WARM_ROWS: tuple[tuple[str, str], ...] = (
 FAST_TIER_ROWS: tuple[tuple[str, str], ...] = (("lend", faults.SET_TIER), ("reclaim", "drain"))
 # The cold fallback's writes (issue 23), in the order the variant runs them (Harness(warm=True),
 # ``fallback_matrix``): each happens only after a failure, so each row first causes that failure
-# for real on the sandbox (FALLBACK_FAULTS), on one node lent warm with research jobs on it, then
-# crashes the daemon right after the fallback's first write. "lent": the node stays lent and goes
-# cold (its sleeping pod evicted, the Deployment scaled down); "reclaim": the node serves again,
-# cold-started (its pod replaced).
+# for real on the sandbox (FALLBACK_FAILURES, FALLBACK_FAULTS), on one node lent warm with
+# research jobs on it, then crashes the daemon right after the fallback's first write. "lent":
+# the node stays lent and goes cold (its sleeping pod evicted, the Deployment scaled down);
+# "reclaim": the node serves again, cold-started (its pod replaced). delete_asleep twice: on a
+# lent node (after check_asleep recorded it cold) and on a returning one (after a failed wake).
 WARM_FALLBACK_ROWS: tuple[tuple[str, str], ...] = (
-    ("lent", "mem_hold_lost"), ("lent", "check_asleep"), ("lent", "warm_lost"), ("reclaim", "delete_asleep"),
+    ("lent", "mem_hold_lost"), ("lent", "check_asleep"), ("lent", "warm_lost"), ("lent", "delete_asleep"),
+    ("reclaim", "delete_asleep"),
 )
-FALLBACK_FAULTS: dict[str, str] = {
-    "mem_hold_lost": "its memory-hold job scancelled as the Slurm admin",
-    "check_asleep": "its engine woken behind the daemon's back (POST /wake_up at the pod's IP)",
-    "warm_lost": "its sleeping pod deleted (Kubernetes API)",
-    "delete_asleep": "its engine's /wake_up answering 500 (the simulator's PUT /faults), then a reclaim",
+# the failure each row causes first
+FALLBACK_FAILURES: dict[tuple[str, str], str] = {
+    ("lent", "mem_hold_lost"): "mem_hold_cancelled", ("lent", "check_asleep"): "engine_woken",
+    ("lent", "warm_lost"): "pod_deleted", ("lent", "delete_asleep"): "engine_woken",
+    ("reclaim", "delete_asleep"): "wake_fails",
 }
-# the log event each fallback writes before its first write counts (the row's evidence, with the
-# node's own state): warm_lost for a lost pod or memory hold, warm_fallback for a warm call that failed
-FALLBACK_EVENTS: dict[str, str] = {"mem_hold_lost": "warm_lost", "check_asleep": "warm_fallback",
-                                   "warm_lost": "warm_lost", "delete_asleep": "warm_fallback"}
+FALLBACK_FAULTS: dict[str, str] = {
+    "mem_hold_cancelled": "its memory-hold job scancelled as the Slurm admin",
+    "engine_woken": "its engine woken behind the daemon's back (POST /wake_up at the pod's IP)",
+    "pod_deleted": "its sleeping pod deleted (Kubernetes API)",
+    "wake_fails": "its engine's /wake_up answering 500 (the simulator's PUT /faults), then a reclaim",
+}
+# the log event the daemon writes for the node when it falls back (the row's evidence, with the
+# node's own state): warm_lost for a lost pod or memory hold, warm_fallback for a failed check or wake
+FALLBACK_EVENTS: dict[str, str] = {"mem_hold_cancelled": "warm_lost", "engine_woken": "warm_fallback",
+                                   "pod_deleted": "warm_lost", "wake_fails": "warm_fallback"}
 # Points that happen only in some runs ("crashed: no" is then not a failure): requeue_jobs only
 # when a preempted job outlives its GraceTime + 1 s by slurmctld's clock, evict_pod only when the
 # ReplicaSet removed another pod than the marked one; "none" pads the shorter list.
@@ -520,33 +528,33 @@ class Harness:
         return next((str(j["job_id"]) for j in self.w.jobs() if j["partition"] == wk.SLURM_WARM_PARTITION
                      and j["name"] == wk.SLURM_WARM_HOLD_JOB_PREFIX + node and j["job_state"] in _LIVE_JOB_STATES), None)
 
-    def cause_failure(self, point: str, node: str, pod: str, ip: str) -> str:
-        """Cause, for real, the failure after which the cold fallback's ``point`` is written
-        (FALLBACK_FAULTS); what was done, in words."""
-        if point == "mem_hold_lost":
+    def cause_failure(self, failure: str, node: str, pod: str, ip: str) -> str:
+        """Cause, for real, one of FALLBACK_FAULTS on ``node`` (its sleeping ``pod`` at ``ip``);
+        what was done, in words."""
+        if failure == "mem_hold_cancelled":
             job = self.mem_hold_job(node)
             if job is None:
                 raise RuntimeError(f"{node}: no memory-hold job to cancel")
             self.sb.run_slurm(["scancel", job])
             return f"scancel {job}"
-        if point == "check_asleep":
+        if failure == "engine_woken":
             req = urllib.request.Request(f"http://{ip}:{self.warm_port}/wake_up", data=b"", method="POST")
             with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - the pod's loopback IP
                 if resp.status != 200:
                     raise RuntimeError(f"POST http://{ip}:{self.warm_port}/wake_up: HTTP {resp.status}")
             return f"{pod} woken at {ip}"
-        if point == "warm_lost":
+        if failure == "pod_deleted":
             self.w.core.delete_namespaced_pod(pod, serving.NAMESPACE, _request_timeout=5)
             return f"{pod} deleted"
-        if point == "delete_asleep":
+        if failure == "wake_fails":
             self.set_sim_faults([pod])
             self.load(HIGH)
             return f"{pod}'s wake fails; load high"
-        raise ValueError(f"{point}: not a warm fallback row ({', '.join(FALLBACK_FAULTS)})")
+        raise ValueError(f"{failure}: not a failure of the warm fallback's rows ({', '.join(FALLBACK_FAULTS)})")
 
     def fallback_row(self, transition: str, point: str, *, converge_timeout_s: float = 120.0) -> Row:
-        """One row of WARM_FALLBACK_ROWS: on the first node lent warm, cause ``point``'s failure
-        (a lent node's: once the armed daemon has done a pass, so a running daemon notices it;
+        """One row of WARM_FALLBACK_ROWS: on the first node lent warm, cause the row's failure
+        (FALLBACK_FAILURES; a lent node's: once the armed daemon has done a pass, so a running daemon notices it;
         the failed wake: the fault set, then the load raised), the daemon armed to SIGKILL
         itself after ``point``'s first write, restarted, converged: the node lent cold
         ("lent") or all serving with the node's pod replaced ("reclaim"), every other node as
@@ -559,6 +567,7 @@ class Harness:
             return Row(transition, point, fell_back=False, note="NOT RUN: no node lent warm to fail")
         node = sorted(warm)[0]
         pod, ip = warm[node]
+        failure = FALLBACK_FAILURES[(transition, point)]
         times: dict[str, float] = {}
         first_daemon = len(self.daemons)
 
@@ -587,15 +596,19 @@ class Harness:
         def inject(armed: DaemonProc) -> None:
             if transition == "lent":
                 poll(lambda: (armed.ticks() or 0) >= 1, 30, 0.3)
+            research = self.w.research_running_by_node().get(node, [])
+            if transition == "lent" and not research:  # a job ended meanwhile (JOB_S): the failure beside research
+                self.ensure_jobs_on_lent()
+                research = self.w.research_running_by_node().get(node, [])
             times["fault"] = time.time()
-            did.append(self.cause_failure(point, node, pod, ip))
+            did.append(self.cause_failure(failure, node, pod, ip) + f" (research jobs there: {', '.join(research) or 'none'})")
 
         try:
             row = self.crash_row(transition, point, target=target, inject=inject, converge_timeout_s=converge_timeout_s)
         finally:
-            if point == "delete_asleep":
+            if failure == "wake_fails":
                 self.set_sim_faults([])
-        event = FALLBACK_EVENTS[point]
+        event = FALLBACK_EVENTS[failure]
         logged = [d for proc in self.daemons[first_daemon:] for d in read_events(proc.log_path, event) if d.get("node") == node]
         state_ok = target()
         row.fell_back = bool(logged) and state_ok
@@ -806,7 +819,7 @@ def format_matrix(rows: Sequence[Row]) -> str:
     return "\n".join([HEADER, *(format_row(r) for r in rows)])
 
 
-__all__ = ["FALLBACK_FAULTS", "FAST_PARTITION", "FAST_TIER_ROWS", "WARM_FALLBACK_ROWS", "WARM_ROWS", "Harness", "Row",
+__all__ = ["FALLBACK_FAILURES", "FALLBACK_FAULTS", "FAST_PARTITION", "FAST_TIER_ROWS", "WARM_FALLBACK_ROWS", "WARM_ROWS", "Harness", "Row",
            "crash_matrix", "default_rows", "fallback_matrix",
            "format_matrix", "format_row", "matrix_rows", "read_events", "rows_of"]
 

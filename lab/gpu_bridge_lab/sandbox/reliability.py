@@ -731,22 +731,28 @@ def crash_matrix(h: Harness, *, bootstrap: Iterable[str] | None = None, lend: Se
         rows.append(h.crash_row("reclaim", reclaim[i] if i < len(reclaim) else "none"))
         log(format_row(rows[-1]))
     if finish_jobs:
-        h.load(LOW)
-        h.backlog()
-        d = h.daemon("finish")
-        poll(lambda: all(h.job_finished(j) for j in h.jobs), 150 + JOB_S * max(1, len(h.jobs)), 1.0)
-        d.stop()
-        unfinished = [j for j in h.jobs if not h.job_finished(j)]
-        if unfinished:
-            log(h.sb.run_slurm(["squeue", "-o", "%i %j %T %r %S %N"], check=False).stdout)
-            log(str(h.owners()))
-        rows.append(Row("final", "jobs finish", converged=not unfinished, jobs_lost=len(h.lost_jobs()),
-                        note=f"{len(h.jobs) - len(unfinished)}/{len(h.jobs)} research jobs finished"
-                        + (f"; unfinished {unfinished}" if unfinished else "")
-                        + (f"; research beside a sleeping pod in {h.watcher.warm_samples} of {h.watcher.samples} samples"
-                           if h.warm and h.watcher is not None else "")))
-        log(format_row(rows[-1]))
+        rows.append(_finish_row(h, log, warm_samples=True))
     return rows
+
+
+def _finish_row(h: Harness, log: Any, *, warm_samples: bool) -> Row:
+    """Lend again (load low, a backlog) and wait for every research job to finish: none lost."""
+    h.load(LOW)
+    h.backlog()
+    d = h.daemon("finish")
+    poll(lambda: all(h.job_finished(j) for j in h.jobs), 150 + JOB_S * max(1, len(h.jobs)), 1.0)
+    d.stop()
+    unfinished = [j for j in h.jobs if not h.job_finished(j)]
+    if unfinished:
+        log(h.sb.run_slurm(["squeue", "-o", "%i %j %T %r %S %N"], check=False).stdout)
+        log(str(h.owners()))
+    row = Row("final", "jobs finish", converged=not unfinished, jobs_lost=len(h.lost_jobs()),
+              note=f"{len(h.jobs) - len(unfinished)}/{len(h.jobs)} research jobs finished"
+              + (f"; unfinished {unfinished}" if unfinished else "")
+              + (f"; research beside a sleeping pod in {h.watcher.warm_samples} of {h.watcher.samples} samples"
+                 if warm_samples and h.warm and h.watcher is not None else ""))
+    log(format_row(row))
+    return row
 
 
 def _violation_time(v: str) -> float:
@@ -789,16 +795,7 @@ def fallback_matrix(h: Harness, *, points: Sequence[str] | None = None, finish_j
         rows.append(h.fallback_row(transition, point))
         log(format_row(rows[-1]))
     if finish_jobs:
-        h.load(LOW)
-        h.backlog()
-        d = h.daemon("finish")
-        poll(lambda: all(h.job_finished(j) for j in h.jobs), 150 + JOB_S * max(1, len(h.jobs)), 1.0)
-        d.stop()
-        unfinished = [j for j in h.jobs if not h.job_finished(j)]
-        rows.append(Row("final", "jobs finish", converged=not unfinished, jobs_lost=len(h.lost_jobs()),
-                        note=f"{len(h.jobs) - len(unfinished)}/{len(h.jobs)} research jobs finished"
-                        + (f"; unfinished {unfinished}" if unfinished else "")))
-        log(format_row(rows[-1]))
+        rows.append(_finish_row(h, log, warm_samples=False))
     return rows
 
 

@@ -5,7 +5,14 @@ sleep controls, built for warm pools only."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
 import pytest
+import structlog
+import structlog.testing
 from gpu_bridge_lab.fakes.kube import FakeKube
 
 from bridge import wellknown as wk
@@ -278,29 +285,45 @@ def test_the_wakes_of_one_pass_run_at_once_and_each_node_records_its_own() -> No
     assert kube.node("gpu-node-02").warm.state is WarmState.AWAKE  # type: ignore[union-attr]
 
 
-def test_a_refused_sleep_retried_each_pass_is_logged_once_then_on_a_new_reason_or_each_minute(
-        capsys: pytest.CaptureFixture[str]) -> None:
+@contextlib.contextmanager
+def info_events() -> Iterator[list[MutableMapping[str, Any]]]:
+    """The structlog events logged inside, at info level, whatever an earlier test configured
+    (a CLI test sends the lines to stderr, a bench raises the level)."""
+    old = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    try:
+        with structlog.testing.capture_logs() as got:
+            yield got
+    finally:
+        structlog.configure(**old)
+
+
+def test_a_refused_sleep_retried_each_pass_is_logged_once_then_on_a_new_reason_or_each_minute() -> None:
     kube, act, engine, pod = world()
     act.sleep_retry_s = {"default": 120.0}
     engine.fail = "error"
     facts = node_facts(kube, Phase.LENDING)
+    with info_events() as events:
 
-    def lines() -> list[str]:
-        return [ln for ln in capsys.readouterr().out.splitlines() if "node_step" in ln and "sleep_replica" in ln]
+        def lines() -> list[MutableMapping[str, Any]]:
+            new = [e for e in events if e.get("event") == "node_step" and e.get("step") == "sleep_replica"]
+            events.clear()
+            return new
 
-    capsys.readouterr()
-    for t in (1.0, 1.25, 1.5, 30.0):  # every pass while vLLM still has requests in flight
-        assert act.execute(Step.SLEEP_REPLICA, facts, POOL, now=t).changed is False
-    assert len(got := lines()) == 1 and "HTTP 500" in got[0] and "retried until 120 s" in got[0]
-    act.execute(Step.SLEEP_REPLICA, facts, POOL, now=61.0)  # a minute on: said again
-    assert len(lines()) == 1
-    engine.fail = "lie"  # another reason: said at once
-    act.execute(Step.SLEEP_REPLICA, facts, POOL, now=61.5)
-    act.execute(Step.SLEEP_REPLICA, facts, POOL, now=62.0)
-    assert len(lines()) == 1
-    engine.fail = None
-    assert act.execute(Step.SLEEP_REPLICA, facts, POOL, now=62.5).changed is True
-    assert len(got := lines()) == 1 and "changed=True" in got[0]  # done: said
-    engine.fail = "error"  # a later refusal (the next lend) is said again
-    act.execute(Step.SLEEP_REPLICA, facts, POOL, now=63.0)
-    assert len(lines()) == 1
+        for t in (1.0, 1.25, 1.5, 30.0):  # every pass while vLLM still has requests in flight
+            assert act.execute(Step.SLEEP_REPLICA, facts, POOL, now=t).changed is False
+        got = lines()
+        assert len(got) == 1 and "HTTP 500" in got[0]["detail"] and "retried until 120 s" in got[0]["detail"]
+        act.execute(Step.SLEEP_REPLICA, facts, POOL, now=61.0)  # a minute on: said again
+        assert len(lines()) == 1
+        engine.fail = "lie"  # another reason: said at once
+        act.execute(Step.SLEEP_REPLICA, facts, POOL, now=61.5)
+        act.execute(Step.SLEEP_REPLICA, facts, POOL, now=62.0)
+        assert len(lines()) == 1
+        engine.fail = None
+        assert act.execute(Step.SLEEP_REPLICA, facts, POOL, now=62.5).changed is True
+        got = lines()
+        assert len(got) == 1 and got[0]["changed"] is True  # done: said
+        engine.fail = "error"  # a later refusal (the next lend) is said again
+        act.execute(Step.SLEEP_REPLICA, facts, POOL, now=63.0)
+        assert len(lines()) == 1

@@ -94,11 +94,13 @@ def free_port() -> int:
 
 
 class RunningPrometheus:
-    """A real Prometheus in ``tmp`` scraping ``targets`` (host:port) every second."""
+    """A real Prometheus in ``tmp`` scraping ``targets`` (host:port) every second as job
+    ``vllm``, or as ``config`` (a whole prometheus.yml) says."""
 
-    def __init__(self, tmp: Path, targets: list[str]) -> None:
+    def __init__(self, tmp: Path, targets: list[str], *, config: str | None = None) -> None:
         port = free_port()
         (tmp / "prometheus.yml").write_text(
+            config if config is not None else
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
             "scrape_configs:\n  - job_name: vllm\n    honor_labels: true\n"
             f"    static_configs:\n      - targets: {targets!r}\n"

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_prom_adapter import free_port
+from test_prom_adapter import RunningPrometheus
 
 from bridge.adapters.prom.signals import PromAdapter
 from bridge.adapters.prom.types import DelayCount, PromPool
@@ -78,21 +77,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         metrics.record_settings(pool=pool, min_serving=1, reclaim_budget_s=600)
     exporter = serve(metrics.registry, port=0)
     target = sandbox_prom.ScrapeTarget("bridge", (f"127.0.0.1:{exporter.port}",))
-    (tmp / "prometheus.yml").write_text(sandbox_prom.render_config([target], interval_s=1.0))
-    port = free_port()
-    proc = subprocess.Popen(sandbox_prom.argv(tmp / "prometheus.yml", tmp / "data", port),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-
-    def wait(ready: Callable[[], bool], what: str, timeout: float = 60) -> None:
-        deadline = time.time() + timeout
-        while not ready():
-            if time.time() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"prometheus: {what} not seen in {timeout} s (exit code {proc.poll()})")
-            time.sleep(0.3)
-
+    prom = RunningPrometheus(tmp, [], config=sandbox_prom.render_config([target], interval_s=1.0))
+    url = prom.url
     try:
-        wait(lambda: sandbox_prom.scraped_once(url, ["bridge"], ["bridge"]), "a first scrape")
+        prom.wait_until(lambda: sandbox_prom.scraped_once(url, ["bridge"], ["bridge"]), timeout=60)
         zero = f'{NAME}_count{{pool="{POOL}"}}'
         # the zero series are in Prometheus before anything is observed: increase() sees each first reclaim
         assert sorted((s["metric"]["tier"], s["metric"]["mode"], s["value"][1]) for s in instant(url, zero)) == [
@@ -102,17 +90,12 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         for pool, observed in ((POOL, OBSERVED), (WEIRD, WEIRD_OBSERVED)):
             for tier, mode, seconds in observed:
                 metrics.record_measured_delay(pool=pool, seconds=seconds, tier=str(tier), mode=str(mode))
-        wait(lambda: [s["value"][1] for s in instant(url, f'{NAME}_count{{pool="{POOL}",tier="normal",mode="cold"}}')] == ["3"],
-             "the observations")
+        prom.wait_until(lambda: [s["value"][1] for s in instant(url, f'{NAME}_count{{pool="{POOL}",tier="normal",mode="cold"}}')]
+                        == ["3"], timeout=60)
         time.sleep(max(0.0, first_scrape + SPAN_S - time.time()))
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        prom.stop()
         exporter.close()
 
 

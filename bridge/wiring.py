@@ -22,7 +22,7 @@ from bridge.errors import AdapterError, ConfigError
 from bridge.adapters.kube.lease import LeaderElector, default_identity
 from bridge.model import LoadSignals, Tier
 from bridge.policy.forecast import history_windows
-from bridge.policy.memory import PoolMemory
+from bridge.policy.memory import MAX_DELAYS, PoolMemory
 
 log = logs.get(__name__)
 
@@ -253,7 +253,7 @@ def policy_memory(config: Config, prom: PromReader, pools: Mapping[str, PromPool
     return out
 
 
-def rebuild_delays(mem: PoolMemory, buckets: Sequence[DelayCount], *, keep: int = 512) -> int:
+def rebuild_delays(mem: PoolMemory, buckets: Sequence[DelayCount], *, keep: int = MAX_DELAYS) -> int:
     """Feed ``mem`` the measured delays of a histogram's buckets, each at its bucket's upper
     bound (never below the delay measured: nor is the horizon). Their order is lost: a tier's
     counts beyond ``keep`` are scaled down (rounded up), so its quantile stays; smallest first,

@@ -14,12 +14,15 @@ from bridge.policy.forecast import history_windows, lends_warm, measured_horizon
 from bridge.policy.history import HistoryRecorder
 
 
+MAX_DELAYS = 512  # measured reclaims kept per tier (the newest)
+
+
 class PoolMemory:
     def __init__(self, config: Config, pool: PoolConfig) -> None:
         self.config, self.pool = config, pool
         self.recorder = HistoryRecorder(history_windows(config, pool))
         self.calibrator = Calibrator(config, pool) if config.policy.calibration.enabled else None
-        self.delays: list[float] = []  # measured reclaims: decision -> Ready, s (the newest 512)
+        self.delays: list[float] = []  # measured reclaims: decision -> Ready, s (the newest MAX_DELAYS)
         self.fast_delays: list[float] = []  # the same, of nodes lent to the fast tier
         self.last_t = -math.inf  # the newest sample in the history
 
@@ -41,7 +44,7 @@ class PoolMemory:
             return
         delays = self.fast_delays if tier is Tier.FAST else self.delays
         delays.append(seconds)
-        del delays[:-512]
+        del delays[:-MAX_DELAYS]
 
     def pool_state(self, ps: PoolState, now: float, nodes: int) -> PoolState:
         """The pool's state with its history, reclaim horizon (the view's if it brings one, as

@@ -573,6 +573,15 @@ def _mem_hold_lost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now:
                                         "longer kept from research jobs; the replica is evicted and the node counts as cold")
 
 
+def _gpu_held(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
+    """The GPUs of a node returning asleep stayed short of free memory (or unknown) past
+    ``pools[].wake_gpu_wait_s``: the wake is given up, the same cold fallback as a failed wake."""
+    pod = f.warm.pod if f.warm is not None else ""
+    free = "unknown" if f.gpu_free_mib is None else f"{f.gpu_free_mib:g} MiB"
+    return _fall_back_cold(a, step, f, pool, pod, f"gpu_memory_held: lowest free GPU memory {free} {now - f.phase_since:.0f} s "
+                                                  f"into returning (pools[].wake_gpu_free_mib): {pod} not woken, reclaimed cold")
+
+
 def _delete_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
     """The cold fallback: evict the pod left asleep (it is not Ready, so a PDB already counts it
     gone); the Deployment starts a new one, the normal cold start."""
@@ -610,4 +619,5 @@ _STEPS: Mapping[Step, Handler] = {
     Step.SUBMIT_MEM_HOLD: _submit_mem_hold,
     Step.CANCEL_MEM_HOLD: _cancel_mem_hold,
     Step.MEM_HOLD_LOST: _mem_hold_lost,
+    Step.GPU_HELD: _gpu_held,
 }

@@ -205,6 +205,21 @@ class PoolConfig:
         "model, plus a margin); a node lent warm carries a memory-hold job of this size in `slurm.warm_partition`, so "
         "Slurm never gives it to research jobs; required when `warm_lending` is on (docs/warm-lending.md)",
     )
+    wake_gpu_free_mib: Int | None = Field(
+        default=None, gt=0,
+        description="warm lending: free framebuffer (MiB) each GPU of a returning node must show (dcgm-exporter's "
+        "`DCGM_FI_DEV_FB_FREE`) before its replica is woken, e.g. what the engine allocates per GPU: a research job "
+        "stuck in `Kill task failed` may still hold memory; null = no check (docs/warm-lending.md)",
+    )
+    wake_gpu_wait_s: Num = Field(
+        default=60.0, gt=0,
+        description="warm lending, with `wake_gpu_free_mib`: how long into `returning` the GPUs may stay short of it (or "
+        "unknown) before the wake is given up for a cold start; adds to the warm reclaim horizon",
+    )
+    gpus_per_node: Int = Field(
+        default=4, ge=1,
+        description="GPUs of each node, with `wake_gpu_free_mib`: a node with fewer `DCGM_FI_DEV_FB_FREE` series is unknown (not free)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -516,6 +531,11 @@ class PrometheusConfig:
         description="label naming the scraped pod's namespace (prometheus-operator and the usual kubernetes_sd relabelling "
         "set `namespace`); series are selected by pools[].namespace on it; null = not by namespace",
     )
+    gpu_node_label: Str = Field(
+        default="Hostname",
+        description="label of dcgm-exporter's series naming the Kubernetes node (dcgm-exporter sets `Hostname`; a "
+        "relabelling may use another), read by `pools[].wake_gpu_free_mib`",
+    )
     own_pods_only: Bool = Field(
         default=True,
         description="count only series whose `pod` label names one of the pool's pods (its Deployment's, as Kubernetes "
@@ -545,6 +565,8 @@ class PrometheusConfig:
             out.append(("key_file", "needs cert_file"))
         if self.namespace_label is not None and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.namespace_label):
             out.append(("namespace_label", f"expected a Prometheus label name, got {_show(self.namespace_label)}"))
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.gpu_node_label or ""):
+            out.append(("gpu_node_label", f"expected a Prometheus label name, got {_show(self.gpu_node_label)}"))
         return _checked(self, out)
 
 

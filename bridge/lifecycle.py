@@ -89,9 +89,12 @@ class Step(enum.StrEnum):
     SUBMIT_MEM_HOLD = "submit_mem_hold"  # lending, asleep: before the node is released to Slurm
     CANCEL_MEM_HOLD = "cancel_mem_hold"  # reclaiming (right after the serving hold), or an orphan
     MEM_HOLD_LOST = "mem_hold_lost"  # lent asleep without its memory hold: record cold/<pod> (an alarm)
+    # returning asleep, pools[].wake_gpu_free_mib set: the GPUs are not known free yet (memory held, or unknown)
+    WAIT_GPU_FREE = "wait_gpu_free"
+    GPU_HELD = "gpu_held"  # still not free pools[].wake_gpu_wait_s into returning: record cold/<pod> (the wake is given up)
 
 
-WAITS = frozenset({Step.WAIT_PODS_GONE, Step.WAIT_HOLD, Step.WAIT_DRAIN_SAVED, Step.WAIT_READY, Step.BLOCKED})
+WAITS = frozenset({Step.WAIT_PODS_GONE, Step.WAIT_HOLD, Step.WAIT_DRAIN_SAVED, Step.WAIT_READY, Step.WAIT_GPU_FREE, Step.BLOCKED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +158,9 @@ class NodeFacts:
     slurm_now: float | None = None
     warm: WarmRecord | None = None  # warm lending's record on the node (None: never lent warm, or done)
     mem_hold: HoldFacts | None = None  # our memory-hold job for the node (pending or running), if any
+    # the lowest free framebuffer (MiB) over the node's GPUs (dcgm-exporter), read only for a node
+    # returning asleep in a pool with wake_gpu_free_mib; None = not read or unknown (counts as not free)
+    gpu_free_mib: float | None = None
 
 
 def warm_pod(facts: NodeFacts) -> PodFacts | None:
@@ -200,6 +206,8 @@ def next_step(
     lend_timeout_s: float | None = None,
     drain_saved_after_s: float = 0.0,
     warm: bool = False,
+    wake_gpu_free_mib: float | None = None,
+    wake_gpu_wait_s: float = 0.0,
 ) -> Step | None:
     """The next step for a node, or None when it is at rest in its phase.
 
@@ -210,6 +218,10 @@ def next_step(
     None: leave it all to Slurm.
 
     ``warm``: the pool lends warm (``pools[].warm_lending``); only a new lend reads it.
+
+    ``wake_gpu_free_mib``: the free MiB each GPU must show before a sleeping replica is woken
+    (None: no check); not known free ``wake_gpu_wait_s`` after the node turned returning (its
+    ``phase_since``, on the node: a restart times it the same), the wake is given up for cold.
 
     ``scaled_down``: the pool's Deployment already has no replica counted for this node
     (``desired_replicas`` excludes it and the scale was written), so a remaining pod on a
@@ -350,7 +362,12 @@ def next_step(
         if _asleep(facts):
             if warm_pod(facts) is None:
                 return Step.WARM_LOST
-            return Step.WAIT_DRAIN_SAVED if drain_young else Step.WAKE_REPLICA
+            if drain_young:
+                return Step.WAIT_DRAIN_SAVED
+            if wake_gpu_free_mib is not None and (facts.gpu_free_mib is None or facts.gpu_free_mib < wake_gpu_free_mib):
+                # a job stuck in "Kill task failed" may still hold GPU memory: the wake would fail or OOM
+                return Step.GPU_HELD if now - facts.phase_since >= wake_gpu_wait_s else Step.WAIT_GPU_FREE
+            return Step.WAKE_REPLICA
         if facts.warm is not None and facts.warm.state is WarmState.COLD and warm_pod(facts) is not None:
             return Step.DELETE_ASLEEP
         if facts.fenced and drain_young:

@@ -123,6 +123,7 @@ class Snapshot:
     slurm_now: float | None  # slurmctld's clock, after both reads
     readings: Mapping[str, Readings]
     errors: tuple[str, ...] = ()  # the systems a read failed on
+    gpu_free: Mapping[str, float | None] = field(default_factory=dict)  # node -> lowest free GPU MiB (NodeFacts.gpu_free_mib)
 
 
 # The reason Slurm (22.05 .. 24.11) gives a job it requeued held after its launch failed
@@ -188,11 +189,13 @@ def join(
     readings: Mapping[str, Readings],
     pool_problems: Mapping[str, str] | None = None,
     slurm_now: float | None = None,
+    gpu_free: Mapping[str, float | None] | None = None,
 ) -> Observation:
     """Build the policy view and the lifecycle facts. ``slurm_nodes``/``slurm_jobs`` None:
     the Slurm lookup failed, so every node is held (its Slurm side is unknown).
     ``pool_problems``: pool -> why its Deployment cannot be trusted (its nodes are held).
-    ``slurm_now``: slurmctld's clock when Slurm was read (its times are compared with it)."""
+    ``slurm_now``: slurmctld's clock when Slurm was read (its times are compared with it).
+    ``gpu_free``: node -> the lowest free MiB over its GPUs, for the nodes it was read for."""
     slurm_by_name = {n.name: n for n in slurm_nodes} if slurm_nodes is not None else None
     jobs = _JobsByNode.of(slurm_jobs or (), config)
     inflight_by_pod: dict[str, float] = {}
@@ -245,6 +248,7 @@ def join(
                 slurm_now=slurm_now,
                 slurm_own_drain=_own_drain(sn, config, busy=bool(on_node) or (kn.name in jobs.allocated and not held)),
                 warm=kn.warm,
+                gpu_free_mib=(gpu_free or {}).get(kn.name),
             )
         if problem:
             problems[kn.name] = problem

@@ -1,7 +1,8 @@
 """The loop's read side: one pass over the three systems, nothing written, nothing remembered.
 
 Each ``read`` is the Kubernetes watch cache, one ``sinfo``/``squeue`` and one Prometheus query
-per pool (and, at the first answer after a query outage, one range query of the gap). A system that cannot be read is a ``None`` (Slurm) or a missing reading (Prometheus)
+per pool (and, at the first answer after a query outage, one range query of the gap; and
+while a node returns asleep in a pool with ``wake_gpu_free_mib``, one query of its GPUs). A system that cannot be read is a ``None`` (Slurm) or a missing reading (Prometheus)
 in the ``Snapshot``, and named in ``errors``: ``bridge.observe.join`` then holds what it cannot
 see, and the daemon counts the error. ``outlook`` is the one read apart from it: the metrics'
 range queries, made every ``OUTLOOK_STEP_S`` and only while metrics are served."""
@@ -17,7 +18,7 @@ from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PromReader, SlurmAdapterProtocol
 from bridge.config import Config, PoolConfig
 from bridge.errors import AdapterError
-from bridge.model import Calibration, LoadSignals, Phase, SlurmJob
+from bridge.model import Calibration, LoadSignals, Phase, SlurmJob, WarmState
 from bridge.observe import KubeNode, Readings, Snapshot, SlurmNodeLike
 from bridge.policy.outlook import OUTLOOK_HOURS, OUTLOOK_STEP_S, HourOutlook, lendable_outlook, outlook_span_s
 
@@ -80,8 +81,32 @@ class Observer:
                 errors.append("prometheus")
                 log.warning("prometheus_unavailable", pool=p.name, error=str(exc))
                 readings[p.name] = Readings(None, str(exc), {})
+        gpu_free = self._gpu_free(kube_nodes, errors)
         return Snapshot(now, kube_nodes, pods, desired, pool_problems, slurm_nodes, slurm_jobs, slurm_now,
-                        readings, tuple(errors))
+                        readings, tuple(errors), gpu_free)
+
+    def _gpu_free(self, kube_nodes: Sequence[KubeNode], errors: list[str]) -> dict[str, float | None]:
+        """The lowest free GPU MiB of each node returning asleep in a pool that checks it before
+        the wake (``pools[].wake_gpu_free_mib``): one query per such pool, none in a steady tick.
+        A failed read leaves the nodes unknown (not free: the wake waits, then gives up)."""
+        out: dict[str, float | None] = {}
+        for p in self.config.pools:
+            if p.wake_gpu_free_mib is None:
+                continue
+            nodes = [n.name for n in kube_nodes if n.phase is Phase.RETURNING and n.warm is not None
+                     and n.warm.state is WarmState.ASLEEP and n.pool == p.name]
+            if not nodes:
+                continue
+            try:
+                out.update(self.prom.gpu_free(self.prom_pools[p.name], nodes, node_label=self.config.prometheus.gpu_node_label,
+                                              gpus=p.gpus_per_node))
+            except AdapterError as exc:
+                errors.append("prometheus")
+                log.warning("gpu_free_unavailable", pool=p.name, nodes=nodes, error=str(exc))
+            for n in nodes:
+                log.info("wake_gpu_check", node=n, phase=str(Phase.RETURNING), pool=p.name, free_mib=out.get(n),
+                         need_mib=p.wake_gpu_free_mib)
+        return out
 
     def _recovered(self, pool: PoolConfig, last: float, t: float) -> tuple[LoadSignals, ...]:
         """The samples Prometheus kept between the memory's newest (``last``) and ``t``, one a

@@ -67,7 +67,8 @@ def observation(snapshot: Snapshot, memory: Mapping[str, PoolMemory], config: Co
     """The snapshot joined, each pool with its memory's history, horizon and calibration."""
     obs = join(now=snapshot.now, config=config, kube_nodes=snapshot.kube_nodes, pods=snapshot.pods,
                desired_replicas=snapshot.desired, slurm_nodes=snapshot.slurm_nodes, slurm_jobs=snapshot.slurm_jobs,
-               readings=snapshot.readings, pool_problems=snapshot.pool_problems, slurm_now=snapshot.slurm_now)
+               readings=snapshot.readings, pool_problems=snapshot.pool_problems, slurm_now=snapshot.slurm_now,
+               gpu_free=snapshot.gpu_free)
     pools = dict(obs.view.pools)
     for name, ps in pools.items():
         if name in memory:
@@ -103,7 +104,7 @@ def _wants(obs: Observation, config: Config) -> dict[str, int]:
 def _steps(obs: Observation, config: Config, state: LoopState) -> tuple[tuple[Step, NodeFacts, str], ...]:
     """Every node's next lifecycle step; waits left out, refused steps only when their retry is due."""
     wants = _wants(obs, config)
-    warm = {p.name: p.warm_lending for p in config.pools}
+    pools = {p.name: p for p in config.pools}
     now = obs.view.now
     out = []
     for name, facts in sorted(obs.facts.items()):
@@ -112,7 +113,8 @@ def _steps(obs: Observation, config: Config, state: LoopState) -> tuple[tuple[St
         pool = obs.pool_of[name]
         step = next_step(facts, now=now, scaled_down=obs.view.pools[pool].desired_replicas <= wants[pool],
                          grace_s=config.slurm.grace_s, lend_timeout_s=config.policy.lend_timeout_s,
-                         drain_saved_after_s=config.slurm.state_save_s, warm=warm[pool])
+                         drain_saved_after_s=config.slurm.state_save_s, warm=pools[pool].warm_lending,
+                         wake_gpu_free_mib=pools[pool].wake_gpu_free_mib, wake_gpu_wait_s=pools[pool].wake_gpu_wait_s)
         due = state.backoff.get(name)
         if step in RETRIED_STEPS and due is not None and due[0] is step and now < due[1]:
             continue  # blocked by something outside us (a PDB, an admin): backing off

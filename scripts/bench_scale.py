@@ -274,6 +274,10 @@ class Load:
         self.queries += 1
         return ()
 
+    def gpu_free(self, pool: PromPool, nodes: Any, *, node_label: str, gpus: int) -> dict[str, float | None]:
+        self.queries += 1
+        return {}
+
 
 class Clock:
     def __init__(self, t: float) -> None:

@@ -267,6 +267,8 @@ class PromReader(Protocol):
 
     def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[DelayCount, ...]: ...
 
+    def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int) -> dict[str, float | None]: ...
+
 
 # --- the Lease ------------------------------------------------------------------------------
 

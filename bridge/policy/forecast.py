@@ -63,8 +63,11 @@ def horizon_s(config: Config, pool: PoolConfig, *, fast: bool = False) -> float:
 def return_s(pool: PoolConfig) -> float:
     """The vLLM part of a reclaim once Slurm released the node: the wake for a pool that
     lends warm (docs/warm-lending.md; the lifecycle keeps a node's replica only when it is the
-    node's one pod), else the cold start."""
-    return pool.wake_s if lends_warm(pool) else pool.cold_start_s
+    node's one pod), else the cold start. With ``wake_gpu_free_mib``, the wake may first wait
+    up to ``wake_gpu_wait_s`` for the GPUs to be free: that wait is part of a warm reclaim."""
+    if not lends_warm(pool):
+        return pool.cold_start_s
+    return pool.wake_s + (pool.wake_gpu_wait_s if pool.wake_gpu_free_mib is not None else 0.0)
 
 
 def lends_warm(pool: PoolConfig) -> bool:

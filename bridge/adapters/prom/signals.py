@@ -45,6 +45,7 @@ from bridge import logs
 from bridge.errors import AdapterError
 from bridge.model import LoadSignals
 
+from .gpu import build_gpu_query, parse_gpu_free
 from .history import (
     MAX_RANGE_POINTS, REQUEST_CHUNK_STEPS, build_daemon_query, build_delay_query, build_request_query, parse_daemon_history,
     parse_delay_buckets, parse_request_range,
@@ -399,6 +400,18 @@ class PromAdapter:
         except (KeyError, TypeError, ValueError, IndexError):
             return None
         return int(v) if math.isfinite(v) and v >= 1 else None
+
+    def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int) -> dict[str, float | None]:
+        """Node -> the lowest free MiB over its GPUs (dcgm-exporter's ``DCGM_FI_DEV_FB_FREE``; None:
+        unknown, logged with why), for ``nodes`` only: one instant query (``bridge.adapters.prom.gpu``)."""
+        query = build_gpu_query(nodes, node_label=node_label)
+        result = self._run("query", pool, lambda: self._client.custom_query(query, params={}, timeout=self.timeout_s))
+        now = datetime.now(UTC).timestamp()
+        free, problems = _parsed("query", pool, lambda: parse_gpu_free(result, nodes=nodes, node_label=node_label, gpus=gpus,
+                                                                       now=now, staleness_s=self.staleness_s))
+        for node, why in problems.items():
+            log.error("gpu_free_unknown", node=node, pool=pool.name, field="DCGM_FI_DEV_FB_FREE", error=why)
+        return free
 
     def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[DelayCount, ...]:
         """The pool's measured reclaims of the last ``window_s`` by bucket, from the daemon's own

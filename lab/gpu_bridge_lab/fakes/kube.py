@@ -460,6 +460,8 @@ class FakeProm:
     delays: dict[str, tuple[DelayCount, ...]] = field(default_factory=dict)  # pool -> its histogram's buckets
     fail: bool = False
     live_pods: frozenset[str] | None = None  # what the last current() was told exists
+    gpu: dict[str, float | None] = field(default_factory=dict)  # node -> lowest free GPU MiB (absent: unknown)
+    gpu_queries: list[tuple[str, ...]] = field(default_factory=list)  # the nodes of each gpu_free() call
 
     def set(
         self,
@@ -498,6 +500,14 @@ class FakeProm:
         if self.fail:
             raise AdapterError("prometheus", f"pool {pool.name}: query failed: injected")
         return self.delays.get(pool.name, ())
+
+    def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int) -> dict[str, float | None]:
+        from bridge.errors import AdapterError
+
+        self.gpu_queries.append(tuple(sorted(nodes)))
+        if self.fail:
+            raise AdapterError("prometheus", f"pool {pool.name}: query failed: injected")
+        return {n: self.gpu.get(n) for n in nodes}
 
 
 @dataclass

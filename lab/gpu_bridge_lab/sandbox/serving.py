@@ -15,6 +15,7 @@ from bridge import wellknown
 from bridge.config import DEFAULT_POOL, PoolConfig
 from gpu_bridge_lab.sandbox.cluster.prometheus import ScrapeTarget
 from gpu_bridge_lab.sandbox.cluster.sandbox import DEFAULT_DIR, Sandbox
+from gpu_bridge_lab.sandbox.dcgm import FakeDcgm
 
 # the pool and Deployment names the daemon assumes when a config does not name them
 POOL = DEFAULT_POOL
@@ -50,6 +51,7 @@ def serving_sandbox(
     timeout_s: float = 60.0,
     pool_b_nodes: int = 0,
     warm_port: int | None = None,
+    dcgm: FakeDcgm | None = None,
 ) -> Sandbox:
     """A Sandbox (not started) with the serving side: ``nodes`` GPU nodes in pool ``default``,
     Deployment ``serving/vllm`` with one 4-GPU replica per node, its PDB, and the simulator's
@@ -63,7 +65,10 @@ def serving_sandbox(
     sleep mode (``--enable-sleep-mode``, dev endpoints on), each pod's engine reachable at
     ``http://<pod IP>:warm_port`` (the daemon's ``pools[].vllm_port``; pod IPs are loopback
     addresses), and the pods declaring the readiness gate ``gpu-bridge.io/awake``: they start
-    not Ready, and serve once the daemon opens their gates (``up()`` waits for them started only)."""
+    not Ready, and serve once the daemon opens their gates (``up()`` waits for them started only).
+
+    ``dcgm``: a started fake dcgm-exporter (``gpu_bridge_lab.sandbox.dcgm``) that Prometheus
+    scrapes too (job ``dcgm``), for the free-GPU check before a warm wake."""
     if not 0 <= pool_b_nodes < nodes:
         raise ValueError(f"pool_b_nodes: must be between 0 and nodes - 1 ({nodes - 1}), got {pool_b_nodes}")
     d = Path(dir).absolute()
@@ -102,7 +107,7 @@ def serving_sandbox(
         kube_args=kube_args,
         vllm=True,
         vllm_args=vllm_args,
-        scrape_targets=scrape_targets,
+        scrape_targets=(*scrape_targets, *((dcgm.scrape_target(),) if dcgm is not None else ())),
         extra_slurm_conf=extra_slurm_conf,
         job_submit_lua=job_submit_lua,
         timeout_s=timeout_s,

@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from structlog.testing import capture_logs
 
 from bridge.model import Phase, WarmState
 
 try:
+    from test_actuate_warm import info_events
     from test_daemon_warm import HIGH, World
 except ImportError:  # run as a package
+    from .test_actuate_warm import info_events  # type: ignore[no-redef]
     from .test_daemon_warm import HIGH, World  # type: ignore[no-redef]
 
 NEED = 70_000
@@ -64,7 +65,7 @@ def test_held_gpus_delay_the_wake_until_they_are_freed() -> None:
 @pytest.mark.parametrize("crash_at", [None, "gpu_held", "delete_asleep"])
 def test_gpus_held_past_the_give_up_fall_back_cold_like_a_failed_wake(crash_at: str | None) -> None:
     w = world(crash_at=crash_at)
-    with capture_logs() as logs:
+    with info_events() as logs:
         before, lent = reclaim_held(w)
         w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 80, "all serving again")
     assert not any(e.wakes for e in w.engines.values())  # never woken onto held GPUs

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from structlog.testing import capture_logs
 
 from bridge.adapters.prom.gpu import FB_FREE, build_gpu_query, parse_gpu_free
 from bridge.adapters.prom.types import PromPool
@@ -21,9 +20,11 @@ from bridge.policy.forecast import horizon_s, return_s
 from gpu_bridge_lab.fakes.kube import FakeProm
 
 try:
-    from test_lifecycle_warm import ASLEEP, COLD, GATED, NOW, RETURNING, facts
+    from test_actuate_warm import info_events
+    from test_lifecycle_warm import ASLEEP, COLD, NOW, RETURNING, facts
 except ImportError:  # run as a package
-    from .test_lifecycle_warm import ASLEEP, COLD, GATED, NOW, RETURNING, facts  # type: ignore[no-redef]
+    from .test_actuate_warm import info_events  # type: ignore[no-redef]
+    from .test_lifecycle_warm import ASLEEP, COLD, NOW, RETURNING, facts  # type: ignore[no-redef]
 
 NEED = 70_000.0  # MiB each GPU must show free
 WAIT = 60.0
@@ -215,7 +216,7 @@ def test_gpus_are_read_only_for_nodes_returning_asleep_in_one_query() -> None:
              Node("c", Phase.LENT, ASLEEP), Node("d", Phase.SERVING), Node("e", Phase.RETURNING, ASLEEP),
              Node("f", Phase.RETURNING, ASLEEP, pool="other")]
     prom = FakeProm(gpu={"a": 80_000.0})
-    with capture_logs() as logs:
+    with info_events() as logs:
         snap = observer(nodes, prom, wake_gpu_free_mib=70_000).read(NOW)
     assert prom.gpu_queries == [("a", "e")]
     assert snap.gpu_free == {"a": 80_000.0, "e": None}

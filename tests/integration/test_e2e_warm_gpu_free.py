@@ -1,0 +1,121 @@
+"""The free-GPU check before a warm wake, live: test_e2e_warm's sandbox and daemon (real Slurm,
+a real kube-apiserver with kwok's pods, Prometheus, the vLLM simulator in sleep mode), with the
+lab's fake dcgm-exporter scraped too and the pool's ``wake_gpu_free_mib`` set.
+
+Two nodes are lent warm. Before the reclaim both get GPU memory held (the fake's knob, as a
+research job stuck in ``Kill task failed`` would): both return and wait, asleep, not woken. The
+first is freed during the wait: woken, the same pod, a warm reclaim. The second stays held past
+``wake_gpu_wait_s``: given up (``warm_fallback``, reason ``gpu_memory_held``), its pod replaced
+by a cold start, a cold reclaim. No research job is lost on the way."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_e2e_warm import DRAIN_S, GRACE_S, HOLD_MB, MIN_SERVING, NODES, POD_START_S, WAKE_S, WARM_SLURM_CONF, _free_port, _pods
+
+from bridge import wellknown as wk
+from gpu_bridge_lab.sandbox.cluster.slurm import node_names
+from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
+from gpu_bridge_lab.sandbox.dcgm import FakeDcgm
+from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, replica_sleeping, submit_backlog, wait_until
+from gpu_bridge_lab.sandbox.serving import serving_sandbox
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
+
+NEED_MIB = 70_000  # pools[].wake_gpu_free_mib: the fake shows ~81,000 free, ~11,000 with 70,000 held
+WAIT_S = 45.0  # pools[].wake_gpu_wait_s
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[tuple[Any, World, Path, int, FakeDcgm]]:
+    d = Path(tempfile.mkdtemp(prefix="gb-e2e-gpufree-", dir="/tmp"))
+    port = _free_port()
+    dcgm = FakeDcgm(node_names(NODES)).start()
+    sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
+                         shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), warm_port=port, timeout_s=90.0,
+                         extra_slurm_conf=WARM_SLURM_CONF, dcgm=dcgm)
+    sb.up()
+    w = World(sb)
+    try:
+        yield sb, w, d, port, dcgm
+    finally:
+        w.close()
+        sb.down()
+        dcgm.stop()
+
+
+def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any, World, Path, int, FakeDcgm]) -> None:
+    sb, w, d, port, dcgm = world
+    out = d / "jobs"
+    out.mkdir()
+    out.chmod(0o777)
+    job_ids = submit_backlog(sb, NODES, wk.SLURM_PREEMPT_PARTITION, NODES - MIN_SERVING, out, "train")
+    before = _pods(w)
+    put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})
+    doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf,
+                         grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6,
+                         min_lend_s=5)
+    doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=port, drain_s=DRAIN_S, warm_hold_mb=HOLD_MB,
+                           wake_gpu_free_mib=NEED_MIB, wake_gpu_wait_s=WAIT_S)
+    cfg = write_config(d / "gpu-bridge.yaml", doc)
+    log_path = d / "daemon.log"
+    daemon = DaemonProc(cfg, log_path, sb.env).start()
+    watcher = Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod),
+                      mem_hold_partition=wk.SLURM_WARM_PARTITION)
+    try:
+        wait_until(lambda: all(r for *_, r in _pods(w).values()), 60, "the daemon to open every pod's gate (Ready)")
+        watcher.start()
+        wait_until(lambda: sum(len(v) for v in w.research_running_by_node().values()) == len(job_ids), 150,
+                   "the research jobs to run on nodes lent warm")
+        lent = sorted(w.research_running_by_node())
+        assert len(lent) == 2, lent
+        freed, held = lent
+        dcgm.hold({n: NEED_MIB for n in lent})  # a job stuck in "Kill task failed" on each
+        time.sleep(3)  # scraped
+
+        spike_at = time.time()
+        put_load(sb.vllm_url, {"rate": 75.0, "cv": 1.0})
+        wait_until(lambda: all(w.phases().get(n) == "returning" for n in lent), 60, "both lent nodes returning")
+        returning_at = time.time()
+        time.sleep(8)  # waiting: drained, asleep, not woken
+        pods = _pods(w)
+        for node in lent:
+            assert w.phases()[node] == "returning" and not pods[node][3], (node, w.phases()[node], pods[node])
+            assert replica_sleeping(sb.vllm_url, pods[node][0]) is True
+        assert not [e for e in read_events(log_path, "node_step") if e.get("step") == "wake_replica" and event_time(e) >= spike_at]
+        dcgm.hold({held: NEED_MIB})  # the first node's memory is released
+        wait_until(lambda: w.phases().get(freed) == "serving" and _pods(w).get(freed, ("", "", "", False))[3], 40,
+                   f"{freed} woken and serving")
+        assert time.time() - returning_at < WAIT_S  # woken within the wait, not given up
+        assert _pods(w)[freed][:2] == before[freed][:2]  # the same pod: woken, not cold-started
+        wait_until(lambda: w.phases().get(held) == "serving" and _pods(w).get(held, ("", "", "", False))[3],
+                   WAIT_S + POD_START_S + 60, f"{held} given up, cold-started and serving")
+        assert _pods(w)[held][:2] != before[held][:2]  # a new pod: the cold path
+        dcgm.hold({})
+        jobs = {str(j["job_id"]): j for j in w.jobs()}
+        for jid in job_ids:
+            assert jid in jobs and jobs[jid]["restart_cnt"] >= 1, jobs.get(jid)  # requeued, never lost
+    finally:
+        watcher.close()
+        rc = daemon.stop()
+        print(log_path.read_text()[-3000:] if rc else "")
+    assert rc == 0
+    assert watcher.violations == [], watcher.violations[:5]
+
+    ts = event_time
+    fallbacks = read_events(log_path, "warm_fallback")
+    assert [(e["node"], e["step"], e["reason"].split(":")[0]) for e in fallbacks] == [(held, "gpu_held", "gpu_memory_held")], fallbacks
+    marked = max(ts(e) for e in read_events(log_path, "node_step") if e.get("step") == "mark_returning" and e["node"] == held)
+    assert ts(fallbacks[0]) - marked >= WAIT_S - 1  # given up only after the wait (its phase's time on the node)
+    checks = [e for e in read_events(log_path, "wake_gpu_check") if e["node"] in lent]
+    assert any(e["free_mib"] is not None and e["free_mib"] < NEED_MIB for e in checks), checks[:3]
+    reclaimed = {e["node"]: e for e in read_events(log_path, "node_reclaimed") if ts(e) >= spike_at}
+    assert reclaimed[freed].get("mode") == "warm" and reclaimed[held].get("mode") == "cold", reclaimed
+    print(f"\nheld then freed: {freed} {reclaimed[freed].get('kubernetes_ready_s', -1):.1f} s from release to serving "
+          f"(warm); held past {WAIT_S:g} s: {held} {reclaimed[held].get('kubernetes_ready_s', -1):.1f} s (cold)")

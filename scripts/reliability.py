@@ -13,9 +13,9 @@
    variant (`--fast-tier`, `--only crash-fast`: the lend's partition write, set_tier), each
    on a sandbox of its own; a row whose point was never written fails (except the points
    that happen only in some runs: requeue_jobs, evict_pod); and the warm cold fallback's rows
-   (`--warm-fallback`, `--only crash-warm-fallback`: mem_hold_lost, check_asleep, warm_lost,
-   delete_asleep, each after its failure is caused for real; a row fails too if the fallback
-   did not happen);
+   (`--warm-fallback`, `--only crash-warm-fallback`: sleep_replica, mem_hold_lost, check_asleep,
+   warm_lost, delete_asleep, wake_replica, each after its failure is caused for real, check_asleep
+   three ways; a row fails too if the fallback did not happen for that failure's own reason);
 2. the outage table: Prometheus down / stale, Kubernetes API 500/429/timeouts/refused,
    slurmctld down, a lent node's slurmd dying, a pod that never becomes Ready, a PDB that
    blocks eviction: what the daemon did, logged and exported, and that nothing was lost;

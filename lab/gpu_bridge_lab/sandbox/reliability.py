@@ -10,8 +10,9 @@ Prometheus, the vLLM simulator) and runs the daemon as a subprocess. Scenarios:
   ``Harness(fast_tier=True)`` the fast tier's (``preempt-fast``; rows ``FAST_TIER_ROWS``).
 - ``fallback_matrix`` (``Harness(warm=True)``; rows ``WARM_FALLBACK_ROWS``): warm lending's cold
   fallback, each row causing its failure for real first (a memory hold scancelled, an engine
-  woken behind the daemon's back, a sleeping pod deleted, a wake made to fail in the simulator),
-  then the same SIGKILL right after the fallback's first write, restart, convergence.
+  woken behind the daemon's back, a sleeping pod deleted; through the simulator's ``PUT /faults``:
+  a wake failing or hanging, an engine unreachable or without sleep mode, a sleep failing at
+  lend), then the same SIGKILL right after the fallback's first write, restart, convergence.
 - ``gpu_bridge_lab.sandbox.outages`` and ``two_instances`` build on the same harness.
 
 Convergence ("every node in exactly one pool") is read from both schedulers, never from the

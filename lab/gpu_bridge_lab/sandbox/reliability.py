@@ -689,6 +689,9 @@ class Harness:
         logged = {n: [d for proc in self.daemons[first_daemon:] for d in read_events(proc.log_path, event)
                       if d.get("node") == n and all(r in str(d.get("reason", "")) for r in reasons)] for n in nodes}
         row.fell_back = bool(nodes) and all(logged.values()) and state_ok
+        # another node's warm replica lost meanwhile (the failure was this node's only): said in the note
+        collateral = sorted({str(d.get("node")) for proc in self.daemons[first_daemon:]
+                             for d in read_events(proc.log_path, "warm_lost") if d.get("node") not in watched})
         # the failure's own two-pool state (research beside an engine awake or silent, or without
         # the memory hold) until the pod is gone: the watcher's samples naming the node up to then
         # (a failed sleep at lend has none: the node is never given to Slurm warm)
@@ -711,6 +714,7 @@ class Harness:
             f"{where} {end_state}" if state_ok
             else f"{where} NOT fallen back (warm={[self.warm_record(n) for n in nodes or watched]})",
             f"failure to pod gone {window}" + (f", {len(own)} watcher samples of it" if own else "") if window else "",
+            f"ALSO warm_lost on {', '.join(collateral)} (another node's sleeping replica lost)" if collateral else "",
             row.note) if x)
         return row
 

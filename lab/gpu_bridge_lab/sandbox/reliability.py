@@ -116,7 +116,7 @@ FALLBACK_FAULTS: dict[str, str] = {
     "no_sleep_mode": "its engine answering as vLLM without sleep mode: 404 on /sleep, /wake_up, /is_sleeping "
                      "(PUT /faults no_sleep_mode: an engine restarted without --enable-sleep-mode)",
     "pod_deleted": "its sleeping pod deleted (Kubernetes API)",
-    "wake_hangs": "every sleeping engine's /wake_up answering only after 3 x wake_s (PUT /faults wake_hangs), then a reclaim",
+    "wake_hangs": "its engine's /wake_up answering only after 3 x wake_s (PUT /faults wake_hangs), then a reclaim",
     "wake_fails": "its engine's /wake_up answering 500 (the simulator's PUT /faults), then a reclaim",
 }
 # the log event the daemon writes for the node when it falls back (the row's evidence, with the
@@ -592,10 +592,9 @@ class Harness:
             self.set_sim_faults(no_sleep_mode=[pod])
             return f"{pod} without sleep mode at {ip}"
         if failure == "wake_hangs":
-            asleep = sorted(p for p, _ in self.warm_lent().values())
-            self.set_sim_faults(wake_hangs=asleep, wake_hang_s=WAKE_HANG_S)
+            self.set_sim_faults(wake_hangs=[pod], wake_hang_s=WAKE_HANG_S)
             self.load(HIGH)
-            return f"the wakes of {', '.join(asleep)} hang {WAKE_HANG_S:g} s; load high"
+            return f"{pod}'s wake hangs {WAKE_HANG_S:g} s; load high"
         if failure == "sleep_fails":
             pods = sorted(str(p.metadata.name) for p in self.w._pods() if p.metadata.deletion_timestamp is None)
             self.set_sim_faults(sleep_fails=pods)
@@ -683,6 +682,10 @@ class Harness:
             if failure in ("wake_fails", "wake_hangs", "unreachable", "no_sleep_mode", "sleep_fails"):
                 self.set_sim_faults([])
         row.failure = failure
+        wrong = self._crash_write_wrong(point, first_daemon, watched)
+        if wrong:  # the crash came after another node's write of that step (a wake that succeeded): not this row's
+            row.crashed = False
+            row.note = f"CRASHED AFTER ANOTHER WRITE: {wrong}" + (f"; {row.note}" if row.note else "")
         event, reasons = FALLBACK_EVENTS[failure], FALLBACK_REASONS[failure]
         state_ok = target()
         nodes = failed_nodes()
@@ -717,6 +720,24 @@ class Harness:
             f"ALSO warm_lost on {', '.join(collateral)} (another node's sleeping replica lost)" if collateral else "",
             row.note) if x)
         return row
+
+    def _crash_write_wrong(self, point: str, first_daemon: int, watched: dict[str, tuple[str, str]]) -> str:
+        """A failed sleep or wake's row: the armed daemon's last warm record written before its
+        crash must be a watched node's ``cold/<pod>`` (the same step records ``asleep``/``awake``
+        on a node whose call succeeded); what it was instead, or "" when right (or not such a row)."""
+        if point not in ("sleep_replica", "wake_replica") or len(self.daemons) <= first_daemon:
+            return ""
+        log_path = self.daemons[first_daemon].log_path
+        crash = read_events(log_path, "fault_injection_crash")
+        if not crash:
+            return ""
+        at = event_time(crash[-1])
+        sets = [d for d in read_events(log_path, "node_warm_set") if event_time(d) <= at]
+        last = sets[-1] if sets else None
+        if last is None:
+            return "no warm record written before the crash"
+        node, record = str(last.get("node")), str(last.get("reason"))
+        return "" if node in watched and record == f"cold/{watched[node][0]}" else f"{node} {record}"
 
     # --- one crash row ----------------------------------------------------------------------
 

@@ -13,9 +13,9 @@
    variant (`--fast-tier`, `--only crash-fast`: the lend's partition write, set_tier), each
    on a sandbox of its own; a row whose point was never written fails (except the points
    that happen only in some runs: requeue_jobs, evict_pod); and the warm cold fallback's rows
-   (`--warm-fallback`, `--only crash-warm-fallback`: mem_hold_lost, check_asleep, warm_lost,
-   delete_asleep, each after its failure is caused for real; a row fails too if the fallback
-   did not happen);
+   (`--warm-fallback`, `--only crash-warm-fallback`: sleep_replica, mem_hold_lost, check_asleep,
+   warm_lost, delete_asleep, wake_replica, each after its failure is caused for real, check_asleep
+   three ways; a row fails too if the fallback did not happen for that failure's own reason);
 2. the outage table: Prometheus down / stale, Kubernetes API 500/429/timeouts/refused,
    slurmctld down, a lent node's slurmd dying, a pod that never becomes Ready, a PDB that
    blocks eviction: what the daemon did, logged and exported, and that nothing was lost;
@@ -66,6 +66,14 @@ def variant_rows(variant: str) -> tuple[tuple[str, str], ...]:
         return rel.WARM_FALLBACK_ROWS
     warm, fast_tier = CRASH_VARIANTS[variant]
     return rel.matrix_rows(warm=warm, fast_tier=fast_tier)
+
+
+def variant_names(variant: str) -> set[str]:
+    """What ``--points`` may name for a variant: its points (and the warm fallback's failures)."""
+    names = {p for _, p in variant_rows(variant)}
+    if variant == FALLBACK_VARIANT:
+        names |= {f for _, _, f in rel.fallback_rows()}
+    return names
 
 
 def crash(points: list[str] | None, variant: str = "crash") -> tuple[list[rel.Row], bool]:
@@ -173,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast-tier", action="store_true", help="the crash matrix with the fast tier (= --only crash-fast)")
     ap.add_argument("--warm-fallback", action="store_true",
                     help="warm lending's cold-fallback rows (= --only crash-warm-fallback)")
-    ap.add_argument("--points", default="", help="crash: only these injection points (comma list)")
+    ap.add_argument("--points", default="", help="crash: only these injection points (comma list; --warm-fallback: "
+                    "or these failures, e.g. wake_hangs,unreachable)")
     ap.add_argument("--faults", default="", help="outages: only these (prometheus,stale,kube-500,...,slurmctld,slurmd,pdb,notready)")
     ap.add_argument("--soak", action="store_true", help="the randomized soak instead of the tables")
     ap.add_argument("--seed", default="1", help="soak: seed, or a comma list of seeds run one after another")
@@ -210,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
               FALLBACK_VARIANT: " -- warm lending's cold fallback (each failure caused first)"}
     points = [p for p in args.points.split(",") if p]
     for variant in (v for v in CRASH_VARIANTS if v in parts):
-        if points and not set(points) & {p for _, p in variant_rows(variant)}:
+        if points and not set(points) & variant_names(variant):
             say(f"({variant}: none of --points {args.points} is one of its rows: skipped)")
             continue
         t0 = time.monotonic()
@@ -220,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         say("\n" + rel.format_matrix(rows))
         for fr in rows:  # the warm fallback's rows: what the watcher saw of the failure itself
             if fr.fault_window:
-                say(f"  {fr.point}: the failure's own {len(fr.fault_window)} watcher samples, first [{fr.fault_window[0]}]"
+                say(f"  {fr.point}{f' ({fr.failure})' if fr.failure else ''}: the failure's own {len(fr.fault_window)} watcher samples, first [{fr.fault_window[0]}]"
                     + (f", last [{fr.fault_window[-1]}]" if len(fr.fault_window) > 1 else ""))
         unreached = [r.point for r in rows if r.must_crash and not r.crashed]
         say(f"crash matrix{titles[variant]}: {len(rows)} rows, {sum(r.crashed for r in rows)} crashes injected, "

@@ -48,23 +48,44 @@ def test_a_row_whose_point_was_never_written_fails_and_says_so() -> None:
 
 
 FALLBACK_STEPS = {Step.WARM_LOST, Step.CHECK_ASLEEP, Step.DELETE_ASLEEP, Step.MEM_HOLD_LOST}
+# the warm path's own writes that also write the fallback's record when their vLLM call fails
+FAILING_WARM_STEPS = {Step.SLEEP_REPLICA, Step.WAKE_REPLICA}
 
 
 def test_the_warm_fallback_rows_are_the_cold_fallbacks_writes_each_with_its_failure() -> None:
     rows = rel.WARM_FALLBACK_ROWS
     points = {p for _, p in rows}
-    assert points == {str(s) for s in FALLBACK_STEPS} and len(rows) == len(set(rows))
+    assert points == {str(s) for s in FALLBACK_STEPS | FAILING_WARM_STEPS} and len(rows) == len(set(rows))
     assert points <= WRITE_POINTS
-    assert not points & {p for _, p in rel.WARM_ROWS}  # the warm rows without a failure stay as they were
+    # the warm rows without a failure stay as they were; the failed sleep and wake are new rows of theirs
+    assert points & {p for _, p in rel.WARM_ROWS} == {str(s) for s in FAILING_WARM_STEPS}
     assert set(rel.FALLBACK_FAILURES) == set(rows)
-    assert set(rel.FALLBACK_FAILURES.values()) == set(rel.FALLBACK_FAULTS) == set(rel.FALLBACK_EVENTS)
+    failures = [f for t, p in rows for f in rel.FALLBACK_FAILURES[(t, p)]]
+    assert set(failures) == set(rel.FALLBACK_FAULTS) == set(rel.FALLBACK_EVENTS) == set(rel.FALLBACK_REASONS)
     assert set(rel.FALLBACK_EVENTS.values()) == {"warm_lost", "warm_fallback"}
-    # a lent node's failures are noticed while lent; the failed wake only in a reclaim
+    assert all(rel.FALLBACK_REASONS[f] for f in failures)
+    # the failed sleep only in a lend; a lent node's failures are noticed while lent; the failed wake only in a reclaim
+    assert rel.rows_of(rows, "lend") == ("sleep_replica",)
     assert rel.rows_of(rows, "lent") == ("mem_hold_lost", "check_asleep", "warm_lost", "delete_asleep")
-    assert rel.rows_of(rows, "reclaim") == ("delete_asleep",)
-    assert rel.FALLBACK_FAILURES[("lent", "delete_asleep")] == rel.FALLBACK_FAILURES[("lent", "check_asleep")]
-    assert rel.FALLBACK_FAILURES[("reclaim", "delete_asleep")] == "wake_fails"
+    assert rel.rows_of(rows, "reclaim") == ("wake_replica", "delete_asleep")
+    # each way a check, a sleep or a wake fails (docs/warm-lending.md), caused for real
+    assert rel.FALLBACK_FAILURES[("lent", "check_asleep")] == ("engine_woken", "unreachable", "no_sleep_mode")
+    assert "engine_woken" in rel.FALLBACK_FAILURES[("lent", "delete_asleep")]
+    assert rel.FALLBACK_FAILURES[("lend", "sleep_replica")] == ("sleep_fails",)
+    assert rel.FALLBACK_FAILURES[("reclaim", "wake_replica")] == ("wake_hangs",)
+    assert rel.FALLBACK_FAILURES[("reclaim", "delete_asleep")] == ("wake_fails",)
     assert all(rel.Row(t, p).must_crash for t, p in rows)
+    assert rel.WAKE_HANG_S > rel.WAKE_S  # a hung wake outlasts the daemon's wake timeout
+
+
+def test_the_fallback_rows_run_each_failure_once_and_select_by_point_or_failure() -> None:
+    every = rel.fallback_rows()
+    assert len(every) == sum(len(v) for v in rel.FALLBACK_FAILURES.values()) == len(set(every)) == 9
+    assert rel.fallback_rows(["check_asleep"]) == [("lent", "check_asleep", f)
+                                                   for f in ("engine_woken", "unreachable", "no_sleep_mode")]
+    assert rel.fallback_rows(["wake_hangs", "mem_hold_lost"]) == [("lent", "mem_hold_lost", "mem_hold_cancelled"),
+                                                                  ("reclaim", "wake_replica", "wake_hangs")]
+    assert rel.fallback_rows(["fence"]) == []
 
 
 def test_a_fallback_row_fails_unless_the_fallback_happened() -> None:

@@ -5,13 +5,14 @@ pod gone closes its address. Pod IPs are loopback addresses here, as in the sand
 from __future__ import annotations
 
 import socket
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 import requests
 
-from bridge.adapters.vllm import VllmSleepClient
+from bridge.adapters.vllm import SleepModeUnavailable, VllmSleepClient
 from bridge.errors import AdapterError
 from gpu_bridge_lab.sandbox.vllm.follow_kube import PodView
 from gpu_bridge_lab.sandbox.vllm.pod_ports import PodPorts
@@ -80,3 +81,69 @@ def test_a_pod_address_not_on_this_machine_is_skipped() -> None:
         server.stop()
     with pytest.raises(ValueError, match="port"):
         PodPorts(server, 0)
+
+
+def test_each_lab_fault_is_what_the_daemons_client_sees_at_the_pod_address() -> None:
+    """The fault knobs the reliability harness' warm-fallback rows use, through the daemon's
+    own client at the pod's address: a wake that hangs past the client's timeout (ReadTimeout),
+    a sleep answering 500, an engine without sleep mode (SleepModeUnavailable), an engine that
+    is unreachable (its address refuses connections until the fault is cleared)."""
+    sim = Simulation(IDLE, ["m"], seed=1, sleep_params=FAST)
+    for name in ("vllm-a", "vllm-b"):
+        sim.add_replica(name, "m")
+    server = SimServer(sim, "127.0.0.1", 0, tick_s=0.02, dev_mode=True).start()
+    port = _free_port()
+    ports = PodPorts(server, port)
+    session = requests.Session()
+    try:
+        pods = {"vllm-a": PodView("vllm-a", "n1", "m", True, ip="127.1.7.11"),
+                "vllm-b": PodView("vllm-b", "n2", "m", True, ip="127.1.7.12")}
+        ports.sync(pods)
+        a = VllmSleepClient(f"http://127.1.7.11:{port}", timeout_s=0.5)  # no session: a new connection each call
+
+        def fresh() -> VllmSleepClient:  # as the daemon asks: a client, so a connection, per call
+            return VllmSleepClient(f"http://127.1.7.11:{port}", timeout_s=5)
+        b = VllmSleepClient(f"http://127.1.7.12:{port}", timeout_s=10, session=session)
+
+        sim.set_faults({"sleep_fails": ["vllm-a"]})
+        with pytest.raises(AdapterError, match="HTTP 500") as failed:
+            a.sleep(1)
+        assert not isinstance(failed.value, SleepModeUnavailable)
+        assert a.is_sleeping() is False
+        sim.set_faults({"sleep_fails": []})
+        a.sleep(1)
+        b.sleep(1)
+
+        sim.set_faults({"wake_hangs": ["vllm-a"], "wake_hang_s": 2.0})
+        with pytest.raises(AdapterError, match="ReadTimeout"):
+            a.wake_up()
+        assert a.is_sleeping() is True  # not woken while it hangs
+        b.wake_up()  # only the named replica hangs
+        assert b.is_sleeping() is False
+        sim.set_faults({"wake_hangs": []})
+        time.sleep(2.5)  # the hung wake answers nobody but still wakes the engine, late
+        assert fresh().is_sleeping() is False
+        fresh().sleep(1)
+
+        sim.set_faults({"no_sleep_mode": ["vllm-a"]})
+        for call in (fresh().is_sleeping, fresh().wake_up, lambda: fresh().sleep(1)):
+            with pytest.raises(SleepModeUnavailable):
+                call()
+        sim.set_faults({"no_sleep_mode": []})
+        assert fresh().is_sleeping() is True  # its state kept: only the routes were missing
+
+        sim.set_faults({"unreachable": ["vllm-a"]})
+        assert ports.addresses() == {"127.1.7.12": "vllm-b"}
+        for call in (fresh().is_sleeping, fresh().wake_up):
+            with pytest.raises(AdapterError, match="ConnectionError") as refused:
+                call()
+            assert "refused" in str(refused.value)
+        assert b.is_sleeping() is False  # the other pod still answers
+        assert sim.is_sleeping("vllm-a") is True  # the lab's view of the replica is kept
+        sim.set_faults({"unreachable": []})
+        assert ports.addresses() == {"127.1.7.11": "vllm-a", "127.1.7.12": "vllm-b"}
+        assert fresh().is_sleeping() is True
+    finally:
+        session.close()
+        ports.stop()
+        server.stop()

@@ -250,19 +250,98 @@ def test_an_injected_wake_failure_answers_500_and_leaves_the_engine_asleep() -> 
     ``{"wake_fails": [...]}`` makes those replicas' ``/wake_up`` fail until cleared; others wake."""
     srv = _server(True, FAST, replicas=2)
     try:
-        assert call(srv, "GET", "/faults") == (200, {"wake_fails": []})
+        assert call(srv, "GET", "/faults") == (200, NO_FAULTS)
         for r in ("r0", "r1"):
             assert call(srv, "POST", f"/replicas/{r}/sleep?level=1")[0] == 200
-        assert _put_faults(srv, {"wake_fails": ["r0"]}) == (200, {"wake_fails": ["r0"]})
+        assert _put_faults(srv, {"wake_fails": ["r0"]}) == (200, {**NO_FAULTS, "wake_fails": ["r0"]})
         status, body = call(srv, "POST", "/replicas/r0/wake_up")
         assert status == 500 and "wake_up of r0 failed" in body["error"]
         assert call(srv, "GET", "/replicas/r0/is_sleeping") == (200, {"is_sleeping": True})
         assert call(srv, "POST", "/replicas/r1/wake_up")[0] == 200  # only the named replica fails
         assert call(srv, "GET", "/replicas/r1/is_sleeping") == (200, {"is_sleeping": False})
-        assert _put_faults(srv, {"wake_fails": []}) == (200, {"wake_fails": []})
+        assert _put_faults(srv, {"wake_fails": []}) == (200, NO_FAULTS)
         assert call(srv, "POST", "/replicas/r0/wake_up")[0] == 200
         assert call(srv, "GET", "/replicas/r0/is_sleeping") == (200, {"is_sleeping": False})
         assert _put_faults(srv, {"wake_fails": "r0"})[0] == 400
-        assert _put_faults(srv, {"sleep_fails": []})[0] == 400
+        assert _put_faults(srv, {"wake_dies": []})[0] == 400
+    finally:
+        srv.stop()
+
+
+NO_FAULTS = {"wake_fails": [], "wake_hangs": [], "sleep_fails": [], "no_sleep_mode": [], "unreachable": [],
+             "wake_hang_s": 60.0}
+
+
+def test_an_injected_sleep_failure_answers_500_and_leaves_the_engine_awake() -> None:
+    srv = _server(True, FAST, replicas=2)
+    try:
+        assert _put_faults(srv, {"sleep_fails": ["r0"]}) == (200, {**NO_FAULTS, "sleep_fails": ["r0"]})
+        status, body = call(srv, "POST", "/replicas/r0/sleep?level=1")
+        assert status == 500 and "sleep of r0 failed" in body["error"]
+        assert call(srv, "GET", "/replicas/r0/is_sleeping") == (200, {"is_sleeping": False})
+        assert call(srv, "POST", "/replicas/r1/sleep?level=1")[0] == 200  # only the named replica fails
+        assert _put_faults(srv, {"sleep_fails": []}) == (200, NO_FAULTS)
+        assert call(srv, "POST", "/replicas/r0/sleep?level=1")[0] == 200
+        assert call(srv, "GET", "/replicas/r0/is_sleeping") == (200, {"is_sleeping": True})
+    finally:
+        srv.stop()
+
+
+def test_an_engine_without_sleep_mode_answers_vllms_404_on_every_sleep_route() -> None:
+    """``no_sleep_mode``: the replica answers as vLLM started without --enable-sleep-mode (an
+    engine restarted so): 404 ``{"detail": "Not Found"}`` on /sleep, /wake_up, /is_sleeping,
+    whatever the method; the others keep their sleep mode; cleared, it has its own again."""
+    srv = _server(True, FAST, replicas=2)
+    try:
+        assert call(srv, "POST", "/replicas/r0/sleep?level=1")[0] == 200
+        assert _put_faults(srv, {"no_sleep_mode": ["r0"]})[1]["no_sleep_mode"] == ["r0"]
+        for method, action in (("POST", "sleep?level=1"), ("POST", "wake_up"), ("GET", "is_sleeping"),
+                               ("GET", "wake_up")):
+            assert call(srv, method, f"/replicas/r0/{action}") == (404, {"detail": "Not Found"})
+        assert call(srv, "GET", "/replicas/r1/is_sleeping") == (200, {"is_sleeping": False})
+        _put_faults(srv, {"no_sleep_mode": []})
+        assert call(srv, "GET", "/replicas/r0/is_sleeping") == (200, {"is_sleeping": True})
+    finally:
+        srv.stop()
+
+
+def test_a_hung_wake_answers_only_after_wake_hang_s_then_wakes() -> None:
+    srv = _server(True, FAST, replicas=1)
+    try:
+        assert call(srv, "POST", "/replicas/r0/sleep?level=1")[0] == 200
+        assert _put_faults(srv, {"wake_hangs": ["r0"], "wake_hang_s": 1.5}) == (
+            200, {**NO_FAULTS, "wake_hangs": ["r0"], "wake_hang_s": 1.5})
+        req = urllib.request.Request(srv.url + "/replicas/r0/wake_up", data=b"", method="POST")
+        with pytest.raises(OSError, match="timed out"):  # a client with a shorter timeout gives up
+            urllib.request.urlopen(req, timeout=0.5)
+        assert call(srv, "GET", "/replicas/r0/is_sleeping") == (200, {"is_sleeping": True})  # still asleep meanwhile
+        t0 = time.monotonic()
+        assert call(srv, "POST", "/replicas/r0/wake_up")[0] == 200
+        assert time.monotonic() - t0 >= 1.5
+        assert call(srv, "GET", "/replicas/r0/is_sleeping") == (200, {"is_sleeping": False})
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"wake_hangs": "r0"}, "faults.wake_hangs"),
+    ({"sleep_fails": ["r0", 3]}, "faults.sleep_fails"),
+    ({"no_sleep_mode": [""]}, "faults.no_sleep_mode"),
+    ({"unreachable": None}, "faults.unreachable"),
+    ({"wake_hang_s": 0}, "faults.wake_hang_s"),
+    ({"wake_hang_s": -1}, "faults.wake_hang_s"),
+    ({"wake_hang_s": True}, "faults.wake_hang_s"),
+    ({"wake_hang_s": "30"}, "faults.wake_hang_s"),
+    ({"wake_hang_s": 1e9}, "faults.wake_hang_s"),
+    ({"sleep_fail": ["r0"]}, "unknown key(s) sleep_fail"),
+    (["r0"], "expected a JSON object"),
+])
+def test_bad_faults_are_refused_with_400_naming_the_field_and_change_nothing(body: Any, field: str) -> None:
+    srv = _server(True, FAST, replicas=1)
+    try:
+        _put_faults(srv, {"wake_fails": ["r0"]})
+        status, doc = _put_faults(srv, {"sleep_fails": ["r0"], **body} if isinstance(body, dict) else body)
+        assert status == 400 and field in doc["error"]
+        assert call(srv, "GET", "/faults") == (200, {**NO_FAULTS, "wake_fails": ["r0"]})  # all or nothing
     finally:
         srv.stop()

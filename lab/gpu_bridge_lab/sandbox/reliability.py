@@ -10,8 +10,9 @@ Prometheus, the vLLM simulator) and runs the daemon as a subprocess. Scenarios:
   ``Harness(fast_tier=True)`` the fast tier's (``preempt-fast``; rows ``FAST_TIER_ROWS``).
 - ``fallback_matrix`` (``Harness(warm=True)``; rows ``WARM_FALLBACK_ROWS``): warm lending's cold
   fallback, each row causing its failure for real first (a memory hold scancelled, an engine
-  woken behind the daemon's back, a sleeping pod deleted, a wake made to fail in the simulator),
-  then the same SIGKILL right after the fallback's first write, restart, convergence.
+  woken behind the daemon's back, a sleeping pod deleted; through the simulator's ``PUT /faults``:
+  a wake failing or hanging, an engine unreachable or without sleep mode, a sleep failing at
+  lend), then the same SIGKILL right after the fallback's first write, restart, convergence.
 - ``gpu_bridge_lab.sandbox.outages`` and ``two_instances`` build on the same harness.
 
 Convergence ("every node in exactly one pool") is read from both schedulers, never from the
@@ -85,37 +86,64 @@ WARM_ROWS: tuple[tuple[str, str], ...] = (
 FAST_TIER_ROWS: tuple[tuple[str, str], ...] = (("lend", faults.SET_TIER), ("reclaim", "drain"))
 # The cold fallback's writes (issue 23), in the order the variant runs them (Harness(warm=True),
 # ``fallback_matrix``): each happens only after a failure, so each row first causes that failure
-# for real on the sandbox (FALLBACK_FAILURES, FALLBACK_FAULTS), on one node lent warm with
-# research jobs on it, then crashes the daemon right after the fallback's first write. "lent":
-# the node stays lent and goes cold (its sleeping pod evicted, the Deployment scaled down);
-# "reclaim": the node serves again, cold-started (its pod replaced). delete_asleep twice: on a
-# lent node (after check_asleep recorded it cold) and on a returning one (after a failed wake).
+# for real on the sandbox (FALLBACK_FAILURES, FALLBACK_FAULTS), then crashes the daemon right
+# after the fallback's first write. "lend": a lend whose sleep fails, the nodes lent cold; "lent":
+# on one node lent warm with research jobs on it, the node stays lent and goes cold (its sleeping
+# pod evicted, the Deployment scaled down); "reclaim": the node serves again, cold-started (its
+# pod replaced). delete_asleep twice: on a lent node (after check_asleep recorded it cold) and on
+# a returning one (after a failed wake).
 WARM_FALLBACK_ROWS: tuple[tuple[str, str], ...] = (
+    ("lend", "sleep_replica"),
     ("lent", "mem_hold_lost"), ("lent", "check_asleep"), ("lent", "warm_lost"), ("lent", "delete_asleep"),
-    ("reclaim", "delete_asleep"),
+    ("reclaim", "wake_replica"), ("reclaim", "delete_asleep"),
 )
-# the failure each row causes first
-FALLBACK_FAILURES: dict[tuple[str, str], str] = {
-    ("lent", "mem_hold_lost"): "mem_hold_cancelled", ("lent", "check_asleep"): "engine_woken",
-    ("lent", "warm_lost"): "pod_deleted", ("lent", "delete_asleep"): "engine_woken",
-    ("reclaim", "delete_asleep"): "wake_fails",
+# the failures each row is run with, one run each, in this order (a write the lifecycle reaches
+# from several failures, e.g. check_asleep from an engine awake, silent or without sleep mode)
+FALLBACK_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("lend", "sleep_replica"): ("sleep_fails",),
+    ("lent", "mem_hold_lost"): ("mem_hold_cancelled",),
+    ("lent", "check_asleep"): ("engine_woken", "unreachable", "no_sleep_mode"),
+    ("lent", "warm_lost"): ("pod_deleted",),
+    ("lent", "delete_asleep"): ("engine_woken",),
+    ("reclaim", "wake_replica"): ("wake_hangs",),
+    ("reclaim", "delete_asleep"): ("wake_fails",),
 }
 FALLBACK_FAULTS: dict[str, str] = {
+    "sleep_fails": "every serving engine's /sleep answering 500 (the simulator's PUT /faults sleep_fails), then the load lowered",
     "mem_hold_cancelled": "its memory-hold job scancelled as the Slurm admin",
     "engine_woken": "its engine woken behind the daemon's back (POST /wake_up at the pod's IP)",
+    "unreachable": "its engine's address refusing connections, as a dead engine's port (PUT /faults unreachable)",
+    "no_sleep_mode": "its engine answering as vLLM without sleep mode: 404 on /sleep, /wake_up, /is_sleeping "
+                     "(PUT /faults no_sleep_mode: an engine restarted without --enable-sleep-mode)",
     "pod_deleted": "its sleeping pod deleted (Kubernetes API)",
+    "wake_hangs": "its engine's /wake_up answering only after 3 x wake_s (PUT /faults wake_hangs), then a reclaim",
     "wake_fails": "its engine's /wake_up answering 500 (the simulator's PUT /faults), then a reclaim",
 }
 # the log event the daemon writes for the node when it falls back (the row's evidence, with the
-# node's own state): warm_lost for a lost pod or memory hold, warm_fallback for a failed check or wake
-FALLBACK_EVENTS: dict[str, str] = {"mem_hold_cancelled": "warm_lost", "engine_woken": "warm_fallback",
-                                   "pod_deleted": "warm_lost", "wake_fails": "warm_fallback"}
+# node's own state): warm_lost for a lost pod or memory hold, warm_fallback for a failed check,
+# sleep or wake; FALLBACK_REASONS: what that event's reason must say (each in it), so the row
+# shows the daemon took the failure's own path (e.g. a timeout, not some other error)
+FALLBACK_EVENTS: dict[str, str] = {"sleep_fails": "warm_fallback", "mem_hold_cancelled": "warm_lost",
+                                   "engine_woken": "warm_fallback", "unreachable": "warm_fallback",
+                                   "no_sleep_mode": "warm_fallback", "pod_deleted": "warm_lost",
+                                   "wake_hangs": "warm_fallback", "wake_fails": "warm_fallback"}
+FALLBACK_REASONS: dict[str, tuple[str, ...]] = {
+    "sleep_fails": ("sleep of", "HTTP 500", "lent cold"),
+    "mem_hold_cancelled": ("memory hold",),
+    "engine_woken": ("is awake on a lent node",),
+    "unreachable": ("does not answer", "ConnectionError", "refused"),
+    "no_sleep_mode": ("does not answer", "no sleep mode here"),
+    "pod_deleted": ("is gone",),
+    "wake_hangs": ("wake of", "ReadTimeout", "reclaimed cold"),
+    "wake_fails": ("wake of", "HTTP 500", "reclaimed cold"),
+}
 # Points that happen only in some runs ("crashed: no" is then not a failure): requeue_jobs only
 # when a preempted job outlives its GraceTime + 1 s by slurmctld's clock, evict_pod only when the
 # ReplicaSet removed another pod than the marked one; "none" pads the shorter list.
 OPTIONAL_POINTS = frozenset({"requeue_jobs", "evict_pod", "none"})
 FAST_GRACE_S = 2  # the fast tier's GraceTime (< GRACE_S)
 WAKE_S = 10.0  # warm pool: the wake timeout (the simulator's wake takes ~2.6 s)
+WAKE_HANG_S = 3 * WAKE_S  # the wake_hangs failure: a wake that answers well after the daemon gave up
 DRAIN_S = 45.0  # warm pool: how long a lend retries the sleep while in-flight requests finish
 # warm pool: Slurm counts memory and has the memory holds' partition (test_e2e_warm.py's lines:
 # slurm_conf/slurm.conf.snippet's opt-in ones); the hold leaves a research job without --mem its share
@@ -163,6 +191,8 @@ class Row:
     # named, between the injected failure and its sleeping pod gone): the failure itself, which
     # the row measures the daemon ending; not counted in ``violations``
     fault_window: list[str] = field(default_factory=list)
+    # the warm fallback's rows: the failure caused first (FALLBACK_FAULTS; "" for other rows)
+    failure: str = ""
 
     @property
     def must_crash(self) -> bool:
@@ -514,10 +544,15 @@ class Harness:
         live = [p for p in self.w._pods() if p.metadata.deletion_timestamp is None]
         return self.w.replicas() == want == len(live)
 
-    def set_sim_faults(self, wake_fails: Sequence[str]) -> None:
-        """The vLLM simulator's lab fault knob: these replicas' ``/wake_up`` answers 500."""
+    def set_sim_faults(self, wake_fails: Sequence[str] = (), **faults: Any) -> None:
+        """The vLLM simulator's lab fault knob (``PUT /faults``): these replicas' ``/wake_up``
+        answers 500; ``faults``: its other keys (``wake_hangs``, ``wake_hang_s``, ``sleep_fails``,
+        ``no_sleep_mode``, ``unreachable``). Every list not given is cleared."""
         assert self.sb.vllm_url
-        req = urllib.request.Request(self.sb.vllm_url + "/faults", data=json.dumps({"wake_fails": list(wake_fails)}).encode(),
+        body: dict[str, Any] = {"wake_fails": list(wake_fails), "wake_hangs": [], "sleep_fails": [], "no_sleep_mode": [],
+                                "unreachable": []}
+        body.update({k: list(v) if isinstance(v, (list, tuple)) else v for k, v in faults.items()})
+        req = urllib.request.Request(self.sb.vllm_url + "/faults", data=json.dumps(body).encode(),
                                      method="PUT", headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - loopback only
             if resp.status != 200:
@@ -550,83 +585,159 @@ class Harness:
             self.set_sim_faults([pod])
             self.load(HIGH)
             return f"{pod}'s wake fails; load high"
+        if failure == "unreachable":
+            self.set_sim_faults(unreachable=[pod])
+            return f"{pod} unreachable at {ip}"
+        if failure == "no_sleep_mode":
+            self.set_sim_faults(no_sleep_mode=[pod])
+            return f"{pod} without sleep mode at {ip}"
+        if failure == "wake_hangs":
+            self.set_sim_faults(wake_hangs=[pod], wake_hang_s=WAKE_HANG_S)
+            self.load(HIGH)
+            return f"{pod}'s wake hangs {WAKE_HANG_S:g} s; load high"
+        if failure == "sleep_fails":
+            pods = sorted(str(p.metadata.name) for p in self.w._pods() if p.metadata.deletion_timestamp is None)
+            self.set_sim_faults(sleep_fails=pods)
+            self.load(LOW)
+            return f"the sleeps of {', '.join(pods)} fail; load low"
         raise ValueError(f"{failure}: not a failure of the warm fallback's rows ({', '.join(FALLBACK_FAULTS)})")
 
-    def fallback_row(self, transition: str, point: str, *, converge_timeout_s: float = 120.0) -> Row:
-        """One row of WARM_FALLBACK_ROWS: on the first node lent warm, cause the row's failure
-        (FALLBACK_FAILURES; a lent node's: once the armed daemon has done a pass, so a running daemon notices it;
-        the failed wake: the fault set, then the load raised), the daemon armed to SIGKILL
-        itself after ``point``'s first write, restarted, converged: the node lent cold
-        ("lent") or all serving with the node's pod replaced ("reclaim"), every other node as
-        the transition's end state says. ``fell_back``: the node's state shows the fallback
-        (record ``cold/<pod>`` and the pod gone; reclaim: a new pod serving, the record
-        cleared) and a daemon of the row logged the fallback's event for the node."""
+    def fallback_row(self, transition: str, point: str, failure: str | None = None, *,
+                     converge_timeout_s: float = 120.0) -> Row:
+        """One row of WARM_FALLBACK_ROWS with one of its FALLBACK_FAILURES (default: the first):
+        cause the failure (a lent node's: on the first node lent warm, once the armed daemon has
+        done a pass, so a running daemon notices it; a failed or hung wake: the fault set, then
+        the load raised; a failed sleep: every serving engine's, then the load lowered, from all
+        serving), the daemon armed to SIGKILL itself after ``point``'s first write, restarted,
+        converged: the node lent cold ("lend": every lent node; "lent") or all serving with the
+        node's pod replaced ("reclaim"), every other node as the transition's end state says.
+        ``fell_back``: the node's state shows the fallback (record ``cold/<pod>`` and the pod
+        gone; reclaim: a new pod serving, the record cleared) and a daemon of the row logged the
+        fallback's event for the node, its reason saying the failure's own (FALLBACK_REASONS)."""
         assert self.watcher is not None
-        warm = self.warm_lent()
-        if not warm:
-            return Row(transition, point, fell_back=False, note="NOT RUN: no node lent warm to fail")
-        node = sorted(warm)[0]
-        pod, ip = warm[node]
-        failure = FALLBACK_FAILURES[(transition, point)]
+        failure = failure or FALLBACK_FAILURES[(transition, point)][0]
+        if failure not in FALLBACK_FAILURES[(transition, point)]:
+            raise ValueError(f"{failure}: not a failure of the row {transition} {point}")
+        # node -> (its pod, IP): the sleeping one ("lent", "reclaim": the first node lent warm),
+        # or every serving one ("lend": the nodes the lend takes are known only at its end)
+        if transition == "lend":
+            if not self.all_serving():
+                return Row(transition, point, fell_back=False, failure=failure, note="NOT RUN: not every node serving")
+            live = {p.spec.node_name: p for p in self.w._pods() if p.spec.node_name and p.metadata.deletion_timestamp is None}
+            watched = {n: (str(p.metadata.name), str(p.status.pod_ip or "")) for n, p in live.items()}
+        else:
+            warm = self.warm_lent()
+            if not warm:
+                return Row(transition, point, fell_back=False, failure=failure, note="NOT RUN: no node lent warm to fail")
+            first = sorted(warm)[0]
+            watched = {first: warm[first]}
         times: dict[str, float] = {}
         first_daemon = len(self.daemons)
 
-        def pod_gone() -> bool:
-            gone = not any(p.metadata.name == pod for p in self.w._pods())
+        def pod_gone(node: str) -> bool:
+            gone = not any(p.metadata.name == watched[node][0] for p in self.w._pods())
             if gone:
-                times.setdefault("gone", time.time())
+                times.setdefault(f"gone:{node}", time.time())
             return gone
 
-        def node_fell_back() -> bool:
+        def failed_nodes() -> list[str]:
+            """The nodes the row asks to fall back: "lend", every node lent at the end."""
+            if transition != "lend":
+                return list(watched)
+            return sorted(n for n, v in self.w.phases().items() if v == "lent" and n in watched)
+
+        def node_fell_back(node: str) -> bool:
             record = self.warm_record(node)
-            if transition == "lent":
-                return record == f"cold/{pod}" and pod_gone()
-            return record is None and pod_gone()
+            if transition in ("lend", "lent"):
+                return record == f"cold/{watched[node][0]}" and pod_gone(node)
+            return record is None and pod_gone(node)
 
         def target() -> bool:
             try:
-                pod_gone()  # first: when the pod went, for the failure's own window
-                end = self.lent_down_to_min() if transition == "lent" else self.all_serving()
-                return bool(end and node_fell_back() and self.deployment_settled())
+                for node in watched if transition != "lend" else ():
+                    pod_gone(node)  # first: when the pod went, for the failure's own window
+                end = self.lent_down_to_min() if transition in ("lend", "lent") else self.all_serving()
+                nodes = failed_nodes()
+                return bool(end and nodes and all(node_fell_back(n) for n in nodes) and self.deployment_settled())
             except Exception:  # noqa: BLE001 - a read that failed is not converged
                 return False
 
         did: list[str] = []
 
         def inject(armed: DaemonProc) -> None:
+            node = next(iter(watched))
             if transition == "lent":
                 poll(lambda: (armed.ticks() or 0) >= 1, 30, 0.3)
-            research = self.w.research_running_by_node().get(node, [])
+            research = self.w.research_running_by_node().get(node, []) if transition != "lend" else []
             if transition == "lent" and not research:  # a job ended meanwhile (JOB_S): the failure beside research
                 self.ensure_jobs_on_lent()
                 research = self.w.research_running_by_node().get(node, [])
             times["fault"] = time.time()
-            did.append(self.cause_failure(failure, node, pod, ip) + f" (research jobs there: {', '.join(research) or 'none'})")
+            where = "" if transition == "lend" else f" (research jobs there: {', '.join(research) or 'none'})"
+            did.append(self.cause_failure(failure, node, *watched[node]) + where)
 
         try:
             row = self.crash_row(transition, point, target=target, inject=inject, converge_timeout_s=converge_timeout_s)
         finally:
-            if failure == "wake_fails":
+            if failure in ("wake_fails", "wake_hangs", "unreachable", "no_sleep_mode", "sleep_fails"):
                 self.set_sim_faults([])
-        event = FALLBACK_EVENTS[failure]
-        logged = [d for proc in self.daemons[first_daemon:] for d in read_events(proc.log_path, event) if d.get("node") == node]
+        row.failure = failure
+        wrong = self._crash_write_wrong(point, first_daemon, watched)
+        if wrong:  # the crash came after another node's write of that step (a wake that succeeded): not this row's
+            row.crashed = False
+            row.note = f"CRASHED AFTER ANOTHER WRITE: {wrong}" + (f"; {row.note}" if row.note else "")
+        event, reasons = FALLBACK_EVENTS[failure], FALLBACK_REASONS[failure]
         state_ok = target()
-        row.fell_back = bool(logged) and state_ok
-        # the failure's own two-pool state (research beside an engine awake, or without the memory
-        # hold) until the pod is gone: the watcher's samples naming the node up to then
-        end = times.get("gone", float("inf")) + 1.0
-        own = [v for v in row.violations if f": {node} " in v and _violation_time(v) <= end]
+        nodes = failed_nodes()
+        logged = {n: [d for proc in self.daemons[first_daemon:] for d in read_events(proc.log_path, event)
+                      if d.get("node") == n and all(r in str(d.get("reason", "")) for r in reasons)] for n in nodes}
+        row.fell_back = bool(nodes) and all(logged.values()) and state_ok
+        # another node's warm replica lost meanwhile (the failure was this node's only): said in the note
+        collateral = sorted({str(d.get("node")) for proc in self.daemons[first_daemon:]
+                             for d in read_events(proc.log_path, "warm_lost") if d.get("node") not in watched})
+        # the failure's own two-pool state (research beside an engine awake or silent, or without
+        # the memory hold) until the pod is gone: the watcher's samples naming the node up to then
+        # (a failed sleep at lend has none: the node is never given to Slurm warm)
+        own: list[str] = []
+        for node in watched if transition != "lend" else ():
+            end = times.get(f"gone:{node}", float("inf")) + 1.0
+            own += [v for v in row.violations if f": {node} " in v and _violation_time(v) <= end and v not in own]
         row.violations = [v for v in row.violations if v not in own]
         row.fault_window = own
-        window = (f"{times['gone'] - times['fault']:.1f} s" if "gone" in times and "fault" in times else "never ended")
+        gone = [times[f"gone:{n}"] for n in watched if f"gone:{n}" in times]
+        window = (f"{max(gone) - times['fault']:.1f} s" if gone and "fault" in times and transition != "lend"
+                  else "" if transition == "lend" else "never ended")
+        where = ", ".join(nodes) or "no node"
+        end_state = {"lend": "lent cold", "lent": "lent cold", "reclaim": "serving, cold-started"}[transition]
         row.note = "; ".join(x for x in (
-            f"{node}: {did[0] if did else 'failure NOT caused'}",
-            f"{event} logged" if logged else f"NO {event} logged",
-            f"{node} {'lent cold' if transition == 'lent' else 'serving, cold-started'}" if state_ok
-            else f"{node} NOT fallen back (warm={self.warm_record(node)})",
-            f"failure to pod gone {window}" + (f", {len(own)} watcher samples of it" if own else ""),
+            f"{failure}: " + (f"{next(iter(watched))}: " if transition != "lend" else "")
+            + (did[0] if did else "failure NOT caused"),
+            f"{event} ({' + '.join(reasons)}) logged for {where}" if nodes and all(logged.values())
+            else f"NO {event} ({' + '.join(reasons)}) logged for {', '.join(n for n in nodes if not logged[n]) or 'any node'}",
+            f"{where} {end_state}" if state_ok
+            else f"{where} NOT fallen back (warm={[self.warm_record(n) for n in nodes or watched]})",
+            f"failure to pod gone {window}" + (f", {len(own)} watcher samples of it" if own else "") if window else "",
+            f"ALSO warm_lost on {', '.join(collateral)} (another node's sleeping replica lost)" if collateral else "",
             row.note) if x)
         return row
+
+    def _crash_write_wrong(self, point: str, first_daemon: int, watched: dict[str, tuple[str, str]]) -> str:
+        """A failed sleep or wake's row: the armed daemon's last warm record written before its
+        crash must be a watched node's ``cold/<pod>`` (the same step records ``asleep``/``awake``
+        on a node whose call succeeded); what it was instead, or "" when right (or not such a row)."""
+        if point not in ("sleep_replica", "wake_replica") or len(self.daemons) <= first_daemon:
+            return ""
+        log_path = self.daemons[first_daemon].log_path
+        crash = read_events(log_path, "fault_injection_crash")
+        if not crash:
+            return ""
+        at = event_time(crash[-1])
+        sets = [d for d in read_events(log_path, "node_warm_set") if event_time(d) <= at]
+        last = sets[-1] if sets else None
+        if last is None:
+            return "no warm record written before the crash"
+        node, record = str(last.get("node")), str(last.get("reason"))
+        return "" if node in watched and record == f"cold/{watched[node][0]}" else f"{node} {record}"
 
     # --- one crash row ----------------------------------------------------------------------
 
@@ -774,25 +885,35 @@ def _settle_with(h: Harness, name: str, load: dict[str, float], done: Callable[[
     return ok
 
 
+def fallback_rows(points: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
+    """WARM_FALLBACK_ROWS with each of its failures, in the order run, as (transition, point,
+    failure); ``points``: only the rows whose point or failure is one of them."""
+    return [(t, p, f) for t, p in WARM_FALLBACK_ROWS for f in FALLBACK_FAILURES[(t, p)]
+            if points is None or p in points or f in points]
+
+
 def fallback_matrix(h: Harness, *, points: Sequence[str] | None = None, finish_jobs: bool = True,
                     log: Any = print) -> list[Row]:
-    """WARM_FALLBACK_ROWS (``points``: only those) on a warm harness: adopt, lend warm (a plain
-    daemon), research jobs on the lent nodes; then each row on the first node still lent warm,
-    a plain reclaim and warm lend in between when none is left; the last step lends again and
-    waits for every research job to finish (none lost)."""
+    """WARM_FALLBACK_ROWS with each of their failures (``points``: only the rows whose point or
+    failure is one of them) on a warm harness: adopt; a lend row from every node serving (a
+    plain reclaim first if not); the others on the first node still lent warm, a plain reclaim
+    and warm lend in between when none is left, research jobs on the lent nodes; the last step
+    lends again and waits for every research job to finish (none lost)."""
     assert h.warm, "the warm fallback's rows need Harness(warm=True)"
     rows: list[Row] = []
-    chosen = [(t, p) for t, p in WARM_FALLBACK_ROWS if points is None or p in points]
     if not _settle_with(h, "adopt", HIGH, h.all_serving, 120):
         log(f"adopt: not all serving: {h.owners()}")
     h.start_watcher()
-    for transition, point in chosen:
-        if not h.warm_lent():
+    for transition, point, failure in fallback_rows(points):
+        if transition == "lend":
+            if not h.all_serving():
+                _settle_with(h, "reclaim", HIGH, h.all_serving, 180)
+        elif not h.warm_lent():
             if not h.all_serving():
                 _settle_with(h, "reclaim", HIGH, h.all_serving, 180)
             _settle_with(h, "lend", LOW, lambda: h.lent_down_to_min() and len(h.warm_lent()) == h.n - h.min_serving, 240)
         h.ensure_jobs_on_lent()
-        rows.append(h.fallback_row(transition, point))
+        rows.append(h.fallback_row(transition, point, failure))
         log(format_row(rows[-1]))
     if finish_jobs:
         rows.append(_finish_row(h, log, warm_samples=False))
@@ -816,8 +937,8 @@ def format_matrix(rows: Sequence[Row]) -> str:
     return "\n".join([HEADER, *(format_row(r) for r in rows)])
 
 
-__all__ = ["FALLBACK_FAILURES", "FALLBACK_FAULTS", "FAST_PARTITION", "FAST_TIER_ROWS", "WARM_FALLBACK_ROWS", "WARM_ROWS", "Harness", "Row",
-           "crash_matrix", "default_rows", "fallback_matrix",
+__all__ = ["FALLBACK_EVENTS", "FALLBACK_FAILURES", "FALLBACK_FAULTS", "FALLBACK_REASONS", "FAST_PARTITION", "FAST_TIER_ROWS", "WARM_FALLBACK_ROWS", "WARM_ROWS", "Harness", "Row",
+           "crash_matrix", "default_rows", "fallback_matrix", "fallback_rows",
            "format_matrix", "format_row", "matrix_rows", "read_events", "rows_of"]
 
 

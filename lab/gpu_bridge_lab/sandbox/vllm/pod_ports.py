@@ -11,7 +11,8 @@ It can listen only on addresses local to this machine: the sandbox's kwok gives 
 IPs (``127.1.0.0/16``; all of ``127.0.0.0/8`` is local on Linux). A pod whose IP cannot be
 bound (another host's address) is logged and skipped: the bridge then sees its engine as not
 answering, as it would an unreachable pod. A pod that is gone closes its listener, so calls to
-its IP are refused, as they would be.
+its IP are refused, as they would be; so is a pod whose replica the lab's fault knob makes
+``unreachable`` (``PUT /faults``: a dead engine's port), until the fault is cleared.
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ class PodPorts:
         self.server = server
         self.port = port
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one sync at a time (the follower's, a fault change's)
         self._pods: dict[str, str] = {}  # pod IP -> pod name (the replica's name)
         self._listeners: dict[str, ThreadingHTTPServer] = {}
         self._refused: set[str] = set()  # IPs that could not be bound (logged once)
+        self._views: dict[str, PodView] = {}  # the pods of the last sync (re-applied when the faults change)
         self._handler = _pod_handler(server, self)
+        server.sim.on_faults.append(self._faults_changed)
 
     def pod_at(self, ip: str) -> str | None:
         with self._lock:
@@ -53,9 +57,17 @@ class PodPorts:
             return {ip: self._pods[ip] for ip in self._listeners if ip in self._pods}
 
     def sync(self, pods: Mapping[str, PodView]) -> None:
-        """Listen at each pod's IP, stop listening at the IPs no pod has any more."""
-        want = {pv.ip: pv.name for pv in pods.values() if pv.ip}
+        """Listen at each pod's IP, stop listening at the IPs no pod has any more (or whose
+        replica is ``unreachable``)."""
+        with self._sync_lock:
+            self._sync(pods)
+
+    def _sync(self, pods: Mapping[str, PodView]) -> None:
+        with self.server.sim.lock:
+            dead = set(self.server.sim.unreachable)
+        want = {pv.ip: pv.name for pv in pods.values() if pv.ip and pv.name not in dead}
         with self._lock:
+            self._views = dict(pods)
             self._pods = want
             gone = [ip for ip in self._listeners if ip not in want]
             new = [ip for ip in want if ip not in self._listeners and ip not in self._refused]
@@ -63,6 +75,9 @@ class PodPorts:
         for httpd in stopped:
             httpd.shutdown()
             httpd.server_close()
+        for pv in pods.values():
+            if pv.ip and pv.name in dead and pv.ip in {str(h.server_address[0]) for h in stopped}:
+                log.warning("pod_port_closed", pod=pv.name, reason=f"{pv.ip}:{self.port}: unreachable (PUT /faults)")
         for ip in new:
             try:
                 httpd = ThreadingHTTPServer((ip, self.port), self._handler)
@@ -78,7 +93,17 @@ class PodPorts:
                 self._listeners[ip] = httpd
             log.info("pod_port_listening", pod=want[ip], reason=f"http://{ip}:{self.port}")
 
+    def _faults_changed(self) -> None:
+        """The lab's faults changed: close the addresses of replicas now unreachable, reopen the others."""
+        with self._lock:
+            views = dict(self._views)
+        self.sync(views)
+
     def stop(self) -> None:
+        try:
+            self.server.sim.on_faults.remove(self._faults_changed)
+        except ValueError:
+            pass
         with self._lock:
             listeners = list(self._listeners.values())
             self._listeners.clear()

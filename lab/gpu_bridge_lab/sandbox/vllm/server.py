@@ -9,8 +9,17 @@
     GET    /load                trace clock, rates, overrides
     PUT    /load                {"model"?, "rate"?, "multiplier"?, "cv"?, "reset"?}
     GET    /faults              the injected faults (lab only)
-    PUT    /faults              {"wake_fails": [replica, ...]}: those replicas' /wake_up answers
-                                500 and leaves the engine asleep (replaces the list; [] clears)
+    PUT    /faults              lab faults, each a list of replicas (a key given replaces that
+                                list, [] clears it; the others stay; 400 names a bad field):
+                                "wake_fails": /wake_up answers 500, the engine left asleep;
+                                "wake_hangs": /wake_up answers only after "wake_hang_s" (default
+                                60 s of wall time), then wakes as usual;
+                                "sleep_fails": /sleep answers 500, the engine left awake;
+                                "no_sleep_mode": /sleep, /wake_up, /is_sleeping answer vLLM's 404
+                                {"detail": "Not Found"} (an engine restarted without sleep mode);
+                                "unreachable": the pod's own address (--pod-port) refuses
+                                connections, as a dead engine's port does (/replicas/{name}/...
+                                here still answer: the lab's view)
 
 vLLM's sleep-mode dev endpoints, per replica (each replica is one vLLM server; its base URL
 is ``/replicas/{name}``), and at the root when exactly one replica exists. Only with
@@ -99,6 +108,10 @@ class SimServer:
         while self.sim.t < sim_t and time.monotonic() < deadline and not self._stop.is_set():
             time.sleep(min(0.02, self.tick_s))
 
+    def hold(self, seconds: float) -> None:
+        """Wait ``seconds`` of wall time (a hung call), or until the server stops."""
+        self._stop.wait(seconds)
+
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.tick_s):
             target = self._sim_t0 + (time.monotonic() - self._t0)
@@ -155,9 +168,6 @@ def _make_handler(server: SimServer) -> type[BaseHTTPRequestHandler]:
             if not server.dev_mode or sim.sleep_params is None:
                 self._json(404, {"detail": "Not Found"})
                 return True
-            if (method, action) not in (("POST", "sleep"), ("POST", "wake_up"), ("GET", "is_sleeping")):
-                self._json(405, {"detail": "Method Not Allowed"})
-                return True
             if name:
                 replica = unquote(name[len("/replicas/"):])
             else:
@@ -166,6 +176,14 @@ def _make_handler(server: SimServer) -> type[BaseHTTPRequestHandler]:
                 if len(names) != 1:
                     raise SimError(f"{len(names)} replicas here: use /replicas/{{name}}/{action}", 404)
                 replica = names[0]
+            with sim.lock:
+                no_sleep_mode = replica in sim.no_sleep_mode
+            if no_sleep_mode:  # the lab fault: an engine restarted without sleep mode, as vLLM answers then
+                self._json(404, {"detail": "Not Found"})
+                return True
+            if (method, action) not in (("POST", "sleep"), ("POST", "wake_up"), ("GET", "is_sleeping")):
+                self._json(405, {"detail": "Method Not Allowed"})
+                return True
             if action == "is_sleeping":
                 self._json(200, {"is_sleeping": sim.is_sleeping(replica)})
                 return True
@@ -177,6 +195,10 @@ def _make_handler(server: SimServer) -> type[BaseHTTPRequestHandler]:
                     raise SimError(f"level: expected 1 or 2, got {raw!r}", 400) from exc
                 done = sim.sleep_replica(replica, level)
             else:
+                hang_s = sim.wake_hang(replica)
+                if hang_s:  # the lab fault: no answer (and no wake) for hang_s, then the wake as usual
+                    log.warning("replica_sleep_mode", pod=replica, step=action, reason=f"hangs {hang_s:g} s (PUT /faults)")
+                    server.hold(hang_s)
                 done = sim.wake_replica(replica, query.get("tags") or None)
             log.info("replica_sleep_mode", pod=replica, step=action, reason=f"completes at sim t={done:.1f}")
             server.wait_until(done)
@@ -187,6 +209,12 @@ def _make_handler(server: SimServer) -> type[BaseHTTPRequestHandler]:
             parts = urlsplit(self.path)
             path = parts.path.rstrip("/") or "/"
             query = parse_qs(parts.query)
+            try:
+                self._answer(method, path, query)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (a hung wake): nobody to answer
+                self.close_connection = True
+
+        def _answer(self, method: str, path: str, query: dict[str, list[str]]) -> None:
             try:
                 if self._sleep_route(method, path, query):
                     pass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,10 @@ from gpu_bridge_lab.sandbox.vllm.sleep import SleepParams, SleepState
 from bridge.trace import Trace
 
 DEFAULT_STEP_S = 0.1
+# the lab's fault knobs (``PUT /faults``): the replica-name lists, and how long a hung wake waits
+FAULT_LISTS = ("wake_fails", "wake_hangs", "sleep_fails", "no_sleep_mode", "unreachable")
+DEFAULT_WAKE_HANG_S = 60.0
+MAX_WAKE_HANG_S = 3600.0
 
 
 class SimError(ValueError):
@@ -99,9 +103,21 @@ class Simulation:
         # vLLM's sleep mode (--enable-sleep-mode): None = off, as vLLM's default
         self.sleep_params = sleep_params
         self.sleep: dict[str, SleepState] = {}
-        # a lab fault (``PUT /faults``): the replicas whose ``/wake_up`` fails (HTTP 500, the
-        # engine left asleep), as a wake does that hits a CUDA error or GPU memory still held
+        # lab faults (``PUT /faults``, ``set_faults``), each a set of replica names:
+        # wake_fails: ``/wake_up`` answers 500, the engine left asleep (a wake that hits a CUDA
+        # error or GPU memory still held); wake_hangs: ``/wake_up`` answers only after
+        # ``wake_hang_s`` of wall time (the server's part, ``SimServer``); sleep_fails: ``/sleep``
+        # answers 500, the engine left awake; no_sleep_mode: the sleep routes answer vLLM's 404
+        # for a route it did not register (an engine restarted without --enable-sleep-mode);
+        # unreachable: the engine's own address refuses connections (a dead engine's port:
+        # ``PodPorts`` closes its listener; the lab's ``/replicas/{name}/...`` still answer)
         self.wake_fails: set[str] = set()
+        self.wake_hangs: set[str] = set()
+        self.wake_hang_s = DEFAULT_WAKE_HANG_S
+        self.sleep_fails: set[str] = set()
+        self.no_sleep_mode: set[str] = set()
+        self.unreachable: set[str] = set()
+        self.on_faults: list[Callable[[], None]] = []  # called after each change of the faults
         self._seq = 0
         self._picks = 0
 
@@ -251,6 +267,9 @@ class Simulation:
                 raise SimError(f"replica {name!r} is {rep.state}: only a serving engine can sleep", 409)
             if rep.load and not st.is_sleeping:
                 raise SimError("Cannot put engine to sleep while requests are being processed", 500)
+            if name in self.sleep_fails and not st.is_sleeping:
+                raise SimError(f"sleep of {name} failed: CUDA error: an illegal memory access was encountered "
+                               "(an injected fault: PUT /faults)", 500)
             done = st.sleep(self.t, level)
             rep.paused = True
             return done
@@ -269,24 +288,47 @@ class Simulation:
             return done
 
     def set_faults(self, body: Any) -> dict[str, Any]:
-        """``PUT /faults`` (lab only): ``{"wake_fails": [replica, ...]}`` replaces the set of
-        replicas whose wake fails; the current faults."""
+        """``PUT /faults`` (lab only): each key given replaces that fault, the others stay:
+        ``wake_fails``, ``wake_hangs``, ``sleep_fails``, ``no_sleep_mode``, ``unreachable``
+        (lists of replica names; [] clears) and ``wake_hang_s`` (a number > 0, at most
+        ``MAX_WAKE_HANG_S``). The whole body is checked before any of it applies. The current faults."""
         if not isinstance(body, dict):
             raise SimError("faults: expected a JSON object")
-        unknown = set(body) - {"wake_fails"}
+        keys = (*FAULT_LISTS, "wake_hang_s")
+        unknown = set(body) - set(keys)
         if unknown:
-            raise SimError(f"faults: unknown key(s) {', '.join(sorted(unknown))}; expected wake_fails")
-        if "wake_fails" in body:
-            names = body["wake_fails"]
-            if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-                raise SimError(f"faults.wake_fails: expected a list of replica names, got {names!r}")
-            with self.lock:
-                self.wake_fails = set(names)
+            raise SimError(f"faults: unknown key(s) {', '.join(sorted(unknown))}; expected {', '.join(keys)}")
+        lists: dict[str, set[str]] = {}
+        for key in FAULT_LISTS:
+            if key in body:
+                names = body[key]
+                if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+                    raise SimError(f"faults.{key}: expected a list of replica names, got {names!r}")
+                lists[key] = set(names)
+        hang_s = body.get("wake_hang_s")
+        if "wake_hang_s" in body and (isinstance(hang_s, bool) or not isinstance(hang_s, (int, float))
+                                      or not math.isfinite(hang_s) or not 0 < hang_s <= MAX_WAKE_HANG_S):
+            raise SimError(f"faults.wake_hang_s: expected a number of seconds > 0 and <= {MAX_WAKE_HANG_S:g}, got {hang_s!r}")
+        with self.lock:
+            for key, names in lists.items():
+                setattr(self, key, names)
+            if hang_s is not None:
+                self.wake_hang_s = float(hang_s)
+            listeners = list(self.on_faults)
+        for notify in listeners:
+            notify()
         return self.faults()
 
     def faults(self) -> dict[str, Any]:
         with self.lock:
-            return {"wake_fails": sorted(self.wake_fails)}
+            out: dict[str, Any] = {key: sorted(getattr(self, key)) for key in FAULT_LISTS}
+            out["wake_hang_s"] = self.wake_hang_s
+            return out
+
+    def wake_hang(self, name: str) -> float:
+        """Seconds of wall time this replica's ``/wake_up`` waits before it is done (0: none)."""
+        with self.lock:
+            return self.wake_hang_s if name in self.wake_hangs else 0.0
 
     def is_sleeping(self, name: str) -> bool:
         with self.lock:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import pytest
 
 from bridge import wellknown as wk
+from bridge.adapters.kube.objects import EvictOutcome
 from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import PoolTarget, SleepControl
 from bridge.adapters.slurm.types import SlurmJobInfo
@@ -520,3 +521,78 @@ def test_a_warm_lend_that_never_gets_its_memory_hold_is_abandoned() -> None:
     w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 120, "every node serving again")
     assert not any(w.mem_hold(n) for n in NODES) and not any(intent == "submit_mem_hold" for intent, _ in w.slurm.writes)
     assert not w.violations and not w.lost_jobs(jobs)  # never research beside a sleeping replica without its hold
+
+
+def test_a_blocked_eviction_of_a_cold_pod_never_costs_another_node_its_sleeping_replica() -> None:
+    """Seen on the sandbox (scripts/reliability.py --warm-fallback, row lent check_asleep
+    unreachable, 2026-12-07): check_asleep recorded gpu-node-01 cold; the next pass's
+    delete_asleep was refused by the PodDisruptionBudget (the API server's 429 for the not-Ready
+    pod), and the same pass scaled the Deployment 3 -> 2, the cold node no longer counted. The
+    ReplicaSet removes a not-Ready pod first, and every pod of a lent node is not Ready, with the
+    same deletion cost: it removed gpu-node-02's sleeping replica (warm_lost: that node
+    reclaimed cold later; research beside a terminating pod meanwhile). Seen again in the next
+    run on row lent mem_hold_lost. With the sandbox's PDB (maxUnavailable 1) the refusal is the
+    rule, not bad luck: the sleeping pods of the lent-warm nodes are not Ready, so no disruption
+    is allowed until the scale-down lowers the expected count, and the daemon's eviction and the
+    ReplicaSet's choice then race (the ReplicaSet deletes a not-Ready pod, the newer first among
+    equal deletion costs). The cold node's own pod must be the one that goes (marked cheapest
+    first, as a cold lend's is, or the scale held until it is gone)."""
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    jobs = [w.sbatch(f"research-{i}", duration_s=600) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    asleep = {p.node: p.name for p in w.kube.pods("default") if p.node and not p.terminating
+              and w.phases()[p.node] is Phase.LENT}
+    assert len(asleep) == 3
+    # the failed node: the one whose pod the ReplicaSet's tie-break (by name) would keep last
+    node = max(asleep, key=lambda n: asleep[n])
+    pod = asleep[node]
+    evict = w.kube.evict
+    refused: list[float] = []  # the passes (times) the eviction was refused in
+
+    def evict_refused_for_one_pass(namespace: str, name: str) -> EvictOutcome:
+        if name == pod and (not refused or refused[0] == w.t):  # the API server's 429, as the sandbox's for this pod
+            refused.append(w.t)
+            return EvictOutcome.BLOCKED
+        return evict(namespace, name)
+
+    w.kube.evict = evict_refused_for_one_pass  # type: ignore[method-assign]
+    w.engines[pod].asleep = False  # its engine restarted awake under research: check_asleep records it cold
+    w.run_until(lambda: not any(p.name == pod for p in w.kube.pods("default")), 20, "the cold node's pod gone")
+    assert refused and set(refused) == {refused[0]}  # refused in one pass only
+    for other, name in asleep.items():
+        if other != node:
+            n = w.kube.node(other)
+            assert n is not None and n.warm is not None and n.warm.state is WarmState.ASLEEP, (other, n and n.warm)
+            assert any(p.name == name and not p.terminating for p in w.kube.pods("default")), f"{other} lost {name}"
+    assert not w.lost_jobs(jobs)
+
+
+def test_two_failed_wakes_in_one_reclaim_still_serve_again_under_a_max_unavailable_pdb() -> None:
+    """Seen on the sandbox (scripts/reliability.py --warm-fallback, row reclaim wake_replica with
+    wake_hangs, 2026-12-07): both lent nodes' wakes timed out, both were recorded cold, and
+    delete_asleep's eviction was refused 823 times in 120 s (PDB maxUnavailable 1: the Deployment
+    expects 3, the returning nodes still counted; 1 Ready < 3 - 1, and the API server lets an
+    unhealthy pod go only while the budget is healthy), so the nodes never served again. The
+    fake's evict checks the PDB for Ready pods only; here it answers as the API server does."""
+    w = World()
+    evict = w.kube.evict
+
+    def evict_as_the_api_server(namespace: str, name: str) -> EvictOutcome:
+        pod = next((p for p in w.kube.pods("default") if p.name == name), None)
+        dep = w.kube.deployment("default")
+        if pod is not None and dep is not None and not pod.terminating and not pod.ready:
+            healthy = sum(1 for p in w.kube.pods("default") if p.ready and not p.terminating)
+            if healthy < dep.replicas - 1:  # IfHealthyBudget: an unhealthy pod goes only while the budget is healthy
+                return EvictOutcome.BLOCKED
+        return evict(namespace, name)
+
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    w.kube.evict = evict_as_the_api_server  # type: ignore[method-assign]
+    jobs = [w.sbatch(f"research-{i}", duration_s=60) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    w.fail_wakes = True
+    w.load = HIGH
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 120, "all serving again")
+    assert all(v is None for v in w.warm().values())
+    assert not w.violations and not w.lost_jobs(jobs)

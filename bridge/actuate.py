@@ -583,8 +583,8 @@ def _gpu_held(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: floa
 
 
 def _delete_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
-    """The cold fallback: evict the pod left asleep (it is not Ready, so a PDB already counts it
-    gone); the Deployment starts a new one, the normal cold start."""
+    """The cold fallback's pod, marked and left out of the scale, still there: evict it (the
+    ReplicaSet normally removes it first; a PodDisruptionBudget may refuse, retried with backoff)."""
     pod = warm_pod(f)
     if pod is None:
         return False, ""

@@ -79,7 +79,7 @@ class Step(enum.StrEnum):
     SLEEP_REPLICA = "sleep_replica"  # vLLM sleep level 1, then record asleep/<pod> (cold/<pod> if it fails)
     WARM_LOST = "warm_lost"  # the sleeping pod is gone: record cold/<pod> (an alarm)
     WAKE_REPLICA = "wake_replica"  # vLLM wake_up, then record awake/<pod> (cold/<pod> if it fails)
-    DELETE_ASLEEP = "delete_asleep"  # the cold fallback: evict the pod that was asleep
+    DELETE_ASLEEP = "delete_asleep"  # the cold fallback's pod outlived the scale that left it out: evict it
     OPEN_GATE = "open_gate"  # the bridge's readiness condition True (never while research runs)
     CLEAR_WARM = "clear_warm"  # serving again: the warm record goes
     # each pass on a lent node recorded asleep: GET /is_sleeping; awake (an engine restarted
@@ -180,6 +180,30 @@ def _asleep_check(facts: NodeFacts) -> Step | None:
     return None
 
 
+def fallback_pod(facts: NodeFacts) -> PodFacts | None:
+    """The pod a cold fallback removes: the live pod the warm record names once the record is
+    ``cold`` (a failed sleep, wake or check), or on a node serving again, not ``awake``."""
+    pod = warm_pod(facts)
+    if pod is None or facts.warm is None:
+        return None
+    if facts.warm.state is WarmState.COLD or (facts.phase is Phase.SERVING and facts.warm.state is not WarmState.AWAKE):
+        return pod
+    return None
+
+
+def _drop_cold_pod(facts: NodeFacts, scaled_down: bool) -> Step:
+    """The fallback's pod goes through the Deployment's scale, as a cold lend's does: marked
+    cheapest first, then left out of the desired replicas (``desired_replicas``), so the
+    ReplicaSet removes exactly it. Never an eviction first: with the pool's other replicas asleep
+    (not Ready) a PodDisruptionBudget refuses it, and a scale that left the node out before its
+    pod was marked let the ReplicaSet remove another node's sleeping replica. Evicted only if it
+    outlives a written scale."""
+    pod = fallback_pod(facts)
+    if pod is not None and pod.deletion_cost != LENDING_POD_DELETION_COST:
+        return Step.MARK_POD
+    return Step.DELETE_ASLEEP if scaled_down else Step.WAIT_PODS_GONE
+
+
 def _asleep(facts: NodeFacts) -> bool:
     return facts.warm is not None and facts.warm.state is WarmState.ASLEEP
 
@@ -252,8 +276,8 @@ def next_step(
                 return Step.RESUME  # a drained node never starts the hold: lift our drain so it preempts
             return Step.WAIT_HOLD
         if facts.warm is not None:
-            if facts.warm.state is not WarmState.AWAKE and warm_pod(facts) is not None:
-                return Step.DELETE_ASLEEP  # a pod left asleep (or failed) never serves: a new one starts cold
+            if fallback_pod(facts) is not None:
+                return _drop_cold_pod(facts, scaled_down)  # a pod left asleep (or failed) never serves: a new one starts cold
             return Step.CLEAR_WARM
         if warm and any(p.awake is not True and not p.terminating for p in facts.pods):
             return Step.OPEN_GATE  # the gate of a warm pool's pod (a new one, or an abandoned lend's)
@@ -309,8 +333,8 @@ def next_step(
                 # Slurm no longer keeps the sleeping weights' memory from research jobs: the
                 # replica goes (cold), as for a lost pod, rather than a new hold preempting them
                 return Step.MEM_HOLD_LOST
-        elif facts.warm is not None and facts.warm.state is WarmState.COLD and warm_pod(facts) is not None:
-            return Step.DELETE_ASLEEP  # its engine woke or went silent under Slurm: the pod goes, the node stays lent
+        elif fallback_pod(facts) is not None:
+            return _drop_cold_pod(facts, scaled_down)  # its engine woke or went silent under Slurm: the pod goes, the node stays lent
         elif facts.mem_hold is not None and not facts.pods:
             return Step.CANCEL_MEM_HOLD  # lent cold, the replica gone: its memory is Slurm's again
         # Re-assert the release (idempotent): e.g. a crash between resume and mark, or Slurm's
@@ -368,8 +392,8 @@ def next_step(
                 # a job stuck in "Kill task failed" may still hold GPU memory: the wake would fail or OOM
                 return Step.GPU_HELD if now - facts.phase_since >= wake_gpu_wait_s else Step.WAIT_GPU_FREE
             return Step.WAKE_REPLICA
-        if facts.warm is not None and facts.warm.state is WarmState.COLD and warm_pod(facts) is not None:
-            return Step.DELETE_ASLEEP
+        if fallback_pod(facts) is not None:
+            return _drop_cold_pod(facts, scaled_down)
         if facts.fenced and drain_young:
             return Step.WAIT_DRAIN_SAVED
         if (warm or facts.warm is not None) and any(p.awake is not True and not p.terminating for p in facts.pods):
@@ -411,7 +435,11 @@ def desired_replicas(nodes: list[NodeFacts]) -> int:
     """
     total = 0
     for n in nodes:
-        if counts_for_serving(n):
+        if (pod := fallback_pod(n)) is not None:
+            # a cold fallback's pod: counted until marked, then the scale-down removes it (a
+            # node serving or returning is counted again once it is gone: a new pod, cold)
+            total += pod.deletion_cost != LENDING_POD_DELETION_COST
+        elif counts_for_serving(n):
             total += 1
         elif n.phase is Phase.LENDING:
             live = [p for p in n.pods if not p.terminating]

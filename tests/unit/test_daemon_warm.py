@@ -523,9 +523,6 @@ def test_a_warm_lend_that_never_gets_its_memory_hold_is_abandoned() -> None:
     assert not w.violations and not w.lost_jobs(jobs)  # never research beside a sleeping replica without its hold
 
 
-@pytest.mark.xfail(strict=True, reason="product bug (issue 23, found by the sandbox's warm-fallback rows): a lent node's "
-                   "cold fallback scales the Deployment down while its pod's eviction is refused, with nothing marking "
-                   "that pod to go first, so the ReplicaSet may remove another lent node's sleeping replica")
 def test_a_blocked_eviction_of_a_cold_pod_never_costs_another_node_its_sleeping_replica() -> None:
     """Seen on the sandbox (scripts/reliability.py --warm-fallback, row lent check_asleep
     unreachable, 2026-12-07): check_asleep recorded gpu-node-01 cold; the next pass's
@@ -571,9 +568,6 @@ def test_a_blocked_eviction_of_a_cold_pod_never_costs_another_node_its_sleeping_
     assert not w.lost_jobs(jobs)
 
 
-@pytest.mark.xfail(strict=True, reason="product bug (issue 23, found by the sandbox's warm-fallback rows): two failed "
-                   "wakes in one reclaim never finish under a maxUnavailable-1 PDB: each cold pod's eviction is refused "
-                   "while the other is not Ready, and the nodes stay returning")
 def test_two_failed_wakes_in_one_reclaim_still_serve_again_under_a_max_unavailable_pdb() -> None:
     """Seen on the sandbox (scripts/reliability.py --warm-fallback, row reclaim wake_replica with
     wake_hangs, 2026-12-07): both lent nodes' wakes timed out, both were recorded cold, and

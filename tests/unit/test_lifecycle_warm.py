@@ -25,6 +25,7 @@ from bridge.model import Phase, WarmRecord, WarmState
 NOW = 1_000_000.0
 POD = PodFacts("vllm-abc", ready=True, terminating=False, awake=True, ip="10.0.0.7")
 GATED = dataclasses.replace(POD, ready=False, awake=False)
+MARKED_GATED = dataclasses.replace(GATED, deletion_cost=LENDING_POD_DELETION_COST)  # a cold fallback's pod, marked
 ASLEEP = WarmRecord(WarmState.ASLEEP, "vllm-abc")
 AWAKE = WarmRecord(WarmState.AWAKE, "vllm-abc")
 COLD = WarmRecord(WarmState.COLD, "vllm-abc")
@@ -81,12 +82,16 @@ CASES = [
     # lent warm: the invariant is checked every tick
     ("lent-warm-at-rest-asks-is-sleeping", facts(**LENT), True, Step.CHECK_ASLEEP),
     ("lent-warm-at-rest-pool-setting-irrelevant", facts(**LENT), False, Step.CHECK_ASLEEP),
-    ("lent-engine-woke-or-silent-pod-evicted", facts(**{**LENT, "warm": COLD}), True, Step.DELETE_ASLEEP),
+    # the cold fallback's pod goes by the scale, marked first (never evicted first: a PDB refuses it
+    # while the pool's other replicas sleep, and an unmarked scale-down may take another node's)
+    ("lent-engine-woke-or-silent-pod-marked", facts(**{**LENT, "warm": COLD}), True, Step.MARK_POD),
+    ("lent-cold-marked-pod-evicted-if-it-outlives-the-scale", facts(**{**LENT, "warm": COLD, "pods": (MARKED_GATED,)}), True,
+     Step.DELETE_ASLEEP),
     ("lent-cold-no-pod-at-rest", facts(**{**LENT, "warm": COLD, "pods": (), "mem_hold": None}), True, None),
     ("lent-warm-mem-hold-pending-at-rest", facts(**{**LENT, "mem_hold": HoldFacts("30", running=False)}), True, Step.CHECK_ASLEEP),
     ("lent-warm-mem-hold-lost", facts(**{**LENT, "mem_hold": None}), True, Step.MEM_HOLD_LOST),
     ("lent-warm-mem-hold-lost-pod-first", facts(**{**LENT, "mem_hold": None, "pods": ()}), True, Step.WARM_LOST),
-    ("lent-cold-pod-evicted-before-mem-hold-goes", facts(**{**LENT, "warm": COLD}), True, Step.DELETE_ASLEEP),
+    ("lent-cold-pod-goes-before-mem-hold-goes", facts(**{**LENT, "warm": COLD}), True, Step.MARK_POD),
     ("lent-cold-pod-terminating-mem-hold-kept", facts(**{**LENT, "warm": COLD,
                                                          "pods": (dataclasses.replace(GATED, terminating=True),)}), True, None),
     ("lent-cold-pod-gone-mem-hold-cancelled", facts(**{**LENT, "warm": COLD, "pods": ()}), True, Step.CANCEL_MEM_HOLD),
@@ -121,7 +126,9 @@ CASES = [
     ("returning-awake-unfenced", facts(**{**RETURNING, "pods": (POD,)}, warm=AWAKE), True, Step.UNFENCE),
     ("returning-awake-serving", facts(**{**RETURNING, "pods": (POD,), "fenced": False}, warm=AWAKE), True, Step.MARK_SERVING),
     # the cold fallback: the pod that was asleep goes, a new one starts and gets its gate
-    ("returning-wake-failed-delete", facts(**RETURNING, warm=COLD), True, Step.DELETE_ASLEEP),
+    ("returning-wake-failed-pod-marked", facts(**RETURNING, warm=COLD), True, Step.MARK_POD),
+    ("returning-wake-failed-marked-pod-evicted", facts(**{**RETURNING, "pods": (MARKED_GATED,)}, warm=COLD), True,
+     Step.DELETE_ASLEEP),
     ("returning-cold-old-pod-going-unfence", facts(**{**RETURNING, "pods": (dataclasses.replace(GATED, terminating=True),)}, warm=COLD),
      True, Step.UNFENCE),
     ("returning-cold-new-pod-gate", facts(**{**RETURNING, "fenced": False,
@@ -134,7 +141,8 @@ CASES = [
     ("serving-orphan-mem-hold-cancelled", facts(mem_hold=MEM), True, Step.CANCEL_MEM_HOLD),
     ("serving-orphan-mem-hold-cancelled-first", facts(warm=AWAKE, mem_hold=MEM), False, Step.CANCEL_MEM_HOLD),
     ("serving-cold-record-cleared", facts(warm=COLD, pods=(dataclasses.replace(POD, name="vllm-new"),)), True, Step.CLEAR_WARM),
-    ("serving-asleep-pod-never-serves", facts(warm=COLD, pods=(GATED,)), True, Step.DELETE_ASLEEP),
+    ("serving-asleep-pod-never-serves", facts(warm=COLD, pods=(GATED,)), True, Step.MARK_POD),
+    ("serving-asleep-marked-pod-evicted", facts(warm=COLD, pods=(MARKED_GATED,)), True, Step.DELETE_ASLEEP),
     ("serving-warm-pool-new-pod-gate", facts(pods=(dataclasses.replace(POD, awake=None),)), True, Step.OPEN_GATE),
     ("serving-cold-pool-gate-untouched", facts(pods=(dataclasses.replace(POD, awake=None),)), False, None),
     ("serving-gate-never-opened-with-research", facts(pods=(dataclasses.replace(POD, awake=None),), research_jobs=("9",),

@@ -13,7 +13,7 @@ from bridge.adapters.prom.gpu import FB_FREE, build_gpu_query, parse_gpu_free
 from bridge.adapters.prom.types import PromPool
 from bridge.config import parse_config
 from bridge.errors import ConfigError
-from bridge.lifecycle import WAITS, HoldFacts, NodeFacts, Step, next_step
+from bridge.lifecycle import LENDING_POD_DELETION_COST, WAITS, HoldFacts, NodeFacts, Step, next_step
 from bridge.model import Phase, WarmRecord, WarmState
 from bridge.observer import Observer
 from bridge.policy.forecast import horizon_s, return_s
@@ -67,7 +67,10 @@ def test_the_wait_is_a_wait_and_the_checks_before_it_still_come_first() -> None:
 
 def test_after_the_give_up_the_record_is_cold_and_the_pod_is_evicted_as_after_a_failed_wake() -> None:
     given_up = dataclasses.replace(BACK, gpu_free_mib=None, warm=COLD)
-    assert step(given_up, now=NOW + WAIT) is Step.DELETE_ASLEEP
+    assert step(given_up, now=NOW + WAIT) is Step.MARK_POD  # the pod goes by the scale, marked first
+    marked = dataclasses.replace(given_up, pods=tuple(dataclasses.replace(p, deletion_cost=LENDING_POD_DELETION_COST)
+                                                      for p in given_up.pods))
+    assert step(marked, now=NOW + WAIT) is Step.DELETE_ASLEEP  # outlived the scale: evicted
     # the new pod starts cold: the GPU check never applies to it (the record is not asleep)
     assert step(dataclasses.replace(given_up, pods=()), now=NOW + WAIT) is Step.UNFENCE
 

@@ -25,7 +25,7 @@ from bridge.policy.plan import plan as policy_plan
 
 # Steps that something outside us may refuse for long (a PDB, an administrator's drain):
 # retried with exponential backoff up to this, not every iteration.
-RETRIED_STEPS = frozenset({Step.EVICT_POD, Step.BLOCKED})
+RETRIED_STEPS = frozenset({Step.EVICT_POD, Step.DELETE_ASLEEP, Step.BLOCKED})
 MAX_RETRY_BACKOFF_S = 60.0
 
 

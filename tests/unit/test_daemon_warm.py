@@ -596,3 +596,37 @@ def test_two_failed_wakes_in_one_reclaim_still_serve_again_under_a_max_unavailab
     w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 120, "all serving again")
     assert all(v is None for v in w.warm().values())
     assert not w.violations and not w.lost_jobs(jobs)
+
+
+def test_a_cold_pod_that_outlives_the_scale_is_evicted_with_backoff_not_every_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback's pod, marked and left out of the scale, still there (a ReplicaSet that
+    removed another pod): delete_asleep evicts it, and a PDB's refusal is retried with the
+    lifecycle's backoff (1 s doubling to a minute), not at every pass (the sandbox saw 823
+    refusals in 120 s before the fallback went by the scale)."""
+    import gpu_bridge_lab.fakes.kube as fake_kube
+
+    w = World()
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    jobs = [w.sbatch(f"research-{i}", duration_s=600) for i in range(3)]
+    w.run_until(lambda: all(w.slurm.snapshot()[j].state == "running" for j in jobs), 10, "research running")
+    node, pod = next((p.node, p.name) for p in w.kube.pods("default") if p.node and w.phases()[p.node] is Phase.LENT)
+    rank = fake_kube._deletion_rank
+    monkeypatch.setattr(fake_kube, "_deletion_rank", lambda p: (1, 9, True, 10**9, p.name) if p.name == pod else rank(p))
+    evict = w.kube.evict
+    refused: list[float] = []
+
+    def refuse(namespace: str, name: str) -> EvictOutcome:
+        if name == pod:
+            refused.append(w.t)
+            return EvictOutcome.BLOCKED
+        return evict(namespace, name)
+
+    w.kube.evict = refuse  # type: ignore[method-assign]
+    w.engines[pod].asleep = False  # check_asleep records it cold
+    w.run_until(lambda: bool(refused), 30, "the stuck pod's first eviction")
+    for _ in range(60):
+        w.tick()
+    assert 3 <= len(refused) <= 8, refused  # +1, +2, +4, +8, +16, +32 s: not one a second
+    assert any(p.name == pod and not p.terminating for p in w.kube.pods("default"))
+    n = w.kube.node(node)
+    assert n is not None and n.warm is not None and n.warm.state is WarmState.COLD

@@ -14,7 +14,7 @@
    on a sandbox of its own; a row whose point was never written fails (except the points
    that happen only in some runs: requeue_jobs, evict_pod); and the warm cold fallback's rows
    (`--warm-fallback`, `--only crash-warm-fallback`: sleep_replica, mem_hold_lost, check_asleep,
-   warm_lost, delete_asleep, wake_replica, each after its failure is caused for real, check_asleep
+   warm_lost, mark_pod (the fallback pod marked for the scale), wake_replica, each after its failure is caused for real, check_asleep
    three ways; a row fails too if the fallback did not happen for that failure's own reason);
 2. the outage table: Prometheus down / stale, Kubernetes API 500/429/timeouts/refused,
    slurmctld down, a lent node's slurmd dying, a pod that never becomes Ready, a PDB that

@@ -47,7 +47,10 @@ def test_a_row_whose_point_was_never_written_fails_and_says_so() -> None:
     assert not rel.Row("lend", "close_gate", crashed=True, converged=True, violations=["x"]).ok
 
 
-FALLBACK_STEPS = {Step.WARM_LOST, Step.CHECK_ASLEEP, Step.DELETE_ASLEEP, Step.MEM_HOLD_LOST}
+# the fallback's pod goes by the scale (MARK_POD); DELETE_ASLEEP, its eviction if it outlives the
+# scale, and GPU_HELD (the free-GPU check's give-up, opt-in) are crashed over the fakes only
+# (tests/unit/test_daemon_warm.py, test_daemon_wake_gpu.py)
+FALLBACK_STEPS = {Step.WARM_LOST, Step.CHECK_ASLEEP, Step.MARK_POD, Step.MEM_HOLD_LOST}
 # the warm path's own writes that also write the fallback's record when their vLLM call fails
 FAILING_WARM_STEPS = {Step.SLEEP_REPLICA, Step.WAKE_REPLICA}
 
@@ -66,14 +69,14 @@ def test_the_warm_fallback_rows_are_the_cold_fallbacks_writes_each_with_its_fail
     assert all(rel.FALLBACK_REASONS[f] for f in failures)
     # the failed sleep only in a lend; a lent node's failures are noticed while lent; the failed wake only in a reclaim
     assert rel.rows_of(rows, "lend") == ("sleep_replica",)
-    assert rel.rows_of(rows, "lent") == ("mem_hold_lost", "check_asleep", "warm_lost", "delete_asleep")
-    assert rel.rows_of(rows, "reclaim") == ("wake_replica", "delete_asleep")
+    assert rel.rows_of(rows, "lent") == ("mem_hold_lost", "check_asleep", "warm_lost", "mark_pod")
+    assert rel.rows_of(rows, "reclaim") == ("wake_replica", "mark_pod")
     # each way a check, a sleep or a wake fails (docs/warm-lending.md), caused for real
     assert rel.FALLBACK_FAILURES[("lent", "check_asleep")] == ("engine_woken", "unreachable", "no_sleep_mode")
-    assert "engine_woken" in rel.FALLBACK_FAILURES[("lent", "delete_asleep")]
+    assert "engine_woken" in rel.FALLBACK_FAILURES[("lent", "mark_pod")]
     assert rel.FALLBACK_FAILURES[("lend", "sleep_replica")] == ("sleep_fails",)
     assert rel.FALLBACK_FAILURES[("reclaim", "wake_replica")] == ("wake_hangs",)
-    assert rel.FALLBACK_FAILURES[("reclaim", "delete_asleep")] == ("wake_fails",)
+    assert rel.FALLBACK_FAILURES[("reclaim", "mark_pod")] == ("wake_fails",)
     assert all(rel.Row(t, p).must_crash for t, p in rows)
     assert rel.WAKE_HANG_S > rel.WAKE_S  # a hung wake outlasts the daemon's wake timeout
 

@@ -70,8 +70,8 @@ RECLAIM_POINTS = (faults.START_RECLAIMING, "submit_hold", "requeue_jobs", "drain
 # Warm lending (Harness(warm=True)): every write of the warm path, as (transition, point) in the
 # order they happen; a new write of the warm path is one more tuple here (e.g. the memory
 # hold's submit at lend and cancel at reclaim). No scale and no mark_pod: a node lent warm
-# keeps its replica counted. The cold fallback's writes (warm_lost, check_asleep, delete_asleep,
-# mem_hold_lost) happen only after a failure: WARM_FALLBACK_ROWS below (and
+# keeps its replica counted. The cold fallback's writes (warm_lost, check_asleep, mark_pod and the
+# scale, delete_asleep, mem_hold_lost) happen only after a failure: WARM_FALLBACK_ROWS below (and
 # tests/unit/test_daemon_warm.py over the fakes).
 WARM_ROWS: tuple[tuple[str, str], ...] = (
     ("bootstrap", "open_gate"),  # a fresh warm pool's pods start not Ready: the first start opens their gates
@@ -90,12 +90,13 @@ FAST_TIER_ROWS: tuple[tuple[str, str], ...] = (("lend", faults.SET_TIER), ("recl
 # after the fallback's first write. "lend": a lend whose sleep fails, the nodes lent cold; "lent":
 # on one node lent warm with research jobs on it, the node stays lent and goes cold (its sleeping
 # pod evicted, the Deployment scaled down); "reclaim": the node serves again, cold-started (its
-# pod replaced). delete_asleep twice: on a lent node (after check_asleep recorded it cold) and on
-# a returning one (after a failed wake).
+# pod replaced). The fallback's pod goes by the scale, marked cheapest first (mark_pod; delete_asleep,
+# its eviction, only if it outlives the scale): mark_pod twice, on a lent node (after check_asleep
+# recorded it cold) and on a returning one (after a failed wake).
 WARM_FALLBACK_ROWS: tuple[tuple[str, str], ...] = (
     ("lend", "sleep_replica"),
-    ("lent", "mem_hold_lost"), ("lent", "check_asleep"), ("lent", "warm_lost"), ("lent", "delete_asleep"),
-    ("reclaim", "wake_replica"), ("reclaim", "delete_asleep"),
+    ("lent", "mem_hold_lost"), ("lent", "check_asleep"), ("lent", "warm_lost"), ("lent", "mark_pod"),
+    ("reclaim", "wake_replica"), ("reclaim", "mark_pod"),
 )
 # the failures each row is run with, one run each, in this order (a write the lifecycle reaches
 # from several failures, e.g. check_asleep from an engine awake, silent or without sleep mode)
@@ -104,9 +105,9 @@ FALLBACK_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
     ("lent", "mem_hold_lost"): ("mem_hold_cancelled",),
     ("lent", "check_asleep"): ("engine_woken", "unreachable", "no_sleep_mode"),
     ("lent", "warm_lost"): ("pod_deleted",),
-    ("lent", "delete_asleep"): ("engine_woken",),
+    ("lent", "mark_pod"): ("engine_woken",),
     ("reclaim", "wake_replica"): ("wake_hangs",),
-    ("reclaim", "delete_asleep"): ("wake_fails",),
+    ("reclaim", "mark_pod"): ("wake_fails",),
 }
 FALLBACK_FAULTS: dict[str, str] = {
     "sleep_fails": "every serving engine's /sleep answering 500 (the simulator's PUT /faults sleep_fails), then the load lowered",

@@ -117,8 +117,8 @@ FALLBACK_FAULTS: dict[str, str] = {
     "no_sleep_mode": "its engine answering as vLLM without sleep mode: 404 on /sleep, /wake_up, /is_sleeping "
                      "(PUT /faults no_sleep_mode: an engine restarted without --enable-sleep-mode)",
     "pod_deleted": "its sleeping pod deleted (Kubernetes API)",
-    "wake_hangs": "its engine's /wake_up answering only after 3 x wake_s (PUT /faults wake_hangs), then a reclaim",
-    "wake_fails": "its engine's /wake_up answering 500 (the simulator's PUT /faults), then a reclaim",
+    "wake_hangs": "every sleeping engine's /wake_up answering only after 3 x wake_s (PUT /faults wake_hangs), then a reclaim",
+    "wake_fails": "every sleeping engine's /wake_up answering 500 (the simulator's PUT /faults), then a reclaim",
 }
 # the log event the daemon writes for the node when it falls back (the row's evidence, with the
 # node's own state): warm_lost for a lost pod or memory hold, warm_fallback for a failed check,
@@ -564,9 +564,10 @@ class Harness:
         return next((str(j["job_id"]) for j in self.w.jobs() if j["partition"] == wk.SLURM_WARM_PARTITION
                      and j["name"] == wk.SLURM_WARM_HOLD_JOB_PREFIX + node and j["job_state"] in _LIVE_JOB_STATES), None)
 
-    def cause_failure(self, failure: str, node: str, pod: str, ip: str) -> str:
-        """Cause, for real, one of FALLBACK_FAULTS on ``node`` (its sleeping ``pod`` at ``ip``);
-        what was done, in words."""
+    def cause_failure(self, failure: str, node: str, pod: str, ip: str, *, also: Sequence[str] = ()) -> str:
+        """Cause, for real, one of FALLBACK_FAULTS on ``node`` (its sleeping ``pod`` at ``ip``;
+        a failed or hung wake on the pods ``also`` too); what was done, in words."""
+        more = f" (and {', '.join(also)}'s)" if also else ""
         if failure == "mem_hold_cancelled":
             job = self.mem_hold_job(node)
             if job is None:
@@ -583,9 +584,9 @@ class Harness:
             self.w.core.delete_namespaced_pod(pod, serving.NAMESPACE, _request_timeout=5)
             return f"{pod} deleted"
         if failure == "wake_fails":
-            self.set_sim_faults([pod])
+            self.set_sim_faults([pod, *also])
             self.load(HIGH)
-            return f"{pod}'s wake fails; load high"
+            return f"{pod}'s wake fails{more}; load high"
         if failure == "unreachable":
             self.set_sim_faults(unreachable=[pod])
             return f"{pod} unreachable at {ip}"
@@ -593,9 +594,9 @@ class Harness:
             self.set_sim_faults(no_sleep_mode=[pod])
             return f"{pod} without sleep mode at {ip}"
         if failure == "wake_hangs":
-            self.set_sim_faults(wake_hangs=[pod], wake_hang_s=WAKE_HANG_S)
+            self.set_sim_faults(wake_hangs=[pod, *also], wake_hang_s=WAKE_HANG_S)
             self.load(HIGH)
-            return f"{pod}'s wake hangs {WAKE_HANG_S:g} s; load high"
+            return f"{pod}'s wake hangs {WAKE_HANG_S:g} s{more}; load high"
         if failure == "sleep_fails":
             pods = sorted(str(p.metadata.name) for p in self.w._pods() if p.metadata.deletion_timestamp is None)
             self.set_sim_faults(sleep_fails=pods)
@@ -631,7 +632,9 @@ class Harness:
             if not warm:
                 return Row(transition, point, fell_back=False, failure=failure, note="NOT RUN: no node lent warm to fail")
             first = sorted(warm)[0]
-            watched = {first: warm[first]}
+            # a reclaim's wake fails on every node lent warm: failed wakes at once, each pod going
+            # by the scale (two refused evictions once kept such nodes returning, Finding 8)
+            watched = dict(sorted(warm.items())) if transition == "reclaim" else {first: warm[first]}
         times: dict[str, float] = {}
         first_daemon = len(self.daemons)
 
@@ -675,7 +678,8 @@ class Harness:
                 research = self.w.research_running_by_node().get(node, [])
             times["fault"] = time.time()
             where = "" if transition == "lend" else f" (research jobs there: {', '.join(research) or 'none'})"
-            did.append(self.cause_failure(failure, node, *watched[node]) + where)
+            also = [p for n, (p, _) in watched.items() if n != node] if transition == "reclaim" else []
+            did.append(self.cause_failure(failure, node, *watched[node], also=also) + where)
 
         try:
             row = self.crash_row(transition, point, target=target, inject=inject, converge_timeout_s=converge_timeout_s)

@@ -122,6 +122,15 @@ def _is_sleeping_at(ip: str, port: int) -> bool:
         return bool(json.loads(resp.read())["is_sleeping"])
 
 
+def warm_config(sb: Any, d: Path, port: int, **pool: Any) -> Path:
+    """The daemon's config for this sandbox, its pool lending warm (``pool``: more of its keys)."""
+    doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf,
+                         grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6,
+                         min_lend_s=5)
+    doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=port, drain_s=DRAIN_S, warm_hold_mb=HOLD_MB, **pool)
+    return write_config(d / "gpu-bridge.yaml", doc)
+
+
 def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tuple[Any, World, Path, int]) -> None:
     sb, w, d, port = world
     out = d / "jobs"
@@ -132,11 +141,7 @@ def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tu
     assert len(before) == NODES and not any(r for *_, r in before.values()), before  # gated: not Ready yet
     assert all(ip.startswith("127.") for _, _, ip, _ in before.values()), before
     put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})
-    doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf,
-                         grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6,
-                         min_lend_s=5)
-    doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=port, drain_s=DRAIN_S, warm_hold_mb=HOLD_MB)
-    cfg = write_config(d / "gpu-bridge.yaml", doc)
+    cfg = warm_config(sb, d, port)
     log_path = d / "daemon.log"
     daemon = DaemonProc(cfg, log_path, sb.env).start()
     watcher = Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod),

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_e2e_warm import DRAIN_S, GRACE_S, HOLD_MB, MIN_SERVING, NODES, POD_START_S, WAKE_S, WARM_SLURM_CONF, _free_port, _pods
+from test_e2e_warm import GRACE_S, MIN_SERVING, NODES, POD_START_S, WARM_SLURM_CONF, _free_port, _pods, warm_config
 
 from bridge import wellknown as wk
 from gpu_bridge_lab.sandbox.cluster.slurm import node_names
-from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.dcgm import FakeDcgm
 from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, replica_sleeping, submit_backlog, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
@@ -58,12 +57,7 @@ def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any
     job_ids = submit_backlog(sb, NODES, wk.SLURM_PREEMPT_PARTITION, NODES - MIN_SERVING, out, "train")
     before = _pods(w)
     put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})
-    doc = sandbox_config(prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf,
-                         grace_s=GRACE_S, cold_start_s=POD_START_S, min_serving=MIN_SERVING, scale_down_window_s=6,
-                         min_lend_s=5)
-    doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=port, drain_s=DRAIN_S, warm_hold_mb=HOLD_MB,
-                           wake_gpu_free_mib=NEED_MIB, wake_gpu_wait_s=WAIT_S)
-    cfg = write_config(d / "gpu-bridge.yaml", doc)
+    cfg = warm_config(sb, d, port, wake_gpu_free_mib=NEED_MIB, wake_gpu_wait_s=WAIT_S)
     log_path = d / "daemon.log"
     daemon = DaemonProc(cfg, log_path, sb.env).start()
     watcher = Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod),

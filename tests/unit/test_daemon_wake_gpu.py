@@ -62,7 +62,7 @@ def test_held_gpus_delay_the_wake_until_they_are_freed() -> None:
     assert len(w.prom.gpu_queries) == queries  # serving again: no more GPU reads
 
 
-@pytest.mark.parametrize("crash_at", [None, "gpu_held", "delete_asleep"])
+@pytest.mark.parametrize("crash_at", [None, "gpu_held", "mark_pod", "delete_asleep"])
 def test_gpus_held_past_the_give_up_fall_back_cold_like_a_failed_wake(crash_at: str | None) -> None:
     w = world(crash_at=crash_at)
     with info_events() as logs:

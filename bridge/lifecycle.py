@@ -191,15 +191,14 @@ def fallback_pod(facts: NodeFacts) -> PodFacts | None:
     return None
 
 
-def _drop_cold_pod(facts: NodeFacts, scaled_down: bool) -> Step:
+def _drop_cold_pod(pod: PodFacts, scaled_down: bool) -> Step:
     """The fallback's pod goes through the Deployment's scale, as a cold lend's does: marked
     cheapest first, then left out of the desired replicas (``desired_replicas``), so the
     ReplicaSet removes exactly it. Never an eviction first: with the pool's other replicas asleep
     (not Ready) a PodDisruptionBudget refuses it, and a scale that left the node out before its
     pod was marked let the ReplicaSet remove another node's sleeping replica. Evicted only if it
-    outlives a written scale."""
-    pod = fallback_pod(facts)
-    if pod is not None and pod.deletion_cost != LENDING_POD_DELETION_COST:
+    outlives a written scale. ``pod``: the node's ``fallback_pod``."""
+    if pod.deletion_cost != LENDING_POD_DELETION_COST:
         return Step.MARK_POD
     return Step.DELETE_ASLEEP if scaled_down else Step.WAIT_PODS_GONE
 
@@ -276,8 +275,8 @@ def next_step(
                 return Step.RESUME  # a drained node never starts the hold: lift our drain so it preempts
             return Step.WAIT_HOLD
         if facts.warm is not None:
-            if fallback_pod(facts) is not None:
-                return _drop_cold_pod(facts, scaled_down)  # a pod left asleep (or failed) never serves: a new one starts cold
+            if (pod := fallback_pod(facts)) is not None:
+                return _drop_cold_pod(pod, scaled_down)  # a pod left asleep (or failed) never serves: a new one starts cold
             return Step.CLEAR_WARM
         if warm and any(p.awake is not True and not p.terminating for p in facts.pods):
             return Step.OPEN_GATE  # the gate of a warm pool's pod (a new one, or an abandoned lend's)
@@ -333,8 +332,8 @@ def next_step(
                 # Slurm no longer keeps the sleeping weights' memory from research jobs: the
                 # replica goes (cold), as for a lost pod, rather than a new hold preempting them
                 return Step.MEM_HOLD_LOST
-        elif fallback_pod(facts) is not None:
-            return _drop_cold_pod(facts, scaled_down)  # its engine woke or went silent under Slurm: the pod goes, the node stays lent
+        elif (pod := fallback_pod(facts)) is not None:
+            return _drop_cold_pod(pod, scaled_down)  # its engine woke or went silent under Slurm: the pod goes, the node stays lent
         elif facts.mem_hold is not None and not facts.pods:
             return Step.CANCEL_MEM_HOLD  # lent cold, the replica gone: its memory is Slurm's again
         # Re-assert the release (idempotent): e.g. a crash between resume and mark, or Slurm's
@@ -392,8 +391,8 @@ def next_step(
                 # a job stuck in "Kill task failed" may still hold GPU memory: the wake would fail or OOM
                 return Step.GPU_HELD if now - facts.phase_since >= wake_gpu_wait_s else Step.WAIT_GPU_FREE
             return Step.WAKE_REPLICA
-        if fallback_pod(facts) is not None:
-            return _drop_cold_pod(facts, scaled_down)
+        if (pod := fallback_pod(facts)) is not None:
+            return _drop_cold_pod(pod, scaled_down)
         if facts.fenced and drain_young:
             return Step.WAIT_DRAIN_SAVED
         if (warm or facts.warm is not None) and any(p.awake is not True and not p.terminating for p in facts.pods):

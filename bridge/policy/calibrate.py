@@ -286,8 +286,10 @@ class Calibrator:
         self.config = config
         self.pool = pool
         self.governor_window_s = config.policy.governor.window_s
+        self.budget_steps = pool.slo_budget * self.governor_window_s / cal.step_s  # the governor's budget
         self.ledger = ViolationLedger(
-            step_s=cal.step_s, window_s=self.governor_window_s, gap_steps=gap_steps(config, pool, cal.step_s, self.governor_window_s)
+            step_s=cal.step_s, window_s=self.governor_window_s, gap_steps=gap_steps(config, pool, cal.step_s, self.governor_window_s),
+            stop=self.budget_steps if config.policy.governor.enabled else None,
         )
         self.step_s = cal.step_s
         self.window_steps = max(1, math.ceil(cal.window_s / cal.step_s))
@@ -338,7 +340,7 @@ class Calibrator:
             max_reclaims_per_tick=self.config.policy.max_reclaims_per_tick,
             minute_s=self.step_s,
         )
-        budget = self.pool.slo_budget * self.governor_window_s / self.step_s
+        budget = self.budget_steps
         spent = self.ledger.spent(now, capacity=capacity)
         return govern(
             spent_min=spent,

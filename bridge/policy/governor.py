@@ -23,7 +23,8 @@ planned reclaim horizon (measured delays' quantile plus ``forecast.margin_s``); 
 ``S`` does not miss a violation (hence the conservative count of ``ViolationLedger``: a
 minute's Ready capacity is the lower of its own and the previous minute's, and minutes without
 a sample after capacity was lent count as violated until the blind rule has brought every
-node back); and the history behind ``S`` covers the window (the daemon rebuilds it from
+node back or, blind, the window's count has reached the budget: by then the governor has taken
+every lent node back, by the argument above); and the history behind ``S`` covers the window (the daemon rebuilds it from
 Prometheus at start-up, so its retention must cover ``governor.window_s``).
 """
 
@@ -126,12 +127,17 @@ class ViolationLedger:
     was missing), unless the demand exceeds the whole pool (no policy could serve it). A step
     without a valid sample counts when the last known Ready capacity was below the whole pool
     (something was lent) and it lies within ``gap_steps`` of that sample (after which the blind
-    rule has reclaimed every node). Only a cache: the same samples give the same count."""
+    rule has reclaimed every node), and, given a budget (``stop``, in steps), only while the
+    window's count before it is below the budget: once it is, the governor has taken every lent
+    node back and they serve (the bound's argument: every avoidable minute ``m`` has ``S(m) <= B``),
+    so later blind steps hide nothing and an outage cannot drive the budget below zero (nor delay
+    the recovery by minutes no one missed). Only a cache: the same samples give the same count."""
 
-    def __init__(self, *, step_s: float, window_s: float, gap_steps: int) -> None:
+    def __init__(self, *, step_s: float, window_s: float, gap_steps: int, stop: float | None = None) -> None:
         self.step_s = step_s
         self.window_steps = max(1, math.ceil(window_s / step_s - 1e-9))
         self.gap_steps = gap_steps
+        self.stop = stop
         self._key: int | None = None  # the step being filled
         self._d = math.nan
         self._r = math.nan
@@ -139,6 +145,7 @@ class ViolationLedger:
         self._last_known: tuple[int, float] | None = None  # (step, fewest Ready) of the last valid step
         # candidate steps: (step, demand, ready) with demand > ready, or (step, NaN, last known ready)
         self._marks: deque[tuple[int, float, float]] = deque()
+        self._flags: deque[bool] = deque()  # per mark: whether it counts at capacity ``_cap``
         self._cap: float | None = None
         self._counted = 0  # marks that count at capacity ``_cap``
 
@@ -162,9 +169,47 @@ class ViolationLedger:
         self._key, self._d, self._r = key, d, r
 
     def _mark(self, k: int, d: float, r: float) -> None:
+        if self._cap is not None:
+            self._drop(k - self.window_steps + 1)  # what is left is the window ending at ``k``
+            flag = self._flag(d, r, self._cap, self._counted)
+            self._flags.append(flag)
+            self._counted += flag
         self._marks.append((k, d, r))
-        if self._cap is not None and self._counts(d, r, self._cap):
-            self._counted += 1
+
+    def _flag(self, d: float, r: float, cap: float, before: int) -> bool:
+        """Whether a mark counts, given the count of the window before it."""
+        if not self._counts(d, r, cap):
+            return False
+        return not math.isnan(d) or self.stop is None or before < self.stop - _EPS
+
+    def _drop(self, lo: int) -> None:
+        """Forget the marks before step ``lo`` (they left the window)."""
+        while self._marks and self._marks[0][0] < lo:
+            self._marks.popleft()
+            if self._flags:
+                self._counted -= self._flags.popleft()
+
+    def _older(self, lo: int) -> int:
+        """Counted marks before step ``lo``, still kept for the steps to close."""
+        got = 0
+        for (k, _, _), flag in zip(self._marks, self._flags):
+            if k >= lo:
+                break
+            got += flag
+        return got
+
+    def _recount(self, cap: float) -> None:
+        """Every mark's flag at a new capacity, in order, each with its own window's count before it."""
+        self._cap, self._flags, self._counted = cap, deque(), 0
+        first = 0  # the oldest mark in the window of the one being judged
+        for k, d, r in self._marks:
+            while self._marks[first][0] < k - self.window_steps + 1:
+                self._counted -= self._flags[first]
+                first += 1
+            flag = self._flag(d, r, cap, self._counted)
+            self._flags.append(flag)
+            self._counted += flag
+        self._counted = sum(self._flags)
 
     def _close(self, k: int, d: float, r: float) -> None:
         got = self._judge(k, d, r)
@@ -195,23 +240,22 @@ class ViolationLedger:
         being filled included); ``capacity`` = replicas the whole pool can serve."""
         lo = math.floor(now / self.step_s) - self.window_steps + 1
         if self._cap != capacity:
-            self._cap = capacity
-            self._counted = sum(1 for _, d, r in self._marks if self._counts(d, r, capacity))
-        while self._marks and self._marks[0][0] < lo:
-            _, d, r = self._marks.popleft()
-            if self._counts(d, r, capacity):
-                self._counted -= 1
-        n = self._counted
+            self._recount(capacity)
+        # a step still to close (``_key`` on) is judged with its own window: keep what that holds
+        self._drop(min(lo, lo if self._key is None else self._key - self.window_steps + 1))
+        open_step = 0
         if self._key is not None and self._key >= lo:
             got = self._judge(self._key, self._d, self._r)
             if got is not None and (math.isnan(got[0]) is False) and self._counts(*got, capacity):
-                n += 1
-        return n + self._pending_gap(math.floor(now / self.step_s), lo, capacity)
+                open_step = 1
+        pending = self._pending_gap(math.floor(now / self.step_s), lo, capacity, self._counted + open_step)
+        return self._counted - self._older(lo) + open_step + pending
 
-    def _pending_gap(self, now_k: int, lo: int, capacity: float) -> int:
+    def _pending_gap(self, now_k: int, lo: int, capacity: float, n: int) -> int:
         """Steps after the last sample up to ``now`` that will count once closed: while no
         sample arrives (Prometheus down), the count keeps running, so the governor sees the
-        budget go during the outage itself, not after it."""
+        budget go during the outage itself, not after it. ``n``: the count of the marks kept and
+        of the open step (the marks leave each pending step's window as ``_mark`` would drop them)."""
         if self._key is None or now_k <= self._key:
             return 0
         if not math.isnan(self._d) and not math.isnan(self._r):
@@ -222,7 +266,21 @@ class ViolationLedger:
             return 0
         # the steps over by now (the one ``now`` is in may still get its sample)
         first, last = max(self._key + 1, lo), min(now_k - 1, known[0] + self.gap_steps)
-        return max(0, last - first + 1)
+        if self.stop is None or last < first:
+            return max(0, last - first + 1)
+        # each step as ``_mark`` will judge it: counted while its window's count is below the budget
+        marks, flags, oldest, got, j = self._marks, self._flags, 0, 0, first
+        while j <= last:
+            while oldest < len(marks) and marks[oldest][0] < j - self.window_steps + 1:
+                n -= flags[oldest]
+                oldest += 1
+            if n < self.stop - _EPS:
+                n, got, j = n + 1, got + 1, j + 1
+            elif oldest < len(marks):
+                j = max(j + 1, marks[oldest][0] + self.window_steps)  # the next step the window is lighter
+            else:
+                break  # nothing left to leave the window: no later step counts
+        return got
 
 
 def gap_steps(config: Config, pool: PoolConfig, step_s: float, window_s: float) -> int:

@@ -130,6 +130,96 @@ def test_blind_the_governor_still_reclaims_every_lent_node_when_the_budget_is_he
     assert p.pools[0].reason == Reason.SLO_BUDGET
 
 
+def test_an_outage_charges_blind_minutes_only_up_to_the_budget() -> None:
+    """Once the window's count reaches the budget the governor has taken every lent node back
+    (the bound's argument), so later blind minutes hide nothing: an outage cannot drive the
+    budget left below zero. Measured violations still count beyond it."""
+    led = ViolationLedger(step_s=60, window_s=3600, gap_steps=1000, stop=10.0)
+    led.add(30, 2.0, 4.0)  # 4 of 8 Ready: something lent; then Prometheus goes away for an hour
+    assert led.spent(30 + 60 * 5, capacity=8.0) == 4  # minutes 1-4 over: counted while it lasts
+    assert led.spent(30 + 60 * 40, capacity=8.0) == 10  # not 39: the budget
+    led.add(30 + 60 * 40, 9.0, 8.0)  # back; above the whole pool: no one's violation
+    assert led.spent(30 + 60 * 41, capacity=8.0) == 10  # closed, the same count as while it lasted
+    led.add(30 + 60 * 41, 6.0, 5.0)  # a measured violation counts whatever the budget
+    assert led.spent(30 + 60 * 42, capacity=8.0) == 11
+    unbounded = ViolationLedger(step_s=60, window_s=3600, gap_steps=1000)  # no governor: no stop
+    unbounded.add(30, 2.0, 4.0)
+    assert unbounded.spent(30 + 60 * 40, capacity=8.0) == 39
+
+
+def test_blind_minutes_count_again_once_older_ones_leave_the_window() -> None:
+    led = ViolationLedger(step_s=60, window_s=600, gap_steps=1000, stop=3.0)
+    led.add(0, 5.0, 4.0)  # minute 0: a measured violation (1 of the budget of 3)
+    led.add(60, 2.0, 4.0)  # minute 1: something lent; then nothing
+    assert led.spent(60 * 9, capacity=8.0) == 3  # minutes 2 and 3 counted, then the budget is spent
+    # at minute 10 minute 0 leaves the window (1..10): minute 10 may count again
+    assert led.spent(60 * 11, capacity=8.0) == 3  # minutes 2, 3 and 10
+    led.add(60 * 11 + 30, 1.0, 8.0)
+    assert led.spent(60 * 11 + 30, capacity=8.0) == 3  # closed as it was counted
+
+
+def reference_count(samples: list[tuple[float, float | None, float]], now: float, *, step_s: float, window_s: float,
+                    gap_steps: int, stop: float | None, cap: float) -> int:
+    """``ViolationLedger.spent`` from its definition, step by step, for the property test below."""
+    steps: dict[int, tuple[float, float]] = {}
+    for t, d, r in samples:
+        pd, pr = steps.get(int(t // step_s), (np.nan, np.nan))
+        if d is not None:
+            pd, pr = np.nanmax([pd, d]), np.nanmin([pr, r])
+        steps[int(t // step_s)] = (pd, pr)
+    last, now_k, w = max(steps), int(now // step_s), int(np.ceil(window_s / step_s))
+    flags: dict[int, bool] = {}
+    known: tuple[int, float] | None = None
+    prev_r = np.nan
+    for k in range(min(steps), max(last, now_k - 1) + 1):
+        d, r = steps.get(k, (np.nan, np.nan))
+        if not np.isnan(d):
+            r_eff = r if np.isnan(prev_r) else min(r, prev_r)
+            flags[k] = bool(d > r_eff + 1e-6 and d <= cap + 1e-6)
+            known, prev_r = (k, r), r
+            continue
+        prev_r = np.nan
+        if k == last or known is None or k - known[0] > gap_steps or known[1] >= cap - 1e-6:
+            continue  # the open step counts only once closed; beyond the gap or nothing lent: nothing
+        before = sum(f for j, f in flags.items() if k - w < j < k)
+        flags[k] = stop is None or before < stop - 1e-6
+    return sum(f for j, f in flags.items() if now_k - w < j <= now_k)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    samples=st.lists(
+        st.tuples(
+            st.integers(1, 30),
+            st.one_of(st.none(), st.floats(0.0, 2.0), st.floats(0.0, 2.0), st.floats(0.0, 9.0)),
+            st.sampled_from([8, 8, 8, 6, 4]),
+        ),
+        min_size=1, max_size=60,
+    ),
+    stop=st.sampled_from([None, 2.0, 5.0]),
+    after=st.integers(0, 40),
+)
+def test_the_count_follows_its_definition_rebuilt_at_once_or_kept_live(
+    samples: list[tuple[int, float | None, int]], stop: float | None, after: int,
+) -> None:
+    """The daemon's restart rebuilds the ledger from the history and asks once; live it asks
+    every tick (and sees outages as they last): both must give the definition's count."""
+    live = ViolationLedger(step_s=60, window_s=1200, gap_steps=15, stop=stop)
+    rebuilt = ViolationLedger(step_s=60, window_s=1200, gap_steps=15, stop=stop)
+    t, seen = 0.0, []
+    for gap, demand, ready in samples:
+        for k in range(1, gap):  # live asks at each tick in between, samples or not
+            live.spent(t + 30 * k, capacity=8.0)
+        t += 30 * gap
+        seen.append((t, demand, float(ready)))
+        live.add(t, demand, float(ready))
+        rebuilt.add(t, demand, float(ready))
+        live.spent(t, capacity=8.0)
+    end = t + 30 * after
+    want = reference_count(seen, end, step_s=60, window_s=1200, gap_steps=15, stop=stop, cap=8.0)
+    assert (rebuilt.spent(end, capacity=8.0), live.spent(end, capacity=8.0)) == (want, want)
+
+
 def test_ledger_forgets_minutes_that_left_the_window() -> None:
     led = ViolationLedger(step_s=60, window_s=600, gap_steps=1)
     led.add(0, 5.0, 4.0)

@@ -536,6 +536,11 @@ class PrometheusConfig:
         description="label of dcgm-exporter's series naming the Kubernetes node (dcgm-exporter sets `Hostname`; a "
         "relabelling may use another), read by `pools[].wake_gpu_free_mib`",
     )
+    direct_fallback: Bool = Field(
+        default=False,
+        description="when a query fails, read the pool's Ready pods' own /metrics (on pools[].vllm_port) instead of going "
+        "blind: a Prometheus outage then costs no SLO budget; needs the daemon to reach pod IPs (docs/operations.md)",
+    )
     own_pods_only: Bool = Field(
         default=True,
         description="count only series whose `pod` label names one of the pool's pods (its Deployment's, as Kubernetes "

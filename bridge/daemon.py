@@ -19,7 +19,7 @@ from typing import Any
 from bridge import logs
 from bridge.actuate import Actuator
 from bridge.adapters.prom.types import PromPool
-from bridge.adapters.protocols import KubeAdapterProtocol, Leader, PoolTarget, PromReader, SlurmAdapterProtocol
+from bridge.adapters.protocols import KubeAdapterProtocol, Leader, PoolTarget, PromReader, ReplicaReader, SlurmAdapterProtocol
 from bridge.adapters.vllm import sleep_controls
 from bridge.config import Config
 from bridge.config import replace as cfg_replace
@@ -77,11 +77,12 @@ class Daemon:
         max_cache_age_s: float = 75.0,
         after_write: Callable[[str], None] | None = None,
         memory: Mapping[str, PoolMemory] | None = None,
+        replicas: ReplicaReader | None = None,
     ) -> None:
         self.config, self.kube, self.leader, self.clock, self.transit_poll_s = config, kube, leader, clock, transit_poll_s
         self.dry_run = dry_run  # reconcile and log, never apply
         self.max_cache_age_s = max_cache_age_s  # watch timeout (60 s) + request timeout + slack
-        self.observer = Observer(config, kube, slurm, prom, prom_pools)
+        self.observer = Observer(config, kube, slurm, prom, prom_pools, replicas)
         targets = {p.name: PoolTarget(p.name, p.namespace, p.deployment) for p in config.pools}
         fast = config.slurm.fast_partition
         tiers = {Tier.NORMAL: config.slurm.preempt_partition, Tier.FAST: fast} if fast else {}

@@ -2,7 +2,9 @@
 
 Each ``read`` is the Kubernetes watch cache, one ``sinfo``/``squeue`` and one Prometheus query
 per pool (and, at the first answer after a query outage, one range query of the gap; and
-while a node returns asleep in a pool with ``wake_gpu_free_mib``, one query of its GPUs). A system that cannot be read is a ``None`` (Slurm) or a missing reading (Prometheus)
+while a node returns asleep in a pool with ``wake_gpu_free_mib``, one query of its GPUs; when a
+query fails and ``prometheus.direct_fallback`` is on, the pool's Ready pods' own ``/metrics``
+instead). A system that cannot be read is a ``None`` (Slurm) or a missing reading (Prometheus)
 in the ``Snapshot``, and named in ``errors``: ``bridge.observe.join`` then holds what it cannot
 see, and the daemon counts the error. ``outlook`` is the one read apart from it: the metrics'
 range queries, made every ``OUTLOOK_STEP_S`` and only while metrics are served."""
@@ -12,15 +14,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bridge import logs
 from bridge.adapters.prom.types import PromPool
-from bridge.adapters.protocols import KubeAdapterProtocol, PromReader, SlurmAdapterProtocol
+from bridge.adapters.protocols import KubeAdapterProtocol, PromReader, ReplicaReader, SlurmAdapterProtocol
 from bridge.config import Config, PoolConfig
 from bridge.errors import AdapterError
 from bridge.model import Calibration, LoadSignals, Phase, SlurmJob, WarmState
 from bridge.observe import KubeNode, Readings, Snapshot, SlurmNodeLike
 from bridge.policy.outlook import OUTLOOK_HOURS, OUTLOOK_STEP_S, HourOutlook, lendable_outlook, outlook_span_s
+
+if TYPE_CHECKING:
+    from bridge.adapters.kube.objects import PodInfo
 
 log = logs.get(__name__)
 
@@ -40,6 +46,8 @@ class Observer:
     slurm: SlurmAdapterProtocol
     prom: PromReader
     prom_pools: Mapping[str, PromPool]
+    # the pools' pods read directly when a Prometheus query fails (``prometheus.direct_fallback``)
+    replicas: ReplicaReader | None = None
 
     def read(self, now: float, since: Mapping[str, float] | None = None) -> Snapshot:
         """One pass over the three systems. ``since``: pool -> its newest sample in the policy
@@ -80,10 +88,24 @@ class Observer:
             except AdapterError as exc:
                 errors.append("prometheus")
                 log.warning("prometheus_unavailable", pool=p.name, error=str(exc))
-                readings[p.name] = Readings(None, str(exc), {})
+                readings[p.name] = self._direct(p, pods[p.name], now, str(exc), errors)
         gpu_free = self._gpu_free(kube_nodes, errors)
         return Snapshot(now, kube_nodes, pods, desired, pool_problems, slurm_nodes, slurm_jobs, slurm_now,
                         readings, tuple(errors), gpu_free)
+
+    def _direct(self, pool: PoolConfig, pods: Sequence[PodInfo], now: float, prom_error: str, errors: list[str]) -> Readings:
+        """Prometheus failed: the pool's Ready pods read directly if configured, else (or if that
+        fails too) no reading, the policy blind."""
+        if self.replicas is None:
+            return Readings(None, prom_error, {})
+        try:
+            r = self.replicas.read(pool.name, pods, now)
+        except AdapterError as exc:
+            errors.append("vllm")
+            log.warning("direct_read_failed", pool=pool.name, error=str(exc))
+            return Readings(None, f"{prom_error}; direct read: {exc}", {})
+        problem = "; ".join(f"{k}: {v}" for k, v in r.problems.items()) or None
+        return Readings(r.signals, problem, r.inflight_by_pod)
 
     def _gpu_free(self, kube_nodes: Sequence[KubeNode], errors: list[str]) -> dict[str, float | None]:
         """The lowest free GPU MiB of each node returning asleep in a pool that checks it before

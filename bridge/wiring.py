@@ -14,7 +14,8 @@ from bridge import logs
 from bridge.adapters.kube.client import KubeAdapter, api_client_from_config
 from bridge.adapters.prom.signals import PromAccess, PromAdapter
 from bridge.adapters.prom.types import DelayCount, PromPool
-from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, PromReader, SlurmAdapterProtocol
+from bridge.adapters.protocols import KubeAdapterProtocol, PoolTarget, PromReader, ReplicaReader, SlurmAdapterProtocol
+from bridge.adapters.replicas import replica_reader
 from bridge.adapters.slurm.cli import CliSlurm
 from bridge.adapters.wrappers import FencedKube, FencedSlurm, lease_fence
 from bridge.config import Config
@@ -141,6 +142,7 @@ class Adapters:
     prom_pools: dict[str, PromPool]
     leader: LeaderElector | None
     identity: str
+    replicas: ReplicaReader | None = None  # the pods read directly when Prometheus fails (prometheus.direct_fallback)
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -209,6 +211,7 @@ def build_adapters(config: Config, *, leader: bool = True, identity: str | None 
         prom_pools=prom_pools(config),
         leader=elector,
         identity=identity,
+        replicas=replica_reader(config),
         _closers=closers,
     )
 

@@ -542,6 +542,8 @@ def stress_cases(args: argparse.Namespace, seed: int) -> list[tuple[str, Any, tu
     gaps = tuple((float(a), float(a + rng.uniform(600, 10800))) for a in starts)
     cases.append(("gaps x8 azure2024-conv", w, gaps))
     cases.append(("down x8 azure2024-conv", w, gaps))
+    # the same outages with prometheus.direct_fallback: the daemon reads the Ready replicas themselves
+    cases.append(("down x8 azure2024-conv direct", w, gaps))
     # burstiness that changes at a random time, at the same level: every window's cv x3 from then
     # on (drawn after the cases above, whose random times stay as they were)
     for name in ("azure2024-code.csv", "azure2024-conv.csv"):
@@ -571,7 +573,7 @@ def stress(args: argparse.Namespace) -> int:
             if args.case and args.case not in name:
                 continue
             setup = Setup(cfg, w, args.nodes, 4, seed=seed, cold_start_cv=args.cold_start_cv, signal_gaps=gaps,
-                          signal_gaps_recorded=not name.startswith("down "))
+                          signal_gaps_recorded=not name.startswith("down "), direct_reads=name.endswith(" direct"))
             bc = make_controller("bridge", setup)
             rb = simulate(setup, bc)
             ro = simulate(setup, make_controller("oracle", setup))

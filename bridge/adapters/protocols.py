@@ -15,7 +15,7 @@ adapter packages themselves without a cycle.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -268,6 +268,13 @@ class PromReader(Protocol):
     def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[DelayCount, ...]: ...
 
     def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int) -> dict[str, float | None]: ...
+
+
+class ReplicaReader(Protocol):
+    """Read only: a pool's signals from its Ready pods themselves (``bridge.adapters.replicas``),
+    for the ticks Prometheus cannot answer; AdapterError when any Ready pod cannot be read."""
+
+    def read(self, pool: str, pods: Sequence[PodInfo], now: float) -> SignalsReading: ...
 
 
 # --- the Lease ------------------------------------------------------------------------------

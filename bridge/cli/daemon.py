@@ -93,7 +93,7 @@ def _one_shot(args: argparse.Namespace, step: Callable[[Daemon], T]) -> tuple[Da
                 time.sleep(0.05)
         memory = policy_memory(config, adapters.prom, adapters.prom_pools, time.time())
         daemon = Daemon(config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools,
-                        dry_run=True, memory=memory)
+                        dry_run=True, memory=memory, replicas=adapters.replicas)
         return daemon, step(daemon)
     except BridgeError as exc:
         return fail(exc)
@@ -142,6 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         dry_run=dry_run,
         after_write=getattr(args, "after_write", None),
         memory=policy_memory(config, adapters.prom, adapters.prom_pools, time.time()),
+        replicas=adapters.replicas,
     )
     stop = threading.Event()
 

@@ -96,6 +96,9 @@ class Setup:
     # whether Prometheus kept scraping through those gaps (only its queries failed): the
     # policy then reads the gap's samples once the signals are back, as the daemon does
     signal_gaps_recorded: bool = True
+    # whether the daemon reads the Ready replicas themselves while Prometheus answers nothing
+    # (``prometheus.direct_fallback``, the replicas reachable): the policy then sees no gap
+    direct_reads: bool = False
 
     @property
     def pool(self) -> PoolConfig:
@@ -398,7 +401,7 @@ class Engine:
         base = s.start_unix
         scrape_t = (math.ceil(t / s.scrape_s - 1e-9) - 1) * s.scrape_s
         recovered: tuple[LoadSignals, ...] = ()
-        if scrape_t < 0 or any(a <= scrape_t < b for a, b in s.signal_gaps):
+        if scrape_t < 0 or (not s.direct_reads and any(a <= scrape_t < b for a, b in s.signal_gaps)):
             sig = None
             if scrape_t >= 0 and s.signal_gaps_recorded and (not self._unseen or self._unseen[-1] < scrape_t):
                 self._unseen.append(scrape_t)

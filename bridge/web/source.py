@@ -58,7 +58,8 @@ class WebSource:
         self.clock = clock
         # writes are refused twice: a dry-run daemon applies none, the RBAC grants none
         self._daemon = Daemon(
-            config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools, dry_run=True
+            config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools, dry_run=True,
+            replicas=adapters.replicas,
         )
         self._lock = threading.RLock()  # a reading may use another (the outlook counts the pool nodes)
         self._cache: dict[str, tuple[float, Any]] = {}

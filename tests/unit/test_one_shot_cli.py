@@ -21,7 +21,7 @@ def _setup(monkeypatch: pytest.MonkeyPatch, daemon: Any) -> list[str]:
     closed: list[str] = []
     adapters = SimpleNamespace(
         kube=SimpleNamespace(cache_status=lambda: SimpleNamespace(synced=True)),
-        slurm=None, prom=None, prom_pools={}, close=lambda: closed.append("closed"),
+        slurm=None, prom=None, prom_pools={}, replicas=None, close=lambda: closed.append("closed"),
     )
     monkeypatch.setattr(daemon_cli, "build_adapters", lambda *a, **k: adapters)
     monkeypatch.setattr(daemon_cli, "Daemon", daemon)

@@ -1,11 +1,15 @@
 """Each followed pod's own vLLM server address: ``http://<pod IP>:<port>``, as on a site.
 
 On a site every vLLM pod is a server of its own at its pod IP; gpu-bridge's warm lending calls
-``POST /sleep``, ``POST /wake_up``, ``GET /is_sleeping`` there (``pools[].vllm_port``). The
+``POST /sleep``, ``POST /wake_up``, ``GET /is_sleeping`` there (``pools[].vllm_port``), and reads
+``GET /metrics`` there while Prometheus cannot answer (``prometheus.direct_fallback``). The
 simulator is one process serving every replica under ``/replicas/{name}/...``. ``PodPorts``
 listens on ``(pod IP, port)`` for every pod the follower sees with an IP and answers those
 routes for the replica of that pod (replica name = pod name, follow-kube mode), through the
-simulator's own handler, so the answers are the same as at ``/replicas/{name}/...``.
+simulator's own handler, so the answers are the same as at ``/replicas/{name}/...``; its
+``/metrics`` is the simulator's exposition of that replica alone, ``vllm:*`` families only and
+without the ``pod`` and ``node`` labels (Prometheus adds those when it scrapes a pod; a vLLM
+server does not know them).
 
 It can listen only on addresses local to this machine: the sandbox's kwok gives pods loopback
 IPs (``127.1.0.0/16``; all of ``127.0.0.0/8`` is local on Linux). A pod whose IP cannot be
@@ -22,6 +26,10 @@ from collections.abc import Mapping
 from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import quote, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from bridge import logs
 from gpu_bridge_lab.sandbox.vllm.follow_kube import PodView
@@ -112,11 +120,35 @@ class PodPorts:
             httpd.server_close()
 
 
+class _OnePod(Collector):
+    """The simulator's ``vllm:*`` series of one replica, labelled as its own server would."""
+
+    def __init__(self, registry: CollectorRegistry, pod: str) -> None:
+        self.registry, self.pod = registry, pod
+
+    def collect(self) -> Any:
+        for fam in self.registry.collect():
+            if not fam.name.startswith("vllm:"):
+                continue
+            out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            out.samples = [s._replace(labels={k: v for k, v in s.labels.items() if k not in ("pod", "node")})
+                           for s in fam.samples if s.labels.get("pod") == self.pod]
+            if out.samples:
+                yield out
+
+
+def pod_metrics(server: SimServer, pod: str) -> bytes:
+    """What ``GET /metrics`` answers at ``pod``'s address."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_OnePod(server.registry, pod))
+    return generate_latest(reg)
+
+
 def _pod_handler(server: SimServer, ports: PodPorts) -> Any:
     base: Any = _make_handler(server)
 
     class PodHandler(base):  # type: ignore[misc]
-        """The simulator's handler at one pod's address: its sleep routes and /health, for
+        """The simulator's handler at one pod's address: its sleep routes, /health and /metrics, for
         the replica of the pod whose IP the connection arrived at."""
 
         def _route(self, method: str) -> None:
@@ -128,6 +160,8 @@ def _pod_handler(server: SimServer, ports: PodPorts) -> Any:
                 super()._route(method)
             elif pod is not None and path in ("/health", "/healthz"):
                 super()._route(method)
+            elif pod is not None and path == "/metrics" and method == "GET":
+                self._send(200, pod_metrics(server, pod), CONTENT_TYPE_LATEST)
             elif pod is not None:  # a route this stand-in does not serve
                 self._error(404, f"no such path {path} at this pod")
             else:  # the pod is gone (a connection kept alive from before): answer, then hang up

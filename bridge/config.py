@@ -539,7 +539,7 @@ class PrometheusConfig:
     direct_fallback: Bool = Field(
         default=False,
         description="when a query fails, read the pool's Ready pods' own /metrics (on pools[].vllm_port) instead of going "
-        "blind: a Prometheus outage then costs no SLO budget; needs the daemon to reach pod IPs (docs/operations.md)",
+        "blind: a Prometheus outage then costs no SLO budget; needs the daemon to reach pod IPs (docs/operator-guide.md section 4)",
     )
     own_pods_only: Bool = Field(
         default=True,

@@ -115,7 +115,8 @@ class ReplicaMetrics:
         host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
         url = f"http://{host}:{port}/metrics"
         try:
-            with self._session.get(url, timeout=(CONNECT_TIMEOUT_S, self.config.prometheus.timeout_s), stream=True) as resp:
+            with self._session.get(url, timeout=(CONNECT_TIMEOUT_S, self.config.prometheus.timeout_s), stream=True,
+                                   allow_redirects=False) as resp:  # a pod sends the daemon nowhere else
                 if resp.status_code != 200:
                     return f"{pod.name}: GET {url}: HTTP {resp.status_code}"
                 body = resp.raw.read(BODY_CAP + 1, decode_content=True)

@@ -145,6 +145,8 @@ class _Answers(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         status, body = self.server.answer  # type: ignore[attr-defined]
         self.send_response(status)
+        if status == 302:
+            self.send_header("Location", "http://127.1.9.31:1/elsewhere")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -169,6 +171,7 @@ GOOD = (b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{mode
 
 @pytest.mark.parametrize(("status", "body", "why"), [
     (500, b"oops", "HTTP 500"),
+    (302, b"", "HTTP 302"),  # a redirect is not followed: a pod cannot send the daemon elsewhere
     (200, b"vllm:num_requests_running{model_name= 3\n", "not the Prometheus text format"),
     (200, b"\xff\xfe" * 10, "not the Prometheus text format"),
     (200, b"#" * (BODY_CAP + 10), f"answer larger than {BODY_CAP} bytes"),

@@ -1,0 +1,98 @@
+"""Prometheus down, the pool read directly, live: test_e2e_warm's sandbox (real Slurm, a real
+kube-apiserver with kwok's pods, Prometheus, the vLLM simulator with each pod's own address)
+and the daemon with ``prometheus.direct_fallback`` on.
+
+Research jobs run on two lent nodes; then Prometheus is stopped. The pool is set to reclaim
+every node once blind (``blind_serving: null``, ``blind_after_s`` 10 s), so a daemon that went
+blind would take the nodes back within seconds. It does not: it reads the Ready pods' own
+``/metrics`` and keeps lending on what they say. Load then rises with Prometheus still down:
+the daemon sees it through the same reads and reclaims both nodes (the jobs requeued, never
+lost). Prometheus is started again at the end."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_e2e_warm import MIN_SERVING, NODES, _pods, warm_config, world  # noqa: F401  (world: this module's sandbox)
+
+from bridge import wellknown as wk
+from gpu_bridge_lab.sandbox.daemon_config import write_config
+from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, replica_sleeping, submit_backlog, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
+
+BLIND_AFTER_S = 10.0
+DOWN_S = 40.0  # Prometheus down this long before the load rises: four times the blind timer
+
+
+def test_with_prometheus_down_the_daemon_reads_the_pods_keeps_lending_and_still_reclaims_on_load(
+    world: tuple[Any, World, Path, int],  # noqa: F811
+) -> None:
+    sb, w, d, port = world
+    out = d / "jobs"
+    out.mkdir()
+    out.chmod(0o777)
+    job_ids = submit_backlog(sb, NODES, wk.SLURM_PREEMPT_PARTITION, NODES - MIN_SERVING, out, "train")
+    put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})
+    cfg = warm_config(sb, d, port, blind_serving=None)
+    doc = yaml.safe_load(cfg.read_text())
+    doc["prometheus"]["direct_fallback"] = True
+    doc["policy"]["blind_after_s"] = BLIND_AFTER_S
+    write_config(cfg, doc)
+    log_path = d / "daemon.log"
+    daemon = DaemonProc(cfg, log_path, sb.env).start()
+    watcher = Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod),
+                      mem_hold_partition=wk.SLURM_WARM_PARTITION)
+    prom = next(c for c in sb.components if c.name == "prometheus")
+    restarted = False
+    try:
+        wait_until(lambda: all(r for *_, r in _pods(w).values()), 60, "the daemon to open every pod's gate (Ready)")
+        watcher.start()
+        wait_until(lambda: sum(len(v) for v in w.research_running_by_node().values()) == len(job_ids), 150,
+                   "the research jobs to run on lent nodes")
+        lent = sorted(w.research_running_by_node())
+        assert len(lent) == NODES - MIN_SERVING, lent
+
+        down_at = time.time()
+        sb.stop_process("prometheus")
+        time.sleep(DOWN_S)
+        phases = w.phases()
+        assert all(phases[n] == "lent" for n in lent), phases  # not blind: no node taken back
+        assert sorted(w.research_running_by_node()) == lent
+
+        spike_at = time.time()
+        put_load(sb.vllm_url, {"rate": 75.0, "cv": 1.0})
+        wait_until(lambda: all(w.phases().get(n) == "serving" and _pods(w).get(n, ("", "", "", False))[3] for n in lent),
+                   120, "both lent nodes reclaimed on the load read from the pods, Prometheus still down")
+        prom.start(sb)
+        prom.wait_ready(sb, 30)
+        restarted = True
+        jobs = {str(j["job_id"]): j for j in w.jobs()}
+        for jid in job_ids:
+            assert jid in jobs and jobs[jid]["restart_cnt"] >= 1, jobs.get(jid)  # requeued, never lost
+    finally:
+        watcher.close()
+        rc = daemon.stop()
+        if not restarted:
+            prom.start(sb)
+            prom.wait_ready(sb, 30)
+        print(log_path.read_text()[-3000:] if rc else "")
+    assert rc == 0
+    assert watcher.violations == [], watcher.violations[:5]
+
+    ts = event_time
+    unavailable = [e for e in read_events(log_path, "prometheus_unavailable") if ts(e) >= down_at]
+    direct = [e for e in read_events(log_path, "direct_read") if ts(e) >= down_at]
+    assert unavailable and len(direct) >= DOWN_S / 4, (len(unavailable), len(direct))  # every tick (2 s) read the pods
+    assert all(e["reporting"] >= MIN_SERVING for e in direct), direct[:3]
+    blind = [e for e in read_events(log_path, "pool_decision") if ts(e) >= down_at and e.get("reason") == "signals_lost"]
+    assert blind == [], blind[:3]
+    reclaims = [e for e in read_events(log_path, "decision") if e.get("action") == "reclaim" and ts(e) >= down_at]
+    assert reclaims and all(ts(e) >= spike_at for e in reclaims), reclaims[:3]  # only once the load rose
+    assert not read_events(log_path, "direct_read_failed")
+    print(f"\nPrometheus down {DOWN_S:g} s with {len(lent)} nodes lent: {len(direct)} direct reads, no blind reclaim; "
+          f"reclaimed on the load {min(ts(e) for e in reclaims) - spike_at:.1f} s after it rose")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -83,7 +82,6 @@ class ReplicaMetrics:
         self.config = config
         self._pools = {p.name: p for p in config.pools}
         self._session = session if session is not None else requests.Session()
-        self._lock = threading.Lock()
         self._last: dict[str, _PodRead] = {}  # pod -> its previous read (for the token rate)
         self._retry_at: dict[str, float] = {}  # pool -> no direct read before
 
@@ -135,22 +133,21 @@ class ReplicaMetrics:
         step = _Step()
         no_rate: list[str] = []
         max_age = RATE_MAX_AGE * self.config.prometheus.rate_window_s
-        with self._lock:
-            for pod, values in reads:
-                for metric in GAUGES:
-                    step.values.setdefault(metric, {}).update(values.get(metric, {}))
-                prev = self._last.get(pod)
-                for counter, tag in _COUNTERS.items():
-                    for key, v in values.get(counter, {}).items():
-                        pv = prev.values.get(counter, {}).get(key) if prev is not None else None
-                        if prev is None or pv is None or not 0 < now - prev.t <= max_age or not pv <= v:
-                            no_rate.append(pod)
-                            continue
-                        step.values.setdefault(tag, {})[key] = (v - pv) / (now - prev.t)
-                self._last[pod] = _PodRead(now, values)
-            for gone in set(self._last) - {pod for pod, _ in reads}:
-                if now - self._last[gone].t > max_age:
-                    del self._last[gone]
+        for pod, values in reads:
+            for metric in GAUGES:
+                step.values.setdefault(metric, {}).update(values.get(metric, {}))
+            prev = self._last.get(pod)
+            for counter, tag in _COUNTERS.items():
+                for key, v in values.get(counter, {}).items():
+                    pv = prev.values.get(counter, {}).get(key) if prev is not None else None
+                    if prev is None or pv is None or not 0 < now - prev.t <= max_age or not pv <= v:
+                        no_rate.append(pod)
+                        continue
+                    step.values.setdefault(tag, {})[key] = (v - pv) / (now - prev.t)
+            self._last[pod] = _PodRead(now, values)
+        for gone in set(self._last) - {pod for pod, _ in reads}:
+            if now - self._last[gone].t > max_age:
+                del self._last[gone]  # a pod gone: its previous read is of no use
         inflight: dict[str, float] = {}
         signals, problems = signals_from_step(step, t=now, staleness_s=None, check_timestamps=False, inflight=inflight)
         if no_rate:

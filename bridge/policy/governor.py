@@ -24,8 +24,9 @@ planned reclaim horizon (measured delays' quantile plus ``forecast.margin_s``); 
 minute's Ready capacity is the lower of its own and the previous minute's, and minutes without
 a sample after capacity was lent count as violated until the blind rule has brought every
 node back or, blind, the window's count has reached the budget: by then the governor has taken
-every lent node back, by the argument above); and the history behind ``S`` covers the window (the daemon rebuilds it from
-Prometheus at start-up, so its retention must cover ``governor.window_s``).
+every lent node back, by the argument above); and the history behind ``S`` covers the window
+(the daemon rebuilds it from Prometheus at start-up, so its retention must cover
+``governor.window_s``).
 """
 
 from __future__ import annotations

@@ -176,10 +176,6 @@ class SlurmReader(Protocol):
         """Active jobs (pending/running/completing...), filtered on the client side."""
         ...
 
-    def holds(self) -> dict[str, SlurmJobInfo]:
-        """node -> our active hold job there (partition + name prefix)."""
-        ...
-
 
 @runtime_checkable
 class SlurmWriter(Protocol):

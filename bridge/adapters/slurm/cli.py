@@ -272,23 +272,6 @@ class CliSlurm:
             out.append(j)
         return tuple(out)
 
-    def _is_our_hold(self, j: SlurmJobInfo) -> bool:
-        return (
-            j.partition == self.hold_partition
-            and j.name.startswith(wellknown.SLURM_HOLD_JOB_PREFIX)
-            and (self.hold_user is None or j.user == self.hold_user)
-        )
-
-    def holds(self) -> dict[str, SlurmJobInfo]:
-        out: dict[str, SlurmJobInfo] = {}
-        for j in self.jobs(partition=self.hold_partition):
-            if self._is_our_hold(j):
-                node = j.name[len(wellknown.SLURM_HOLD_JOB_PREFIX) :]
-                # two holds for one node (a lost submit answer, retried): the oldest counts
-                if node not in out or int(j.job_id.split("_")[0]) < int(out[node].job_id.split("_")[0]):
-                    out[node] = j
-        return out
-
     # ---- the running configuration (read-only: `gpu-bridge check-slurm`) ------------------
     def show_config(self) -> dict[str, str]:
         """slurmctld's running settings (``scontrol show config``): what slurm.conf resolved to."""

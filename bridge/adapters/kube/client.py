@@ -298,17 +298,15 @@ class KubeAdapter:
 
     def _patch_pod(self, namespace: str, pod: str, build: Callable[[PodInfo], dict[str, Any] | None], event: str, *,
                    status: bool = False, **fields: Any) -> bool:
-        """``_patch_node`` for a pod (``status``: its status subresource, where the readiness gate's
-        condition lives)."""
+        """``_patch_node`` for a pod (``status``: its status subresource)."""
         current = self._cached_pod(namespace, pod) or self._get_pod(namespace, pod)
-        send = self._core.patch_namespaced_pod_status if status else self._core.patch_namespaced_pod
-        resource = "pods/status" if status else "pods"
+        send = self._send_pod_status if status else self._send_pod
         for _attempt in range(self._retries + 1):
             body = build(current)
             if body is None:
                 return False
             try:
-                obj = self._json("patch", resource, f"{namespace}/{pod}", send, pod, namespace, body, _content_type=SMP)
+                obj = send(namespace, pod, body)
             except KubeApiError as e:
                 if e.status != 409:
                     raise
@@ -318,6 +316,15 @@ class KubeAdapter:
             log.info(event, pod=pod, namespace=namespace, **fields)
             return True
         raise KubeConflictError("patch", "pods", f"{namespace}/{pod}", 409, f"still conflicting after {self._retries} retries")
+
+    def _send_pod(self, namespace: str, pod: str, body: dict[str, Any]) -> Any:
+        return self._json("patch", "pods", f"{namespace}/{pod}", self._core.patch_namespaced_pod, pod, namespace, body,
+                          _content_type=SMP)
+
+    def _send_pod_status(self, namespace: str, pod: str, body: dict[str, Any]) -> Any:
+        """The status subresource: the readiness gate's condition lives there."""
+        return self._json("patch", "pods/status", f"{namespace}/{pod}", self._core.patch_namespaced_pod_status, pod,
+                          namespace, body, _content_type=SMP)
 
     def _cached_pod(self, namespace: str, pod: str) -> PodInfo | None:
         for inf in self._pods.values():

@@ -195,13 +195,6 @@ def parse_since(raw: str | None, problems: list[str]) -> float | None:
     return value
 
 
-def _condition_true(status: Mapping[str, Any], kind: str) -> bool:
-    for cond in status.get("conditions") or ():
-        if isinstance(cond, Mapping) and cond.get("type") == kind:
-            return cond.get("status") == "True"
-    return False
-
-
 def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     """A Node's JSON -> NodeInfo; our labels/annotations validated (see ``problem``)."""
     meta = _meta(obj)
@@ -218,13 +211,9 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     if wk.LABEL_PHASE in labels and wk.ANNOTATION_PHASE_SINCE not in annotations:
         problems.append(f"annotation {wk.ANNOTATION_PHASE_SINCE}: missing while label {wk.LABEL_PHASE} is set")
 
-    cordoned_raw = annotations.get(wk.ANNOTATION_CORDONED)
-    cordoned = False
-    if cordoned_raw is not None:
-        if cordoned_raw == "true":
-            cordoned = True
-        else:
-            problems.append(f"annotation {wk.ANNOTATION_CORDONED}: expected \"true\", got {_quote(cordoned_raw)}")
+    cordoned = annotations.get(wk.ANNOTATION_CORDONED)
+    if cordoned not in (None, "true"):
+        problems.append(f"annotation {wk.ANNOTATION_CORDONED}: expected \"true\", got {_quote(str(cordoned))}")
 
     taints = tuple(
         Taint(key=str(t.get("key", "")), value=str(t.get("value") or ""), effect=str(t.get("effect") or ""))
@@ -251,7 +240,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         unschedulable=bool(spec.get("unschedulable") or False),
         taints=taints,
         allocatable_gpus=gpus,
-        ready=_condition_true(status, "Ready"),
+        ready=_condition(status, "Ready") is True,
         pool=labels.get(wk.LABEL_POOL),
         phase=phase,
         phase_since=since,
@@ -259,7 +248,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         owner=annotations.get(wk.ANNOTATION_OWNER),
         pin=pin,
         fenced=any(t.key == wk.TAINT_KEY and t.effect == wk.TAINT_EFFECT for t in taints),
-        cordoned_by_bridge=cordoned,
+        cordoned_by_bridge=cordoned == "true",
         warm=warm,
         problem="; ".join(problems) or None,
     )
@@ -312,7 +301,7 @@ def parse_pod(obj: Mapping[str, Any], pool: str) -> PodInfo:
         pool=pool,
         node=spec.get("nodeName") or None,
         phase=str(status.get("phase") or "Unknown"),
-        ready=_condition_true(status, "Ready"),
+        ready=_condition(status, "Ready") is True,
         awake=_condition(status, wk.CONDITION_AWAKE),
         ip=str(status.get("podIP")) if status.get("podIP") else None,
         deletion_timestamp=meta.get("deletionTimestamp") or None,

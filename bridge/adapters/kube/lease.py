@@ -68,11 +68,8 @@ class LeaseRecord:
 
     def same_record(self, other: LeaseRecord | None) -> bool:
         """Unchanged since ``other`` was seen: any write (a renewal) changes the rv."""
-        return other is not None and (self.resource_version, self.holder, self.renew_time) == (
-            other.resource_version,
-            other.holder,
-            other.renew_time,
-        )
+        mine = (self.resource_version, self.holder, self.renew_time)
+        return other is not None and mine == (other.resource_version, other.holder, other.renew_time)
 
 
 class _Leases:
@@ -210,9 +207,8 @@ class LeaderElector:
         self._last_renew = None
         if not was_held or mine is None:
             return False
-        body = self._body(
-            holder="", acquire_time=mine.acquire_time, transitions=mine.transitions, rv=mine.resource_version, duration_s=1
-        )
+        body = self._body(holder="", acquire_time=mine.acquire_time, transitions=mine.transitions, rv=mine.resource_version,
+                          duration_s=1)
         try:
             self._write("update", self._api.replace_namespaced_lease, self.name, self.namespace, body)
         except (AdapterError, KeyError, TypeError, ValueError) as e:
@@ -305,25 +301,24 @@ class LeaderElector:
             transitions=current.transitions + (1 if taking_over and current.holder else 0),
             rv=current.resource_version,
         )
+        self._claim(started, taking_over, lambda: self._write("update", self._api.replace_namespaced_lease, self.name,
+                                                               self.namespace, body))
+
+    def _create(self, started: float) -> None:
+        body = self._body(holder=self.identity, acquire_time=_micro_time(self._wall()), transitions=0, rv=None)
+        self._claim(started, True, lambda: self._write("create", self._api.create_namespaced_lease, self.namespace, body))
+
+    def _claim(self, started: float, acquired: bool, write: Callable[[], LeaseRecord]) -> None:
+        """Take the Lease with ``write``; a 409 (another instance wrote it, or created it, first)
+        loses the race."""
         try:
-            rec = self._write("update", self._api.replace_namespaced_lease, self.name, self.namespace, body)
+            rec = write()
         except KubeApiError as e:
             if e.status == 409:
                 self._lost("lost the race")
                 return
             raise
-        self._won(rec, started, acquired=taking_over)
-
-    def _create(self, started: float) -> None:
-        body = self._body(holder=self.identity, acquire_time=_micro_time(self._wall()), transitions=0, rv=None)
-        try:
-            rec = self._write("create", self._api.create_namespaced_lease, self.namespace, body)
-        except KubeApiError as e:
-            if e.status == 409:  # AlreadyExists: another instance created it first
-                self._lost("lost the race")
-                return
-            raise
-        self._won(rec, started, acquired=True)
+        self._won(rec, started, acquired=acquired)
 
 
 class LeaseKeeper:

@@ -344,7 +344,7 @@ class PromAdapter:
         pool's pods in Kubernetes, so a deleted pod's lingering stale series is dropped."""
         query = build_query(pool, rate_window_s=self.rate_window_s)
         params = {"time": f"{at:.3f}"} if at is not None else {}
-        result = self._run("query", pool, lambda: self._client.custom_query(query, params=params, timeout=self.timeout_s))
+        result = self._query(query, pool, params)
         if not result and at is None:
             at = datetime.now(UTC).timestamp()
         reading = _parsed("query", pool, lambda: parse_instant(result, pool=pool, staleness_s=self.staleness_s, at=at, live_pods=live_pods))
@@ -378,23 +378,20 @@ class PromAdapter:
     def query_range(self, query: str, pool: PromPool, *, start: float, end: float, step_s: float) -> Any:
         """One ``query_range`` (start/end in whole seconds, as the client sends them), errors
         as AdapterError naming the pool."""
-        return self._run(
-            "query_range",
-            pool,
-            lambda: self._client.custom_query_range(
-                query,
-                start_time=datetime.fromtimestamp(start, UTC),
-                end_time=datetime.fromtimestamp(end, UTC),
-                step=f"{step_s:g}",  # the API takes a float number of seconds
-                timeout=self.timeout_s,
-            ),
-        )
+        return self._run("query_range", pool, lambda: self._client.custom_query_range(
+            query, start_time=datetime.fromtimestamp(start, UTC), end_time=datetime.fromtimestamp(end, UTC),
+            step=f"{step_s:g}", timeout=self.timeout_s))  # the step: the API takes a float number of seconds
+
+    def _query(self, query: str, pool: PromPool, params: dict[str, str] | None = None) -> Any:
+        """One instant ``query`` (``params``: its evaluation ``time``, else Prometheus' now)."""
+        send = self._client.custom_query
+        return self._run("query", pool, lambda: send(query, params=params or {}, timeout=self.timeout_s))
 
     def pool_nodes(self, pool: PromPool) -> int | None:
         """Nodes of the pool as the daemon last exported them (``gpu_bridge_nodes``, summed
         over phases; the largest instance), or None when Prometheus does not have it."""
         q = f'max(sum by (instance) (gpu_bridge_nodes{{pool="{_escape(pool.name)}"}}))'
-        result = self._run("query", pool, lambda: self._client.custom_query(q, params={}, timeout=self.timeout_s))
+        result = self._query(q, pool)
         try:
             v = float(result[0]["value"][1]) if result else math.nan
         except (KeyError, TypeError, ValueError, IndexError):
@@ -404,8 +401,7 @@ class PromAdapter:
     def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int) -> dict[str, float | None]:
         """Node -> the lowest free MiB over its GPUs (dcgm-exporter's ``DCGM_FI_DEV_FB_FREE``; None:
         unknown, logged with why), for ``nodes`` only: one instant query (``bridge.adapters.prom.gpu``)."""
-        query = build_gpu_query(nodes, node_label=node_label)
-        result = self._run("query", pool, lambda: self._client.custom_query(query, params={}, timeout=self.timeout_s))
+        result = self._query(build_gpu_query(nodes, node_label=node_label), pool)
         now = datetime.now(UTC).timestamp()
         free, problems = _parsed("query", pool, lambda: parse_gpu_free(result, nodes=nodes, node_label=node_label, gpus=gpus,
                                                                        now=now, staleness_s=self.staleness_s))
@@ -416,8 +412,7 @@ class PromAdapter:
     def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[DelayCount, ...]:
         """The pool's measured reclaims of the last ``window_s`` by bucket, from the daemon's own
         histogram (``gpu_bridge_reclaim_measured_delay_seconds``): what a restart forgot."""
-        query = build_delay_query(pool, window_s=window_s)
-        result = self._run("query", pool, lambda: self._client.custom_query(query, params={}, timeout=self.timeout_s))
+        result = self._query(build_delay_query(pool, window_s=window_s), pool)
         return _parsed("query", pool, lambda: parse_delay_buckets(result))
 
     def request_history(self, pool: PromPool, *, start: float, end: float, step_s: float = 60.0) -> RequestHistory:

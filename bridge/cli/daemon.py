@@ -131,18 +131,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.once:
         server = serve(metrics.registry, port=config.daemon.metrics_port, addr=config.daemon.metrics_host)
         log.info("metrics_listening", host=config.daemon.metrics_host, port=server.port)
-    daemon = Daemon(
-        config,
-        kube=adapters.kube,
-        slurm=adapters.slurm,
-        prom=adapters.prom,
-        prom_pools=adapters.prom_pools,
-        leader=adapters.leader,
-        metrics=metrics if server is not None else None,  # --once: served by no one
-        dry_run=dry_run,
-        after_write=getattr(args, "after_write", None),
-        memory=policy_memory(config, adapters.prom, adapters.prom_pools, time.time()),
-    )
+    daemon = Daemon(config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom,
+                    prom_pools=adapters.prom_pools, leader=adapters.leader,
+                    metrics=metrics if server is not None else None,  # --once: served by no one
+                    dry_run=dry_run, after_write=getattr(args, "after_write", None),
+                    memory=policy_memory(config, adapters.prom, adapters.prom_pools, time.time()))
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -313,12 +306,8 @@ def _print_plan(daemon: Daemon, *, as_json: bool) -> None:
         print("no plan (not observed)")
         return
     if as_json:
-        out = {
-            "now": plan.now,
-            "pools": [_asdict(d) for d in plan.pools],
-            "actions": [_asdict(a) for a in plan.actions],
-            "held": dict(plan.held),
-        }
+        out = {"now": plan.now, "pools": [_asdict(d) for d in plan.pools],
+               "actions": [_asdict(a) for a in plan.actions], "held": dict(plan.held)}
         print(json.dumps(out, indent=2, default=str))
         return
     for d in plan.pools:
@@ -396,11 +385,10 @@ def _wait_phase(args: argparse.Namespace, target: Phase) -> int:
             last = node.phase
         if node.phase is target and wellknown.ANNOTATION_REQUEST not in node.annotations:
             return 0
-        if wellknown.ANNOTATION_REQUEST not in node.annotations and node.phase is not target and last is not None:
-            # request consumed but not carried out: refused (the Event says why)
-            if node.phase in (Phase.SERVING, Phase.LENT):
-                print(f"{args.node}: request not carried out (see: kubectl describe node {args.node})", file=sys.stderr)
-                return 1
+        if wellknown.ANNOTATION_REQUEST not in node.annotations and node.phase in (Phase.SERVING, Phase.LENT):
+            # request consumed but not carried out (the phase is not the target): refused (the Event says why)
+            print(f"{args.node}: request not carried out (see: kubectl describe node {args.node})", file=sys.stderr)
+            return 1
         time.sleep(1.0)
     print(f"{args.node}: still {last} after {args.wait:.0f} s", file=sys.stderr)
     return 1

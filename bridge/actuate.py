@@ -15,7 +15,7 @@ from functools import partial
 from typing import Generic, TypeVar
 
 from bridge import logs
-from bridge.adapters.protocols import KubeWriter, PoolTarget, RequeueOutcome, SleepControl, SlurmWriter
+from bridge.adapters.protocols import KubeWriter, PoolTarget, RequeueOutcome, SleepControl, SlurmWriter, outcome
 from bridge.errors import AdapterError
 from bridge.lifecycle import LENDING_POD_DELETION_COST, WAITS, NodeFacts, PodFacts, PreemptedJob, Step, past_grace, warm_pod
 from bridge.model import Action, ActionKind, Phase, SlurmJob, Tier, WarmRecord, WarmState
@@ -123,10 +123,7 @@ def _batched(batch: _PassBatch[K, T | AdapterError] | None, key: str, call: Call
     """``key``'s outcome of its pass's shared call (its error raised), or ``alone()`` outside a pass."""
     if batch is None or key not in batch.todo:
         return alone()
-    got = batch.outcomes(call)[key]
-    if isinstance(got, AdapterError):
-        raise got
-    return got
+    return outcome(batch.outcomes(call), key)
 
 
 @dataclass

@@ -14,10 +14,10 @@ import shlex
 import subprocess
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from bridge import logs, wellknown
-from bridge.adapters.protocols import DrainOutcomes, HoldOutcomes, RequeueOutcome
+from bridge.adapters.protocols import DrainOutcomes, HoldOutcomes, RequeueOutcome, outcome
 from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
@@ -37,7 +37,6 @@ HOLD_WRAP = "exec sleep infinity"  # fixed text: nothing from data ever goes int
 # serving nodes looks up their holds in 20 reads, not in one argument execve refuses.
 LIST_CHUNK = 500
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-T = TypeVar("T")
 
 
 def _log() -> Any:
@@ -150,14 +149,6 @@ def hold_job_name(node: str) -> str:
 def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
     """``items`` in lists of at most ``LIST_CHUNK``: one command's list argument each."""
     return (items[i : i + LIST_CHUNK] for i in range(0, len(items), LIST_CHUNK))
-
-
-def _one(outcomes: Mapping[str, T | AdapterError], key: str) -> T:
-    """One node's outcome of a call made for many: its error raised."""
-    got = outcomes[key]
-    if isinstance(got, AdapterError):
-        raise got
-    return got
 
 
 def _sbatch_job_id(answer: str) -> str:
@@ -323,7 +314,7 @@ class CliSlurm:
         return {n: tuple(v) for n, v in ids.items()}
 
     def drain(self, node: str, reason: str) -> bool:
-        return _one(self.drain_nodes({node: reason}), validate_node_name(node))
+        return outcome(self.drain_nodes({node: reason}), validate_node_name(node))
 
     def drain_nodes(self, reasons: Mapping[str, str]) -> DrainOutcomes:
         """``drain`` for many nodes (node -> reason) with one read (``nodes_now``): each node decided
@@ -385,7 +376,7 @@ class CliSlurm:
         return True
 
     def submit_hold(self, node: str) -> str:
-        return _one(self.submit_holds([node]), validate_node_name(node))
+        return outcome(self.submit_holds([node]), validate_node_name(node))
 
     def submit_holds(self, nodes: Collection[str]) -> HoldOutcomes:
         return self._submit_ours({validate_node_name(n): ["--exclusive"] for n in nodes},
@@ -434,8 +425,9 @@ class CliSlurm:
         memory, in the never-preempted warm partition (its tier preempts a research job that
         leaves too little memory). Idempotent: an active one is returned."""
         mb, node = validate_mem_mb(mem_mb), validate_node_name(node)
-        return _one(self._submit_ours({node: ["--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}"]},
-                                      "gpu-bridge memory hold: a sleeping vLLM replica's host memory", mem=True, mem_mb=mb), node)
+        return outcome(self._submit_ours({node: ["--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}"]},
+                                         "gpu-bridge memory hold: a sleeping vLLM replica's host memory", mem=True, mem_mb=mb),
+                       node)
 
     def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
         return self._cancel_ours(node, mem=True)

@@ -171,10 +171,7 @@ def node_tier(partitions: Sequence[str], running: Sequence[str], config: Config)
 
 
 def pool_for_node(node: KubeNode, config: Config) -> PoolConfig | None:
-    for pool in config.pools:
-        if node.pool == pool.name:
-            return pool
-    return None
+    return next((pool for pool in config.pools if node.pool == pool.name), None)
 
 
 def join(

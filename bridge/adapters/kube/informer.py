@@ -232,18 +232,10 @@ class Informer(Generic[T]):
             log.warning("object_unparsable", informer=self.name, error=sanitize(str(e)))
 
     def _watch(self, rv: str) -> str:
-        resp = self._calls.run(
-            "watch",
-            self.resource,
-            "",
-            self._list_fn,
-            watch=True,
-            resource_version=rv,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout_s,
-            _preload_content=False,
-            _request_timeout=(self._request_timeout_s, self._watch_timeout_s + self._request_timeout_s),
-        )
+        timeouts = (self._request_timeout_s, self._watch_timeout_s + self._request_timeout_s)
+        resp = self._calls.run("watch", self.resource, "", self._list_fn, watch=True, resource_version=rv,
+                               allow_watch_bookmarks=True, timeout_seconds=self._watch_timeout_s,
+                               _preload_content=False, _request_timeout=timeouts)
         self._resp = resp
         with self._lock:
             self._synced = True

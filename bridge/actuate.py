@@ -158,7 +158,7 @@ class Actuator:
         logged (the event names are stable) and recorded with its error; the rest go on."""
         obs, now = intents.observation, intents.observation.view.now
         for node, why in intents.stuck:
-            self.report(node, "GpuBridgeNotReady", why)
+            self._event(node, "GpuBridgeNotReady", why, "Warning")
         out = [self._try("action_not_started", a.node, START_POINTS[a.kind], partial(self.start, a, now=now, jobs=obs.view.jobs))
                for a in intents.starts]
         out += [self._try("request_failed", n, REQUEST_POINT, partial(self.request, n, r, o, now=now), request=r)
@@ -200,9 +200,11 @@ class Actuator:
                  reason=str(action.reason), detail=action.detail, jobs=list(action.jobs))
         for job in (jobs[j] for j in action.jobs if jobs is not None and j in jobs):
             grace_s = self.grace_s or 0.0
-            self.note(action.node, PREEMPTION_EVENT, preemption_message(job_id=job.job_id, node=action.node, grace_s=grace_s,
-                                                                        lost_gpu_hours=job_loss_gpu_hours(job, now, grace_s),
-                                                                        checkpoint_time=job.checkpoint_time))
+            # a Normal Event: a fact people (and ``gpu-bridge web``) read back
+            message = preemption_message(job_id=job.job_id, node=action.node, grace_s=grace_s,
+                                         lost_gpu_hours=job_loss_gpu_hours(job, now, grace_s),
+                                         checkpoint_time=job.checkpoint_time)
+            self._event(action.node, PREEMPTION_EVENT, message)
         return changed
 
     def request(self, node: str, request: str, outcome: Action | str, *, now: float) -> bool:
@@ -213,7 +215,7 @@ class Actuator:
             self.start(outcome, now=now)
         else:
             log.warning("request_refused", node=node, request=request, reason=outcome)
-            self.refuse(node, request, outcome)
+            self._event(node, "GpuBridgeRequestRefused", f"{request} refused: {outcome}", "Warning")
         self.kube.set_request(node, None)
         return True
 
@@ -260,18 +262,6 @@ class Actuator:
         if batch is None or any(j.job_id not in batch.todo for j in due):
             return self.slurm.requeue_jobs({j.job_id: j.restart_count for j in due})
         return batch.outcomes(self.slurm.requeue_jobs)
-
-    def report(self, node: str, reason: str, message: str) -> None:
-        """A Warning Event on the node, for what an operator must look at."""
-        self._event(node, reason, message, "Warning")
-
-    def note(self, node: str, reason: str, message: str) -> None:
-        """A Normal Event on the node: a fact people (and ``gpu-bridge web``) read back."""
-        self._event(node, reason, message)
-
-    def refuse(self, node: str, request: str, why: str) -> None:
-        """Show an operator why their request was not carried out."""
-        self._event(node, "GpuBridgeRequestRefused", f"{request} refused: {why}", "Warning")
 
     def scale_pool(self, pool: PoolTarget, replicas: int) -> bool:
         changed = self.kube.scale(pool.namespace, pool.deployment, replicas)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -335,10 +336,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _writer(args: argparse.Namespace) -> tuple[Config, Adapters]:
+@contextlib.contextmanager
+def _writer(args: argparse.Namespace) -> Iterator[tuple[Config, Adapters]]:
+    """The operator commands' config and adapters (no Lease, no watches), closed after use."""
     config = _load(args.config)
     adapters = build_adapters(config, leader=False, start_watches=False)
-    return config, adapters
+    try:
+        yield config, adapters
+    finally:
+        adapters.close()
 
 
 def _pool_node(adapters: Adapters, config: Config, name: str) -> NodeInfo:
@@ -354,12 +360,9 @@ def _pool_node(adapters: Adapters, config: Config, name: str) -> NodeInfo:
 def cmd_request(args: argparse.Namespace) -> int:
     logs.configure(json=True, level="warning")
     try:
-        config, adapters = _writer(args)
-        try:
+        with _writer(args) as (config, adapters):
             _pool_node(adapters, config, args.node)
             adapters.kube.set_request(args.node, args.request)
-        finally:
-            adapters.close()
     except (BridgeError, ValueError) as exc:
         return fail(exc if isinstance(exc, BridgeError) else ConfigError([str(exc)]))
     print(f"{args.request} of {args.node} requested; the leading gpu-bridge carries it out (kubectl describe node {args.node})")
@@ -373,11 +376,8 @@ def _wait_phase(args: argparse.Namespace, target: Phase) -> int:
     last = None
     while time.monotonic() < deadline:
         try:
-            config, adapters = _writer(args)
-            try:
+            with _writer(args) as (_, adapters):
                 node = adapters.kube.read_node(args.node)
-            finally:
-                adapters.close()
         except BridgeError as exc:
             return fail(exc)
         if node.phase != last:
@@ -397,8 +397,7 @@ def _wait_phase(args: argparse.Namespace, target: Phase) -> int:
 def cmd_pin(args: argparse.Namespace) -> int:
     logs.configure(json=True, level="warning")
     try:
-        config, adapters = _writer(args)
-        try:
+        with _writer(args) as (config, adapters):
             node = _pool_node(adapters, config, args.node)
             pin = Pin(args.side) if args.side else None
             adapters.kube.set_pin(args.node, pin)
@@ -409,8 +408,6 @@ def cmd_pin(args: argparse.Namespace) -> int:
             elif pin is Pin.SERVING and node.phase is Phase.LENT:
                 adapters.kube.set_request(args.node, "reclaim")
                 moved = "; reclaiming it first"
-        finally:
-            adapters.close()
     except (BridgeError, ValueError) as exc:
         return fail(exc if isinstance(exc, BridgeError) else ConfigError([str(exc)]))
     print(f"{args.node}: " + (f"pinned to {args.side}{moved}" if args.side else "unpinned: the policy decides again"))

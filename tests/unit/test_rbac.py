@@ -116,7 +116,7 @@ WEB_ONLY_FILES = frozenset({"events.py"})
 def code_calls() -> set[tuple[str, str]]:
     """(verb, resource) of every Kubernetes call in the adapters and the leader election:
     ``calls.run("verb", "resource", ...)`` (or the Kubernetes adapter's ``_json("verb", "resource", ...)``),
-    ``_write("verb", ...)`` on leases, and the
+    ``_call("verb", ...)`` on leases, and the
     informers (``_informer(name, "resource", ...)`` lists and watches)."""
     import ast
 
@@ -131,7 +131,7 @@ def code_calls() -> set[tuple[str, str]]:
             name = node.func.attr
             if name in ("run", "_json") and len(consts) >= 2 and consts[0] and consts[1]:
                 out.add((consts[0], consts[1]))
-            elif name == "_write" and path.name == "lease.py" and consts and consts[0]:
+            elif name == "_call" and path.name == "lease.py" and consts and consts[0]:
                 out.add((consts[0], "leases"))
             elif name == "_informer" and len(consts) >= 2 and consts[1]:
                 out |= {("list", consts[1]), ("watch", consts[1])}

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from bridge.errors import AdapterError
 
-from .protocols import KubeAdapterProtocol, KubeReader, KubeWriter, LeaseHolder, SlurmAdapterProtocol, SlurmReader, SlurmWriter
+from .protocols import (
+    KubeAdapterProtocol, KubeReader, KubeWriter, LeaseHolder, SlurmAdapterProtocol, SlurmReader, SlurmWriter,
+)
 
 
 class NotLeaderError(AdapterError):

@@ -425,9 +425,9 @@ class CliSlurm:
         memory, in the never-preempted warm partition (its tier preempts a research job that
         leaves too little memory). Idempotent: an active one is returned."""
         mb, node = validate_mem_mb(mem_mb), validate_node_name(node)
-        return outcome(self._submit_ours({node: ["--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}"]},
-                                         "gpu-bridge memory hold: a sleeping vLLM replica's host memory", mem=True, mem_mb=mb),
-                       node)
+        size = ["--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}"]
+        return outcome(self._submit_ours({node: size}, "gpu-bridge memory hold: a sleeping vLLM replica's host memory",
+                                         mem=True, mem_mb=mb), node)
 
     def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
         return self._cancel_ours(node, mem=True)

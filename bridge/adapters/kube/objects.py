@@ -124,11 +124,12 @@ class EvictOutcome(enum.StrEnum):
     GONE = "gone"  # 404: the pod no longer exists
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+def _parts(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]]:
+    """An object's metadata (required), spec and status (empty when absent)."""
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         raise ValueError("object without metadata")
-    return meta
+    return meta, _mapping(obj.get("spec")), _mapping(obj.get("status"))
 
 
 def _required(meta: Mapping[str, Any], problems: list[str], keys: tuple[str, ...] = ("name", "uid", "resourceVersion")) -> None:
@@ -197,9 +198,7 @@ def parse_since(raw: str | None, problems: list[str]) -> float | None:
 
 def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     """A Node's JSON -> NodeInfo; our labels/annotations validated (see ``problem``)."""
-    meta = _meta(obj)
-    spec = _mapping(obj.get("spec"))
-    status = _mapping(obj.get("status"))
+    meta, spec, status = _parts(obj)
     labels = _str_map(meta.get("labels"))
     annotations = _str_map(meta.get("annotations"))
     problems: list[str] = []
@@ -277,9 +276,7 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 def parse_pod(obj: Mapping[str, Any], pool: str) -> PodInfo:
-    meta = _meta(obj)
-    spec = _mapping(obj.get("spec"))
-    status = _mapping(obj.get("status"))
+    meta, spec, status = _parts(obj)
     annotations = _str_map(meta.get("annotations"))
     problems: list[str] = []
     _required(meta, problems, ("name", "namespace", "uid", "resourceVersion"))
@@ -319,9 +316,7 @@ def _int(value: Any, default: int = 0) -> int:
 
 
 def parse_deployment(obj: Mapping[str, Any]) -> DeploymentInfo:
-    meta = _meta(obj)
-    spec = _mapping(obj.get("spec"))
-    status = _mapping(obj.get("status"))
+    meta, spec, status = _parts(obj)
     selector = _mapping(spec.get("selector"))
     problems: list[str] = []
     _required(meta, problems, ("name", "namespace", "resourceVersion"))
@@ -346,9 +341,7 @@ def parse_deployment(obj: Mapping[str, Any]) -> DeploymentInfo:
 
 
 def parse_scale(obj: Mapping[str, Any]) -> ScaleInfo:
-    meta = _meta(obj)
-    spec = _mapping(obj.get("spec"))
-    status = _mapping(obj.get("status"))
+    meta, spec, status = _parts(obj)
     return ScaleInfo(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),

@@ -374,8 +374,11 @@ def _abort_lend(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: fl
 
 
 def _cancel_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
-    cancelled = a.slurm.cancel_hold(f.name)
-    return bool(cancelled), f"cancelled {', '.join(cancelled)}" if cancelled else ""
+    """CANCEL_HOLD: the node's hold job; CANCEL_MEM_HOLD: its memory hold (warm lending)."""
+    mem = step is Step.CANCEL_MEM_HOLD
+    cancelled = (a.slurm.cancel_mem_hold if mem else a.slurm.cancel_hold)(f.name)
+    ids = ", ".join(cancelled)
+    return bool(cancelled), (f"memory hold {ids} cancelled" if mem else f"cancelled {ids}") if cancelled else ""
 
 
 def _requeue(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
@@ -546,11 +549,6 @@ def _submit_mem_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, no
     return True, f"memory hold {a.slurm.submit_mem_hold(f.name, mb)}: {mb} MB"
 
 
-def _cancel_mem_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
-    cancelled = a.slurm.cancel_mem_hold(f.name)
-    return bool(cancelled), f"memory hold {', '.join(cancelled)} cancelled" if cancelled else ""
-
-
 def _mem_hold_lost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
     """A node lent asleep without its memory hold (an administrator cancelled it, it failed):
     Slurm may give research jobs the memory the sleeping weights hold, so the replica goes
@@ -592,7 +590,7 @@ _STEPS: Mapping[Step, Handler] = {
     Step.MARK_POD: _deletion_cost, Step.UNMARK_POD: _deletion_cost,
     Step.EVICT_POD: _evict,
     Step.ABORT_LEND: _abort_lend,
-    Step.CANCEL_HOLD: _cancel_hold,
+    Step.CANCEL_HOLD: _cancel_hold, Step.CANCEL_MEM_HOLD: _cancel_hold,
     Step.REQUEUE_JOBS: _requeue,
     Step.RESUME: lambda a, s, f, p, now: (a.slurm.resume(f.name), ""),
     Step.CLEAR_SLURM_DRAIN: _own_drain, Step.TAKE_OVER_DRAIN: _own_drain,
@@ -604,7 +602,6 @@ _STEPS: Mapping[Step, Handler] = {
     Step.DELETE_ASLEEP: _delete_asleep,
     Step.CLEAR_WARM: lambda a, s, f, p, now: (a.kube.set_warm(f.name, None), ""),
     Step.SUBMIT_MEM_HOLD: _submit_mem_hold,
-    Step.CANCEL_MEM_HOLD: _cancel_mem_hold,
     Step.MEM_HOLD_LOST: _mem_hold_lost,
     Step.GPU_HELD: _gpu_held,
 }

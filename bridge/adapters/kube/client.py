@@ -351,12 +351,9 @@ class KubeAdapter:
             current = self.read_scale(namespace, deployment)
             if current.replicas == replicas:
                 return False
-            body = {
-                "apiVersion": "autoscaling/v1",
-                "kind": "Scale",
-                "metadata": {"name": deployment, "namespace": namespace, "resourceVersion": current.resource_version},
-                "spec": {"replicas": int(replicas)},
-            }
+            meta = {"name": deployment, "namespace": namespace, "resourceVersion": current.resource_version}
+            body = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": meta,
+                    "spec": {"replicas": int(replicas)}}
             try:
                 self._json("update", "deployments/scale", f"{namespace}/{deployment}",
                            self._apps.replace_namespaced_deployment_scale, deployment, namespace, body)

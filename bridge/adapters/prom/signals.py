@@ -139,16 +139,9 @@ class _Signal:
         return sum(sum(v) for v in self.by_replica.values())
 
 
-def signals_from_step(
-    step: _Step,
-    *,
-    t: float,
-    staleness_s: float | None,
-    check_timestamps: bool,
-    live_pods: Collection[str] | None = None,
-    dropped: list[str] | None = None,
-    inflight: dict[str, float] | None = None,
-) -> tuple[LoadSignals, dict[str, str]]:
+def signals_from_step(step: _Step, *, t: float, staleness_s: float | None, check_timestamps: bool,
+                      live_pods: Collection[str] | None = None, dropped: list[str] | None = None,
+                      inflight: dict[str, float] | None = None) -> tuple[LoadSignals, dict[str, str]]:
     """Validate and sum one instant's series into LoadSignals (pure).
 
     A stale series fails its signal (fail closed), except when ``live_pods`` is given and the
@@ -224,9 +217,8 @@ def _gone(key: frozenset[tuple[str, str]], live_pods: Collection[str]) -> bool:
     return pod is not None and pod not in live_pods
 
 
-def _absorb(
-    step: _Step, metric: Mapping[str, str], raw: Any, pool: PromPool, ignored: set[str], own_pods: Collection[str] | None = None
-) -> None:
+def _absorb(step: _Step, metric: Mapping[str, str], raw: Any, pool: PromPool, ignored: set[str],
+            own_pods: Collection[str] | None = None) -> None:
     tag = metric.get(TAG, "")
     key = _replica_key(metric)
     why = pool.foreign(metric)
@@ -244,14 +236,8 @@ def _absorb(
         step.values.setdefault(tag, {})[key] = _float(raw)
 
 
-def parse_instant(
-    result: Sequence[Mapping[str, Any]],
-    *,
-    pool: PromPool,
-    staleness_s: float,
-    at: float | None,
-    live_pods: Collection[str] | None = None,
-) -> SignalsReading:
+def parse_instant(result: Sequence[Mapping[str, Any]], *, pool: PromPool, staleness_s: float, at: float | None,
+                  live_pods: Collection[str] | None = None) -> SignalsReading:
     """An instant-query result (a vector) -> SignalsReading (pure). ``live_pods``: the
     pool's pods in Kubernetes (see ``signals_from_step``); None = every stale series counts.
     With ``pool.own_pods_only`` and ``live_pods`` given, only series of those pods count."""
@@ -268,12 +254,10 @@ def parse_instant(
         raise ValueError("an empty result needs the evaluation time")
     dropped: list[str] = []
     inflight: dict[str, float] = {}
-    signals, problems = signals_from_step(
-        step, t=t, staleness_s=staleness_s, check_timestamps=True, live_pods=live_pods, dropped=dropped, inflight=inflight
-    )
-    return SignalsReading(
-        pool=pool.name, signals=signals, problems=problems, ignored=tuple(sorted(ignored | set(dropped))), inflight_by_pod=inflight
-    )
+    signals, problems = signals_from_step(step, t=t, staleness_s=staleness_s, check_timestamps=True,
+                                          live_pods=live_pods, dropped=dropped, inflight=inflight)
+    return SignalsReading(pool=pool.name, signals=signals, problems=problems,
+                          ignored=tuple(sorted(ignored | set(dropped))), inflight_by_pod=inflight)
 
 
 def parse_range(result: Sequence[Mapping[str, Any]], *, pool: PromPool, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:

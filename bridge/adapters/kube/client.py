@@ -89,19 +89,10 @@ class KubeAdapter:
     """Implements ``KubeReader`` and ``KubeWriter``. ``start()`` begins the watches; the daemon
     should wait for ``cache_status().synced`` before deciding anything."""
 
-    def __init__(
-        self,
-        api_client: k8s.ApiClient,
-        *,
-        pools: Sequence[PoolTarget],
-        identity: str,
-        event_namespace: str = "default",
-        request_timeout_s: float = 10.0,
-        watch_timeout_s: int = 60,
-        max_conflict_retries: int = 5,
-        clock: Callable[[], float] = time.time,
-        on_change: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, api_client: k8s.ApiClient, *, pools: Sequence[PoolTarget], identity: str,
+                 event_namespace: str = "default", request_timeout_s: float = 10.0, watch_timeout_s: int = 60,
+                 max_conflict_retries: int = 5, clock: Callable[[], float] = time.time,
+                 on_change: Callable[[], None] | None = None) -> None:
         if not pools:
             raise ValueError("pools: at least one pool is needed")
         self.calls = ApiCalls()

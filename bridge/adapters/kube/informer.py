@@ -56,22 +56,11 @@ class Informer(Generic[T]):
     (e.g. ``partial(core.list_node, label_selector=...)``); ``parse`` turns an object's JSON
     into a snapshot; ``key`` names an object in the store."""
 
-    def __init__(
-        self,
-        name: str,
-        resource: str,
-        list_fn: Callable[..., Any],
-        parse: Callable[[Mapping[str, Any]], T],
-        *,
-        calls: ApiCalls,
-        key: Callable[[Mapping[str, Any]], str] = lambda o: str(o["metadata"]["name"]),
-        watch_timeout_s: int = 60,
-        request_timeout_s: float = 10.0,
-        backoff_initial_s: float = 0.2,
-        backoff_max_s: float = 10.0,
-        on_change: Callable[[], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, name: str, resource: str, list_fn: Callable[..., Any], parse: Callable[[Mapping[str, Any]], T],
+                 *, calls: ApiCalls, key: Callable[[Mapping[str, Any]], str] = lambda o: str(o["metadata"]["name"]),
+                 watch_timeout_s: int = 60, request_timeout_s: float = 10.0, backoff_initial_s: float = 0.2,
+                 backoff_max_s: float = 10.0, on_change: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.resource = resource
         self._list_fn = list_fn

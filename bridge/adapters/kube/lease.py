@@ -95,20 +95,10 @@ class _Leases:
 class LeaderElector:
     """Call ``try_acquire_or_renew()`` every tick; act only while ``is_leader``."""
 
-    def __init__(
-        self,
-        api_client: k8s.ApiClient,
-        *,
-        namespace: str,
-        identity: str | None = None,
-        name: str = wk.LEASE_NAME,
-        lease_duration_s: float = 15.0,
-        renew_deadline_s: float | None = None,
-        retry_period_s: float | None = None,
-        request_timeout_s: float | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, api_client: k8s.ApiClient, *, namespace: str, identity: str | None = None,
+                 name: str = wk.LEASE_NAME, lease_duration_s: float = 15.0, renew_deadline_s: float | None = None,
+                 retry_period_s: float | None = None, request_timeout_s: float | None = None,
+                 monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.identity = identity or default_identity()
         self.namespace = namespace
         self.name = name

@@ -292,17 +292,9 @@ class PromAdapter:
     ``scrape_interval_s``: history gauge windows span at least two scrapes, so a step shorter
     than the scrape interval still sees a sample."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout_s: float = 10.0,
-        staleness_s: float = 60.0,
-        rate_window_s: float = 60.0,
-        scrape_interval_s: float = 15.0,
-        access: PromAccess | None = None,
-        client: PrometheusConnect | None = None,
-    ) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 10.0, staleness_s: float = 60.0, rate_window_s: float = 60.0,
+                 scrape_interval_s: float = 15.0, access: PromAccess | None = None,
+                 client: PrometheusConnect | None = None) -> None:
         self.url = url
         self.scrape_interval_s = scrape_interval_s
         self.timeout_s = timeout_s

@@ -176,20 +176,12 @@ class CliSlurm:
     over os.environ; ``command_prefix`` an argv list put before every command (config
     ``slurm.command_prefix``); ``runner`` replaces subprocess (tests)."""
 
-    def __init__(
-        self,
-        *,
-        env: Mapping[str, str] | None = None,
-        runner: CommandRunner | None = None,
-        timeout_s: float = 10.0,
-        hold_partition: str = wellknown.SLURM_HOLD_PARTITION,
-        hold_user: str | None = None,
-        command_prefix: Sequence[str] = (),
-        fence: Callable[[Sequence[str], float], None] | None = None,
-        preempt_partition: str = wellknown.SLURM_PREEMPT_PARTITION,
-        fast_partition: str | None = None,
-        warm_partition: str = wellknown.SLURM_WARM_PARTITION,
-    ) -> None:
+    def __init__(self, *, env: Mapping[str, str] | None = None, runner: CommandRunner | None = None,
+                 timeout_s: float = 10.0, hold_partition: str = wellknown.SLURM_HOLD_PARTITION,
+                 hold_user: str | None = None, command_prefix: Sequence[str] = (),
+                 fence: Callable[[Sequence[str], float], None] | None = None,
+                 preempt_partition: str = wellknown.SLURM_PREEMPT_PARTITION, fast_partition: str | None = None,
+                 warm_partition: str = wellknown.SLURM_WARM_PARTITION) -> None:
         self.run_cmd: CommandRunner = runner or SubprocessRunner({**os.environ, **(env or {})}, prefix=command_prefix)
         # called with (argv, timeout) right before each command that changes Slurm; raises to
         # refuse it (the Lease fence, bridge.wiring): checked there, not once before a write of

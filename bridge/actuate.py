@@ -15,7 +15,7 @@ from functools import partial
 from typing import Generic, TypeVar
 
 from bridge import logs
-from bridge.adapters.protocols import KubeWriter, PoolTarget, RequeueOutcome, SleepControl, SlurmWriter
+from bridge.adapters.protocols import KubeWriter, PoolTarget, RequeueOutcome, SleepControl, SlurmWriter, outcome
 from bridge.errors import AdapterError
 from bridge.lifecycle import LENDING_POD_DELETION_COST, WAITS, NodeFacts, PodFacts, PreemptedJob, Step, past_grace, warm_pod
 from bridge.model import Action, ActionKind, Phase, SlurmJob, Tier, WarmRecord, WarmState
@@ -123,10 +123,7 @@ def _batched(batch: _PassBatch[K, T | AdapterError] | None, key: str, call: Call
     """``key``'s outcome of its pass's shared call (its error raised), or ``alone()`` outside a pass."""
     if batch is None or key not in batch.todo:
         return alone()
-    got = batch.outcomes(call)[key]
-    if isinstance(got, AdapterError):
-        raise got
-    return got
+    return outcome(batch.outcomes(call), key)
 
 
 @dataclass
@@ -161,7 +158,7 @@ class Actuator:
         logged (the event names are stable) and recorded with its error; the rest go on."""
         obs, now = intents.observation, intents.observation.view.now
         for node, why in intents.stuck:
-            self.report(node, "GpuBridgeNotReady", why)
+            self._event(node, "GpuBridgeNotReady", why, "Warning")
         out = [self._try("action_not_started", a.node, START_POINTS[a.kind], partial(self.start, a, now=now, jobs=obs.view.jobs))
                for a in intents.starts]
         out += [self._try("request_failed", n, REQUEST_POINT, partial(self.request, n, r, o, now=now), request=r)
@@ -203,9 +200,11 @@ class Actuator:
                  reason=str(action.reason), detail=action.detail, jobs=list(action.jobs))
         for job in (jobs[j] for j in action.jobs if jobs is not None and j in jobs):
             grace_s = self.grace_s or 0.0
-            self.note(action.node, PREEMPTION_EVENT, preemption_message(job_id=job.job_id, node=action.node, grace_s=grace_s,
-                                                                        lost_gpu_hours=job_loss_gpu_hours(job, now, grace_s),
-                                                                        checkpoint_time=job.checkpoint_time))
+            # a Normal Event: a fact people (and ``gpu-bridge web``) read back
+            message = preemption_message(job_id=job.job_id, node=action.node, grace_s=grace_s,
+                                         lost_gpu_hours=job_loss_gpu_hours(job, now, grace_s),
+                                         checkpoint_time=job.checkpoint_time)
+            self._event(action.node, PREEMPTION_EVENT, message)
         return changed
 
     def request(self, node: str, request: str, outcome: Action | str, *, now: float) -> bool:
@@ -216,7 +215,7 @@ class Actuator:
             self.start(outcome, now=now)
         else:
             log.warning("request_refused", node=node, request=request, reason=outcome)
-            self.refuse(node, request, outcome)
+            self._event(node, "GpuBridgeRequestRefused", f"{request} refused: {outcome}", "Warning")
         self.kube.set_request(node, None)
         return True
 
@@ -263,18 +262,6 @@ class Actuator:
         if batch is None or any(j.job_id not in batch.todo for j in due):
             return self.slurm.requeue_jobs({j.job_id: j.restart_count for j in due})
         return batch.outcomes(self.slurm.requeue_jobs)
-
-    def report(self, node: str, reason: str, message: str) -> None:
-        """A Warning Event on the node, for what an operator must look at."""
-        self._event(node, reason, message, "Warning")
-
-    def note(self, node: str, reason: str, message: str) -> None:
-        """A Normal Event on the node: a fact people (and ``gpu-bridge web``) read back."""
-        self._event(node, reason, message)
-
-    def refuse(self, node: str, request: str, why: str) -> None:
-        """Show an operator why their request was not carried out."""
-        self._event(node, "GpuBridgeRequestRefused", f"{request} refused: {why}", "Warning")
 
     def scale_pool(self, pool: PoolTarget, replicas: int) -> bool:
         changed = self.kube.scale(pool.namespace, pool.deployment, replicas)
@@ -387,8 +374,11 @@ def _abort_lend(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: fl
 
 
 def _cancel_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
-    cancelled = a.slurm.cancel_hold(f.name)
-    return bool(cancelled), f"cancelled {', '.join(cancelled)}" if cancelled else ""
+    """CANCEL_HOLD: the node's hold job; CANCEL_MEM_HOLD: its memory hold (warm lending)."""
+    mem = step is Step.CANCEL_MEM_HOLD
+    cancelled = (a.slurm.cancel_mem_hold if mem else a.slurm.cancel_hold)(f.name)
+    ids = ", ".join(cancelled)
+    return bool(cancelled), (f"memory hold {ids} cancelled" if mem else f"cancelled {ids}") if cancelled else ""
 
 
 def _requeue(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
@@ -559,11 +549,6 @@ def _submit_mem_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, no
     return True, f"memory hold {a.slurm.submit_mem_hold(f.name, mb)}: {mb} MB"
 
 
-def _cancel_mem_hold(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
-    cancelled = a.slurm.cancel_mem_hold(f.name)
-    return bool(cancelled), f"memory hold {', '.join(cancelled)} cancelled" if cancelled else ""
-
-
 def _mem_hold_lost(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:
     """A node lent asleep without its memory hold (an administrator cancelled it, it failed):
     Slurm may give research jobs the memory the sleeping weights hold, so the replica goes
@@ -605,7 +590,7 @@ _STEPS: Mapping[Step, Handler] = {
     Step.MARK_POD: _deletion_cost, Step.UNMARK_POD: _deletion_cost,
     Step.EVICT_POD: _evict,
     Step.ABORT_LEND: _abort_lend,
-    Step.CANCEL_HOLD: _cancel_hold,
+    Step.CANCEL_HOLD: _cancel_hold, Step.CANCEL_MEM_HOLD: _cancel_hold,
     Step.REQUEUE_JOBS: _requeue,
     Step.RESUME: lambda a, s, f, p, now: (a.slurm.resume(f.name), ""),
     Step.CLEAR_SLURM_DRAIN: _own_drain, Step.TAKE_OVER_DRAIN: _own_drain,
@@ -617,7 +602,6 @@ _STEPS: Mapping[Step, Handler] = {
     Step.DELETE_ASLEEP: _delete_asleep,
     Step.CLEAR_WARM: lambda a, s, f, p, now: (a.kube.set_warm(f.name, None), ""),
     Step.SUBMIT_MEM_HOLD: _submit_mem_hold,
-    Step.CANCEL_MEM_HOLD: _cancel_mem_hold,
     Step.MEM_HOLD_LOST: _mem_hold_lost,
     Step.GPU_HELD: _gpu_held,
 }

@@ -171,26 +171,14 @@ def node_tier(partitions: Sequence[str], running: Sequence[str], config: Config)
 
 
 def pool_for_node(node: KubeNode, config: Config) -> PoolConfig | None:
-    for pool in config.pools:
-        if node.pool == pool.name:
-            return pool
-    return None
+    return next((pool for pool in config.pools if node.pool == pool.name), None)
 
 
-def join(
-    *,
-    now: float,
-    config: Config,
-    kube_nodes: Sequence[KubeNode],
-    pods: Mapping[str, Sequence[KubePod]],
-    desired_replicas: Mapping[str, int],
-    slurm_nodes: Sequence[SlurmNodeLike] | None,
-    slurm_jobs: Sequence[SlurmJob] | None,
-    readings: Mapping[str, Readings],
-    pool_problems: Mapping[str, str] | None = None,
-    slurm_now: float | None = None,
-    gpu_free: Mapping[str, float | None] | None = None,
-) -> Observation:
+def join(*, now: float, config: Config, kube_nodes: Sequence[KubeNode], pods: Mapping[str, Sequence[KubePod]],
+         desired_replicas: Mapping[str, int], slurm_nodes: Sequence[SlurmNodeLike] | None,
+         slurm_jobs: Sequence[SlurmJob] | None, readings: Mapping[str, Readings],
+         pool_problems: Mapping[str, str] | None = None, slurm_now: float | None = None,
+         gpu_free: Mapping[str, float | None] | None = None) -> Observation:
     """Build the policy view and the lifecycle facts. ``slurm_nodes``/``slurm_jobs`` None:
     the Slurm lookup failed, so every node is held (its Slurm side is unknown).
     ``pool_problems``: pool -> why its Deployment cannot be trusted (its nodes are held).

@@ -76,9 +76,8 @@ def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, 
     if "gang" in mode or "suspend" in mode:
         out.append(Finding("PreemptMode", get("PreemptMode", ""), "GANG/SUSPEND conflict with gpu-bridge: a GPU "
                                                                   "cannot be shared; preempted jobs must be requeued"))
-    if "preempt_send_user_signal" not in _items(get("SlurmctldParameters", "")) and "send_user_signal" not in _items(
-        get("PreemptParameters", "")
-    ):
+    if ("preempt_send_user_signal" not in _items(get("SlurmctldParameters", ""))
+            and "send_user_signal" not in _items(get("PreemptParameters", ""))):
         out.append(Finding("SlurmctldParameters", get("SlurmctldParameters", ""),
                            "lacks preempt_send_user_signal (24.11: PreemptParameters=send_user_signal): without it a "
                            "preempted job hears its signal only at the end of GraceTime, too late to checkpoint; "
@@ -119,11 +118,10 @@ def check(config: Config, settings: Mapping[str, str], partitions: Mapping[str, 
                                "needs EXCLUSIVE: a hold job keeps the whole node for serving"))
         if hold.get("MaxTime", "").upper() != "UNLIMITED":
             out.append(Finding(f"{key} MaxTime", hold.get("MaxTime", ""), "needs UNLIMITED: a hold job runs as long as the node serves"))
-    if preempt is not None and hold is not None:
-        if not _tier_above(hold, preempt):
-            out.append(Finding(f"PartitionName={hname} PriorityTier", hold.get("PriorityTier", ""),
-                               f"must be higher than {pname}'s ({preempt.get('PriorityTier', '')}): otherwise a hold job "
-                               "preempts nothing and no node can be reclaimed"))
+    if preempt is not None and hold is not None and not _tier_above(hold, preempt):
+        out.append(Finding(f"PartitionName={hname} PriorityTier", hold.get("PriorityTier", ""),
+                           f"must be higher than {pname}'s ({preempt.get('PriorityTier', '')}): otherwise a hold job "
+                           "preempts nothing and no node can be reclaimed"))
     fname = config.slurm.fast_partition
     if fname is not None:
         out += _fast_tier(config, fname, partitions.get(fname), preempt, hold)
@@ -203,11 +201,10 @@ def _warm_lending(config: Config, settings: Mapping[str, str], warm: Mapping[str
                            "must not be EXCLUSIVE: a memory hold runs beside the research jobs"))
     if warm.get("MaxTime", "").upper() != "UNLIMITED":
         out.append(Finding(f"{key} MaxTime", warm.get("MaxTime", ""), "needs UNLIMITED: a memory hold runs as long as the node is lent"))
-    if preempt is not None:
-        if not _tier_above(warm, preempt):
-            out.append(Finding(f"{key} PriorityTier", warm.get("PriorityTier", ""),
-                               f"must be higher than {pname}'s ({preempt.get('PriorityTier', '')}): a memory hold must "
-                               "preempt a research job that leaves it too little memory"))
+    if preempt is not None and not _tier_above(warm, preempt):
+        out.append(Finding(f"{key} PriorityTier", warm.get("PriorityTier", ""),
+                           f"must be higher than {pname}'s ({preempt.get('PriorityTier', '')}): a memory hold must "
+                           "preempt a research job that leaves it too little memory"))
     if hold is not None:
         mine, held = _nodes(warm.get("Nodes", "")), _nodes(hold.get("Nodes", ""))
         if mine is not None and (held is None or not held <= mine):
@@ -238,11 +235,10 @@ def _fast_tier(config: Config, fname: str, fast: Mapping[str, str] | None, preem
         out.append(Finding(f"{key} GraceTime", fast.get("GraceTime", ""),
                            f"must be shorter than {config.slurm.preempt_partition}'s ({normal:g} s): the fast tier "
                            "exists to give nodes back sooner"))
-    if hold is not None:
-        if not _tier_above(hold, fast):
-            out.append(Finding(f"{key} PriorityTier", fast.get("PriorityTier", ""),
-                               f"must be lower than {config.slurm.hold_partition}'s ({hold.get('PriorityTier', '')}): "
-                               "otherwise a hold job cannot preempt its jobs and the node cannot be reclaimed"))
+    if hold is not None and not _tier_above(hold, fast):
+        out.append(Finding(f"{key} PriorityTier", fast.get("PriorityTier", ""),
+                           f"must be lower than {config.slurm.hold_partition}'s ({hold.get('PriorityTier', '')}): "
+                           "otherwise a hold job cannot preempt its jobs and the node cannot be reclaimed"))
     if preempt is not None and hold is not None:
         # gpu-bridge moves each lent node into its tier's partition only: what stays fixed is that
         # the two cover the lendable nodes (the hold partition's) and nothing else

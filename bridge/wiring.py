@@ -37,19 +37,12 @@ def check_private_file(path: str | Path, *, what: str) -> None:
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read {what}: {exc.strerror or exc}"]) from None
     if st.st_uid not in (0, os.geteuid()):
-        raise ConfigError(
-            [
-                f"{p}: {what} is owned by uid {st.st_uid}, neither root nor the daemon's user "
-                f"(uid {os.geteuid()}), who can write it; refusing to use it. Fix with: chown {os.geteuid()} {p}"
-            ]
-        )
+        raise ConfigError([f"{p}: {what} is owned by uid {st.st_uid}, neither root nor the daemon's user "
+                           f"(uid {os.geteuid()}), who can write it; refusing to use it. "
+                           f"Fix with: chown {os.geteuid()} {p}"])
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(
-            [
-                f"{p}: {what} is writable by group or others (mode {stat.filemode(st.st_mode)}); "
-                f"refusing to use it. Fix with: chmod go-w {p}"
-            ]
-        )
+        raise ConfigError([f"{p}: {what} is writable by group or others (mode {stat.filemode(st.st_mode)}); "
+                           f"refusing to use it. Fix with: chmod go-w {p}"])
 
 
 def check_secret_file(path: str | Path, *, what: str) -> None:
@@ -64,16 +57,11 @@ def check_secret_file(path: str | Path, *, what: str) -> None:
         return
     st = p.stat()
     if st.st_mode & stat.S_IROTH:
-        raise ConfigError(
-            [f"{p}: {what} is readable by others (mode {stat.filemode(st.st_mode)}); refusing to use it. Fix with: chmod o-rwx {p}"]
-        )
+        raise ConfigError([f"{p}: {what} is readable by others (mode {stat.filemode(st.st_mode)}); refusing to use it. "
+                           f"Fix with: chmod o-rwx {p}"])
     if st.st_mode & stat.S_IRGRP and st.st_gid != os.getegid():
-        raise ConfigError(
-            [
-                f"{p}: {what} is readable by group gid {st.st_gid}, not the daemon's (gid {os.getegid()}); "
-                f"refusing to use it. Fix with: chmod g-rwx {p}"
-            ]
-        )
+        raise ConfigError([f"{p}: {what} is readable by group gid {st.st_gid}, not the daemon's (gid {os.getegid()}); "
+                           f"refusing to use it. Fix with: chmod g-rwx {p}"])
 
 
 def read_secret_file(path: str | Path, *, what: str) -> str:
@@ -105,14 +93,9 @@ def prom_access(config: Config) -> PromAccess:
 def prom_adapter(config: Config, *, url: str | None = None, timeout_s: float | None = None) -> PromAdapter:
     """The Prometheus adapter of ``config`` (``url``/``timeout_s`` override for the CLI tools)."""
     pc = config.prometheus
-    return PromAdapter(
-        url or pc.url,
-        timeout_s=timeout_s or pc.timeout_s,
-        staleness_s=config.policy.signal_max_age_s,
-        rate_window_s=pc.rate_window_s,
-        scrape_interval_s=pc.scrape_interval_s,
-        access=prom_access(config),
-    )
+    return PromAdapter(url or pc.url, timeout_s=timeout_s or pc.timeout_s, staleness_s=config.policy.signal_max_age_s,
+                       rate_window_s=pc.rate_window_s, scrape_interval_s=pc.scrape_interval_s,
+                       access=prom_access(config))
 
 
 def prom_pools(config: Config) -> dict[str, PromPool]:
@@ -155,16 +138,11 @@ class Adapters:
 
 def slurm_adapter(config: Config) -> CliSlurm:
     """The Slurm CLI adapter as the config says to reach Slurm (no fence: see build_adapters)."""
-    return CliSlurm(
-        env={"SLURM_CONF": config.slurm.slurm_conf} if config.slurm.slurm_conf else None,
-        timeout_s=config.slurm.command_timeout_s,
-        hold_partition=config.slurm.hold_partition,
-        command_prefix=config.slurm.command_prefix,
-        hold_user=config.slurm.hold_user,
-        preempt_partition=config.slurm.preempt_partition,
-        fast_partition=config.slurm.fast_partition,
-        warm_partition=config.slurm.warm_partition,
-    )
+    sc = config.slurm
+    return CliSlurm(env={"SLURM_CONF": sc.slurm_conf} if sc.slurm_conf else None, timeout_s=sc.command_timeout_s,
+                    hold_partition=sc.hold_partition, command_prefix=sc.command_prefix, hold_user=sc.hold_user,
+                    preempt_partition=sc.preempt_partition, fast_partition=sc.fast_partition,
+                    warm_partition=sc.warm_partition)
 
 
 def build_adapters(config: Config, *, leader: bool = True, identity: str | None = None, start_watches: bool = True) -> Adapters:
@@ -174,15 +152,11 @@ def build_adapters(config: Config, *, leader: bool = True, identity: str | None 
     k = config.kubernetes
     for path in kubeconfig_paths(config):
         check_private_file(path, what="kubeconfig")
-    api = api_client_from_config(
-        kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None, allow_insecure_tls=k.allow_insecure_tls
-    )
-    real_kube = KubeAdapter(
-        api,
-        pools=[PoolTarget(p.name, p.namespace, p.deployment, node_selector=dict(p.node_selector) or None) for p in config.pools],
-        identity=identity,
-        request_timeout_s=k.timeout_s,
-    )
+    api = api_client_from_config(kubeconfig=k.kubeconfig, context=k.context, in_cluster=k.in_cluster or None,
+                                 allow_insecure_tls=k.allow_insecure_tls)
+    targets = [PoolTarget(p.name, p.namespace, p.deployment, node_selector=dict(p.node_selector) or None)
+               for p in config.pools]
+    real_kube = KubeAdapter(api, pools=targets, identity=identity, request_timeout_s=k.timeout_s)
     closers: list[Callable[[], None]] = []
     if start_watches:
         real_kube.start()
@@ -192,9 +166,8 @@ def build_adapters(config: Config, *, leader: bool = True, identity: str | None 
     elector = None
     if leader:
         d = config.daemon
-        elector = LeaderElector(
-            api, namespace=d.lease_namespace, identity=identity, name=d.lease_name, lease_duration_s=d.lease_duration_s
-        )
+        elector = LeaderElector(api, namespace=d.lease_namespace, identity=identity, name=d.lease_name,
+                                lease_duration_s=d.lease_duration_s)
     kube: KubeAdapterProtocol = real_kube
     slurm_side: SlurmAdapterProtocol = slurm
     if elector is not None:
@@ -204,16 +177,8 @@ def build_adapters(config: Config, *, leader: bool = True, identity: str | None 
         slurm_side = FencedSlurm(slurm_side, elector)
         slurm.fence = lease_fence(elector)
     closers.append(api.close)
-    return Adapters(
-        kube=kube,
-        slurm=slurm_side,
-        prom=prom,
-        prom_pools=prom_pools(config),
-        leader=elector,
-        identity=identity,
-        replicas=replica_reader(config),
-        _closers=closers,
-    )
+    return Adapters(kube=kube, slurm=slurm_side, prom=prom, prom_pools=prom_pools(config), leader=elector,
+                    identity=identity, replicas=replica_reader(config), _closers=closers)
 
 
 def policy_memory(config: Config, prom: PromReader, pools: Mapping[str, PromPool], now: float) -> dict[str, PoolMemory]:

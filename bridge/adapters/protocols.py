@@ -9,18 +9,19 @@ it already was so. The real implementations are ``bridge.adapters.kube.client.Ku
 ``bridge.adapters.kube.lease.LeaderElector``; ``tests/contract/test_fake_parity.py`` runs the same
 assertions against them and the fakes, so the two cannot drift.
 
-The value types are imported for type checking only: this module must be importable from the
-adapter packages themselves without a cycle.
+The value types are imported for type checking only (``bridge.errors``, a leaf, at run time):
+this module must be importable from the adapter packages themselves without a cycle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+
+from bridge.errors import AdapterError
 
 if TYPE_CHECKING:
-    from bridge.errors import AdapterError
     from bridge.model import LoadSignals, Phase, Pin, WarmRecord
 
     from .kube.informer import InformerStatus
@@ -146,6 +147,15 @@ administrator's drain or DOWN, left alone), or the error of its write."""
 
 HoldOutcomes = dict[str, "str | AdapterError"]
 """What ``SlurmWriter.submit_holds`` did on each node: its hold's job id, or its sbatch's error."""
+T = TypeVar("T")
+
+
+def outcome(outcomes: Mapping[str, T | AdapterError], key: str) -> T:
+    """``key``'s outcome of a call made for many (``DrainOutcomes``, ``HoldOutcomes``): its error raised."""
+    got = outcomes[key]
+    if isinstance(got, AdapterError):
+        raise got
+    return got
 
 
 @runtime_checkable
@@ -174,10 +184,6 @@ class SlurmReader(Protocol):
         self, *, partition: str | None = None, node: str | None = None, states: Iterable[str] | None = None
     ) -> tuple[SlurmJobInfo, ...]:
         """Active jobs (pending/running/completing...), filtered on the client side."""
-        ...
-
-    def holds(self) -> dict[str, SlurmJobInfo]:
-        """node -> our active hold job there (partition + name prefix)."""
         ...
 
 

@@ -119,7 +119,3 @@ def sleep_controls(pools: Sequence[PoolConfig]) -> SleepControlFor:
         return VllmSleepClient(f"http://{host}:{cfg.vllm_port}", timeout_s=cfg.wake_s)
 
     return control
-
-
-def _check(client: VllmSleepClient) -> SleepControl:  # mypy: the client is a SleepControl
-    return client

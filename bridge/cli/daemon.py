@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -131,19 +132,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.once:
         server = serve(metrics.registry, port=config.daemon.metrics_port, addr=config.daemon.metrics_host)
         log.info("metrics_listening", host=config.daemon.metrics_host, port=server.port)
-    daemon = Daemon(
-        config,
-        kube=adapters.kube,
-        slurm=adapters.slurm,
-        prom=adapters.prom,
-        prom_pools=adapters.prom_pools,
-        leader=adapters.leader,
-        metrics=metrics if server is not None else None,  # --once: served by no one
-        dry_run=dry_run,
-        after_write=getattr(args, "after_write", None),
-        memory=policy_memory(config, adapters.prom, adapters.prom_pools, time.time()),
-        replicas=adapters.replicas,
-    )
+    daemon = Daemon(config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom,
+                    prom_pools=adapters.prom_pools, leader=adapters.leader,
+                    metrics=metrics if server is not None else None,  # --once: served by no one
+                    dry_run=dry_run, after_write=getattr(args, "after_write", None),
+                    memory=policy_memory(config, adapters.prom, adapters.prom_pools, time.time()),
+                    replicas=adapters.replicas)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -314,12 +308,8 @@ def _print_plan(daemon: Daemon, *, as_json: bool) -> None:
         print("no plan (not observed)")
         return
     if as_json:
-        out = {
-            "now": plan.now,
-            "pools": [_asdict(d) for d in plan.pools],
-            "actions": [_asdict(a) for a in plan.actions],
-            "held": dict(plan.held),
-        }
+        out = {"now": plan.now, "pools": [_asdict(d) for d in plan.pools],
+               "actions": [_asdict(a) for a in plan.actions], "held": dict(plan.held)}
         print(json.dumps(out, indent=2, default=str))
         return
     for d in plan.pools:
@@ -347,10 +337,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _writer(args: argparse.Namespace) -> tuple[Config, Adapters]:
+@contextlib.contextmanager
+def _writer(args: argparse.Namespace) -> Iterator[tuple[Config, Adapters]]:
+    """The operator commands' config and adapters (no Lease, no watches), closed after use."""
     config = _load(args.config)
     adapters = build_adapters(config, leader=False, start_watches=False)
-    return config, adapters
+    try:
+        yield config, adapters
+    finally:
+        adapters.close()
 
 
 def _pool_node(adapters: Adapters, config: Config, name: str) -> NodeInfo:
@@ -366,12 +361,9 @@ def _pool_node(adapters: Adapters, config: Config, name: str) -> NodeInfo:
 def cmd_request(args: argparse.Namespace) -> int:
     logs.configure(json=True, level="warning")
     try:
-        config, adapters = _writer(args)
-        try:
+        with _writer(args) as (config, adapters):
             _pool_node(adapters, config, args.node)
             adapters.kube.set_request(args.node, args.request)
-        finally:
-            adapters.close()
     except (BridgeError, ValueError) as exc:
         return fail(exc if isinstance(exc, BridgeError) else ConfigError([str(exc)]))
     print(f"{args.request} of {args.node} requested; the leading gpu-bridge carries it out (kubectl describe node {args.node})")
@@ -385,11 +377,8 @@ def _wait_phase(args: argparse.Namespace, target: Phase) -> int:
     last = None
     while time.monotonic() < deadline:
         try:
-            config, adapters = _writer(args)
-            try:
+            with _writer(args) as (_, adapters):
                 node = adapters.kube.read_node(args.node)
-            finally:
-                adapters.close()
         except BridgeError as exc:
             return fail(exc)
         if node.phase != last:
@@ -397,11 +386,10 @@ def _wait_phase(args: argparse.Namespace, target: Phase) -> int:
             last = node.phase
         if node.phase is target and wellknown.ANNOTATION_REQUEST not in node.annotations:
             return 0
-        if wellknown.ANNOTATION_REQUEST not in node.annotations and node.phase is not target and last is not None:
-            # request consumed but not carried out: refused (the Event says why)
-            if node.phase in (Phase.SERVING, Phase.LENT):
-                print(f"{args.node}: request not carried out (see: kubectl describe node {args.node})", file=sys.stderr)
-                return 1
+        if wellknown.ANNOTATION_REQUEST not in node.annotations and node.phase in (Phase.SERVING, Phase.LENT):
+            # request consumed but not carried out (the phase is not the target): refused (the Event says why)
+            print(f"{args.node}: request not carried out (see: kubectl describe node {args.node})", file=sys.stderr)
+            return 1
         time.sleep(1.0)
     print(f"{args.node}: still {last} after {args.wait:.0f} s", file=sys.stderr)
     return 1
@@ -410,8 +398,7 @@ def _wait_phase(args: argparse.Namespace, target: Phase) -> int:
 def cmd_pin(args: argparse.Namespace) -> int:
     logs.configure(json=True, level="warning")
     try:
-        config, adapters = _writer(args)
-        try:
+        with _writer(args) as (config, adapters):
             node = _pool_node(adapters, config, args.node)
             pin = Pin(args.side) if args.side else None
             adapters.kube.set_pin(args.node, pin)
@@ -422,8 +409,6 @@ def cmd_pin(args: argparse.Namespace) -> int:
             elif pin is Pin.SERVING and node.phase is Phase.LENT:
                 adapters.kube.set_request(args.node, "reclaim")
                 moved = "; reclaiming it first"
-        finally:
-            adapters.close()
     except (BridgeError, ValueError) as exc:
         return fail(exc if isinstance(exc, BridgeError) else ConfigError([str(exc)]))
     print(f"{args.node}: " + (f"pinned to {args.side}{moved}" if args.side else "unpinned: the policy decides again"))

@@ -21,9 +21,6 @@ from bridge.config import Config, PoolConfig, default_config, load_config
 from bridge.errors import AdapterError, ConfigError
 from bridge.policy.outlook import HourOutlook
 
-# Exit codes (docs/researcher-guide.md): 0 done; 1 no usable history for the pool;
-# 2 bad input; 3 Prometheus unreachable or answering an error.
-EXIT_NO_DATA, EXIT_BAD_INPUT, EXIT_PROMETHEUS = 1, 2, 3
 
 
 def register_cli(subparsers: Any) -> None:
@@ -61,16 +58,13 @@ def sentence(outlook: Sequence[Any], nodes: int, hours: float, now: float) -> st
     span = f"{hours:g} h"
     if w is None:
         known = sum(1 for h in outlook if h.lendable_nodes is not None)
-        return (
-            f"No window of {span} with {nodes} node(s) free is expected in the next {len(outlook)} h "
-            f"({known} of those hours forecast)."
-        )
+        return (f"No window of {span} with {nodes} node(s) free is expected in the next {len(outlook)} h "
+                f"({known} of those hours forecast).")
     lead = (w.start - now) / 3600.0
     when = "now" if lead <= 0 else f"in about {max(1, round(lead))} h"
-    return (
-        f"{nodes} node(s) are expected free for {span} from {datetime.fromtimestamp(w.start, UTC):%Y-%m-%d %H:%M} UTC "
-        f"({when}). A forecast, not a reservation: if serving needs the nodes back, jobs are preempted and requeued."
-    )
+    return (f"{nodes} node(s) are expected free for {span} from {datetime.fromtimestamp(w.start, UTC):%Y-%m-%d %H:%M} "
+            f"UTC ({when}). A forecast, not a reservation: if serving needs the nodes back, jobs are preempted and "
+            "requeued.")
 
 
 class NoHistoryError(Exception):
@@ -122,10 +116,8 @@ def read_outlook(
     hist = tuple(s for s in hist if s.t <= now)
     known = [s for s in hist if replicas_needed(s, pool.target) is not None]
     if not known:
-        raise NoHistoryError(
-            f"pool {pool.name}: no usable vLLM series selected by {{{selector(ppool)}}} in the last "
-            f"{(now - start) / 86400:.1f} days at {url}; nothing to forecast from"
-        )
+        raise NoHistoryError(f"pool {pool.name}: no usable vLLM series selected by {{{selector(ppool)}}} in the last "
+                             f"{(now - start) / 86400:.1f} days at {url}; nothing to forecast from")
     if nodes is None:
         nodes = max(1, math.ceil(max(s.replicas_reporting for s in hist) / pool.replicas_per_node))
         nodes_src = "most replicas seen (no gpu_bridge_nodes in Prometheus; lent nodes are not seen: --pool-nodes)"
@@ -134,9 +126,8 @@ def read_outlook(
     if calib is None:
         margin_note = "calibration off: headroom settings only"
     elif calib.margin is None:
-        margin_note = (
-            f"calibrating: {calib.samples} of {calib.needed} min of history needed; the policy lends nothing yet"
-        )
+        margin_note = (f"calibrating: {calib.samples} of {calib.needed} min of history needed; "
+                       "the policy lends nothing yet")
     else:
         margin_note = calib.describe()
     return PoolOutlook(
@@ -156,24 +147,17 @@ def outlook_doc(got: PoolOutlook, answer: str | None = None) -> dict[str, Any]:
         "history_read_s": got.now - got.read_from,
         "calibration": got.margin_note,
         "calibrating": got.calibrating,
-        "hours": [
-            {
-                "start": h.start,
-                "demand_replicas": None if h.demand is None else round(h.demand, 3),
-                "serving_nodes": h.serving_nodes,
-                "lendable_nodes": h.lendable_nodes,
-                "basis": h.basis or None,
-                "margin": h.margin,
-            }
-            for h in got.hours
-        ],
+        "hours": [{"start": h.start, "demand_replicas": None if h.demand is None else round(h.demand, 3),
+                   "serving_nodes": h.serving_nodes, "lendable_nodes": h.lendable_nodes, "basis": h.basis or None,
+                   "margin": h.margin} for h in got.hours],
         "answer": answer,
     }
 
 
 def run(args: argparse.Namespace) -> int:
     from bridge.policy.outlook import OUTLOOK_LAGS_S
-    from bridge.cli.simulate import fail, parse_duration, parse_time
+    # exit codes as simulate --prometheus's (docs/researcher-guide.md): 1 no usable history for the pool
+    from bridge.cli.simulate import EXIT_BAD_INPUT, EXIT_NO_DATA, EXIT_PROMETHEUS, fail, parse_duration, parse_time
 
     try:
         cfg: Config = load_config(args.config) if args.config else default_config()
@@ -211,10 +195,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(outlook_doc(got, answer), indent=2))
         return 0
-    print(
-        f"pool {pool.name}: {nodes} nodes ({nodes_src}); forecast as of {datetime.fromtimestamp(now, UTC):%Y-%m-%d %H:%M} UTC "
-        f"from {(now - oldest) / 86400:.1f} days of history (read {(now - start) / 86400:.1f} days at {step:g} s steps)"
-    )
+    print(f"pool {pool.name}: {nodes} nodes ({nodes_src}); "
+          f"forecast as of {datetime.fromtimestamp(now, UTC):%Y-%m-%d %H:%M} UTC "
+          f"from {(now - oldest) / 86400:.1f} days of history "
+          f"(read {(now - start) / 86400:.1f} days at {step:g} s steps)")
     print(f"margin: {margin_note}")
     print(f"{'hour (UTC)':<11} {'demand (replicas)':>17} {'serving':>8} {'lendable':>9}  from")
     for h in outlook:
@@ -224,8 +208,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"{_fmt_t(h.start):<11} {h.demand:>17.2f} {h.serving_nodes:>8} {h.lendable_nodes:>9}  {h.basis}")
     if answer:
         print(answer)
-    print(
-        "A forecast from this pool's own load (same time yesterday and last week, scaled to today) with the "
-        "policy's margin; not a promise: a surge still reclaims nodes (jobs are requeued)."
-    )
+    print("A forecast from this pool's own load (same time yesterday and last week, scaled to today) with the "
+          "policy's margin; not a promise: a surge still reclaims nodes (jobs are requeued).")
     return 0

@@ -34,67 +34,42 @@ def register_cli(subparsers: Any) -> None:
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", metavar="FILE", help="load trace CSV (ServeGen format); default: the shipped 14-day trace")
-    src.add_argument(
-        "--prometheus",
-        metavar="URL",
-        nargs="?",
-        const="",
-        help="replay the pool's own vLLM history from this Prometheus instead of a trace "
-        "(no URL: prometheus.url of the config); see docs/simulator.md",
-    )
+    src.add_argument("--prometheus", metavar="URL", nargs="?", const="",
+                     help="replay the pool's own vLLM history from this Prometheus instead of a trace "
+                     "(no URL: prometheus.url of the config); see docs/simulator.md")
     p.add_argument("--since", metavar="DUR", help="with --prometheus: the last DUR (7d, 36h, 90m; default 7d)")
     p.add_argument("--start", metavar="TIME", help="with --prometheus: range start (ISO 8601, UTC unless it says; or unix seconds)")
     p.add_argument("--end", metavar="TIME", help="with --prometheus: range end (default now)")
     p.add_argument("--export-trace", metavar="FILE", help="with --prometheus: write the load built as a trace CSV (--trace reads it)")
     p.add_argument("--config", metavar="FILE", help="the daemon's YAML config (delays, targets, policy settings)")
     p.add_argument("--pool", help="pool of the config to simulate (default: its first)")
-    p.add_argument(
-        "--nodes", type=int, default=None,
-        help="nodes in the pool (default 24; with --prometheus: the most replicas seen / replicas per node)",
-    )
+    p.add_argument("--nodes", type=int, default=None,
+                   help="nodes in the pool (default 24; with --prometheus: the most replicas seen / replicas per node)")
     p.add_argument("--gpus-per-node", type=int, default=4, help="GPUs per node (default 4)")
-    p.add_argument(
-        "--policy",
-        choices=("bridge", "fixed-window", "reactive", "oracle", "all"),
-        default="all",
-        help="policy to simulate (default all)",
-    )
-    p.add_argument(
-        "--peak-replicas",
-        type=float,
-        default=None,
-        help="replicas the trace's busiest 10-minute window needs (default 0.8 x nodes x replicas per node)",
-    )
-    p.add_argument(
-        "--replica-rps", type=float, default=None,
-        help="requests/s one replica carries at its target (default 4; with --prometheus: measured, Little's law)",
-    )
+    p.add_argument("--policy", choices=("bridge", "fixed-window", "reactive", "oracle", "all"), default="all",
+                   help="policy to simulate (default all)")
+    p.add_argument("--peak-replicas", type=float, default=None,
+                   help="replicas the trace's busiest 10-minute window needs (default 0.8 x nodes x replicas per node)")
+    p.add_argument("--replica-rps", type=float, default=None,
+                   help="requests/s one replica carries at its target "
+                   "(default 4; with --prometheus: measured, Little's law)")
     p.add_argument("--max-cv", type=float, default=None, help="cap the trace's within-window cv (default: as measured)")
     p.add_argument("--days", type=float, default=None, help="simulate only the first DAYS of the trace")
     p.add_argument("--seed", type=int, default=1, help="seed of the within-window bursts and the job mix (default 1)")
     p.add_argument("--cold-start-s", type=float, help="mean vLLM pod start to Ready (overrides pools[].cold_start_s)")
-    p.add_argument(
-        "--cold-start-cv",
-        type=float,
-        default=0.0,
-        help="cold starts drawn from a lognormal with that mean and this coefficient of variation (default 0: always the mean)",
-    )
-    p.add_argument(
-        "--history-days",
-        type=float,
-        default=0.0,
-        help="give the first DAYS of the trace as history (what Prometheus holds when the daemon starts); simulate the rest",
-    )
+    p.add_argument("--cold-start-cv", type=float, default=0.0,
+                   help="cold starts drawn from a lognormal with that mean and this coefficient of variation "
+                   "(default 0: always the mean)")
+    p.add_argument("--history-days", type=float, default=0.0,
+                   help="give the first DAYS of the trace as history (what Prometheus holds when the daemon starts); "
+                   "simulate the rest")
     p.add_argument("--drain-s", type=float, help="vLLM drain on lend (overrides pools[].drain_s)")
     p.add_argument("--grace-s", type=float, help="Slurm GraceTime of a preempted job (overrides slurm.grace_s)")
     p.add_argument("--tick-s", type=float, help="policy tick (overrides policy.tick_s)")
     p.add_argument("--scrape-s", type=float, help="vLLM scrape interval (overrides prometheus.scrape_interval_s)")
-    p.add_argument(
-        "--victims",
-        choices=tuple(VICTIMS),
-        help="reclaim victim rule: bridge = least lost work (the policy's), naive = newest job first "
-        "(default: policy.victims of the config)",
-    )
+    p.add_argument("--victims", choices=tuple(VICTIMS),
+                   help="reclaim victim rule: bridge = least lost work (the policy's), naive = newest job first "
+                   "(default: policy.victims of the config)")
     p.add_argument("--job-mix", metavar="FILE", help="YAML research job mix (see docs/simulator.md)")
     p.add_argument("--fixed-floor", type=int, help="serving floor of fixed-window in nodes (default: p95 night demand + headroom)")
     p.add_argument("--json", action="store_true", help="print a JSON list of metrics objects instead of the table")
@@ -102,17 +77,9 @@ def register_cli(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def apply_overrides(
-    cfg: Config,
-    *,
-    pool: str | None = None,
-    cold_start_s: float | None = None,
-    drain_s: float | None = None,
-    grace_s: float | None = None,
-    tick_s: float | None = None,
-    scrape_s: float | None = None,
-    victims: str | None = None,
-) -> Config:
+def apply_overrides(cfg: Config, *, pool: str | None = None, cold_start_s: float | None = None,
+                    drain_s: float | None = None, grace_s: float | None = None, tick_s: float | None = None,
+                    scrape_s: float | None = None, victims: str | None = None) -> Config:
     """The config with the simulator's command-line overrides applied (validated)."""
     numbers = (("--cold-start-s", cold_start_s, True), ("--drain-s", drain_s, True), ("--grace-s", grace_s, True),
                ("--tick-s", tick_s, False), ("--scrape-s", scrape_s, False))
@@ -153,7 +120,7 @@ def _check_number(flag: str, value: float | None, *, zero_ok: bool = False) -> N
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.simulate.engine import DEFAULT_START_UNIX, Setup, simulate
+    from bridge.simulate.engine import DEFAULT_START_UNIX, Setup
     from bridge.simulate.report import plot
     from bridge.simulate.workload import build_workload, split_history
     from bridge.trace import load_trace
@@ -188,21 +155,17 @@ def run(args: argparse.Namespace) -> int:
         _check_number("--history-days", args.history_days, zero_ok=True)
         _check_number("--max-cv", args.max_cv)
         trace = load_trace(args.trace)
-        workload = build_workload(
-            trace, peak_replicas=peak, replica_rps=args.replica_rps, days=args.days, seed=args.seed, max_cv=args.max_cv
-        )
+        workload = build_workload(trace, peak_replicas=peak, replica_rps=args.replica_rps, days=args.days,
+                                  seed=args.seed, max_cv=args.max_cv)
         try:
             history, workload = split_history(workload, args.history_days)
         except ValueError as exc:
             raise ConfigError([f"--history-days: {str(exc).removeprefix('history_days: ')}"]) from None
     except BridgeError as exc:
         return fail(EXIT_BAD_INPUT, exc.problems if isinstance(exc, ConfigError) else [str(exc)])
-    setup = Setup(
-        cfg, workload, args.nodes, args.gpus_per_node, pool.name, mix, args.seed,
-        start_unix=DEFAULT_START_UNIX + (history.duration_s if history is not None else 0.0),
-        history=history,
-        cold_start_cv=args.cold_start_cv,
-    )
+    setup = Setup(cfg, workload, args.nodes, args.gpus_per_node, pool.name, mix, args.seed,
+                  start_unix=DEFAULT_START_UNIX + (history.duration_s if history is not None else 0.0), history=history,
+                  cold_start_cv=args.cold_start_cv)
     print(workload.describe_scale(), file=info)
     print(f"{args.nodes} nodes x {args.gpus_per_node} GPUs, {workload.minutes} minutes; {_delays(setup)}", file=info)
     results = _compare(args, setup, out, info)
@@ -221,10 +184,9 @@ def fail(code: int, lines: list[str], *, command: str = "simulate") -> int:
 
 def _delays(setup: Setup) -> str:
     """The modelled delays and the victim rule, as the run's header line states them."""
-    return (
-        f"tick {setup.tick_s:g} s, scrape {setup.scrape_s:g} s, drain {setup.drain_s:g} s, grace {setup.grace_s:g} s, "
-        f"cold start {setup.cold_start_s:g} s; victims {setup.config.policy.victims.value}"
-    )
+    return (f"tick {setup.tick_s:g} s, scrape {setup.scrape_s:g} s, drain {setup.drain_s:g} s, "
+            f"grace {setup.grace_s:g} s, cold start {setup.cold_start_s:g} s; "
+            f"victims {setup.config.policy.victims.value}")
 
 
 def _compare(args: argparse.Namespace, setup: Setup, out: Any, info: Any) -> list[Result]:
@@ -248,16 +210,8 @@ def _config_and_mix(args: argparse.Namespace) -> tuple[Config, Any]:
     from bridge.simulate.research import JobMix, parse_job_mix
 
     cfg = load_config(args.config) if args.config else default_config()
-    cfg = apply_overrides(
-        cfg,
-        pool=args.pool,
-        cold_start_s=args.cold_start_s,
-        drain_s=args.drain_s,
-        grace_s=args.grace_s,
-        tick_s=args.tick_s,
-        scrape_s=args.scrape_s,
-        victims=args.victims,
-    )
+    cfg = apply_overrides(cfg, pool=args.pool, cold_start_s=args.cold_start_s, drain_s=args.drain_s,
+                          grace_s=args.grace_s, tick_s=args.tick_s, scrape_s=args.scrape_s, victims=args.victims)
     mix = JobMix()
     if args.job_mix:
         import yaml
@@ -379,23 +333,17 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
     setup = Setup(cfg, hl.workload, nodes, args.gpus_per_node, pool.name, mix, args.seed, start_unix=hl.start_unix)
     print(f"{nodes} nodes ({nodes_src}) x {args.gpus_per_node} GPUs; {_delays(setup)}", file=info)
     if hl.workload.load.max() > nodes * pool.replicas_per_node:
-        print(
-            f"note: the busiest minute needs {hl.workload.load.max():.1f} replicas, more than the pool's "
-            f"{nodes * pool.replicas_per_node}: those minutes violate under every policy",
-            file=info,
-        )
+        print(f"note: the busiest minute needs {hl.workload.load.max():.1f} replicas, more than the pool's "
+              f"{nodes * pool.replicas_per_node}: those minutes violate under every policy", file=info)
     if args.export_trace:
         try:
             with open(args.export_trace, "w", encoding="utf-8") as fh:
                 fh.write(trace_csv(hl.trace))
         except OSError as exc:
             return fail(EXIT_BAD_INPUT, [f"--export-trace: cannot write {args.export_trace}: {exc.strerror or exc}"])
-        print(
-            f"trace written to {args.export_trace} ({len(hl.trace.rates)} windows of 600 s; replay: gpu-bridge simulate "
-            f"--trace {args.export_trace} --nodes {nodes} --replica-rps {hl.replica_rps:.4g} "
-            f"--peak-replicas {hl.workload.peak_replicas:.4g})",
-            file=info,
-        )
+        print(f"trace written to {args.export_trace} ({len(hl.trace.rates)} windows of 600 s; "
+              f"replay: gpu-bridge simulate --trace {args.export_trace} --nodes {nodes} "
+              f"--replica-rps {hl.replica_rps:.4g} --peak-replicas {hl.workload.peak_replicas:.4g})", file=info)
     results = _compare(args, setup, out, info)
     png = args.plot or f"gpu-bridge-replay-{pool.name}.png"
     plot(results, hl.workload, png, nodes=nodes, replicas_per_node=setup.replicas_per_node)

@@ -36,6 +36,7 @@ from bridge.adapters.kube.lease import LeaderElector
 from bridge.model import Phase, Pin
 from gpu_bridge_lab.fakes.kube import FakeKube, FakeLeader
 from gpu_bridge_lab.fakes.slurm import FakeSlurm
+from gpu_bridge_lab.fakes.slurm import holds_of
 
 T = TypeVar("T")
 IDENTITY = "parity-bridge"
@@ -153,7 +154,7 @@ def test_slurm_reads(slurm_world: SlurmWorld) -> None:
     assert s.nodes([w.nodes[1], w.nodes[0]]) == (s.node(w.nodes[0]), s.node(w.nodes[1])) == nodes[:2]
     with pytest.raises(Exception, match="unknown node"):
         s.nodes(["gpu-node-99"])
-    assert s.jobs() == () and s.holds() == {}
+    assert s.jobs() == () and holds_of(s) == {}
 
 
 def test_slurm_drain_resume_with_reason_only_ours(slurm_world: SlurmWorld) -> None:
@@ -184,7 +185,8 @@ def test_slurm_hold_submit_list_cancel(slurm_world: SlurmWorld) -> None:
     both = s.submit_holds([node, w.nodes[3]])  # a pass's holds, one read: the one there is returned
     assert both[node] == hold and isinstance(both[w.nodes[3]], str) and both[w.nodes[3]] != hold
     assert s.cancel_hold(w.nodes[3]) == (both[w.nodes[3]],)
-    h = w.eventually(lambda: (x := s.holds().get(node)) is not None and x.state == "running" and x, 20, "hold running")
+    h = w.eventually(lambda: (x := holds_of(s).get(node)) is not None and x.state == "running" and x, 20,
+                     "hold running")
     assert h.job_id == hold and h.nodes == (node,) and h.is_hold and h.hold_node == node
     assert h.partition == wk.SLURM_HOLD_PARTITION and h.name == wk.SLURM_HOLD_JOB_PREFIX + node
     assert [j.job_id for j in s.jobs(node=node)] == [hold]
@@ -197,7 +199,7 @@ def test_slurm_hold_submit_list_cancel(slurm_world: SlurmWorld) -> None:
     assert isinstance(got[hold].error, NotOursError) and not got["999999"].requeued and got["999999"].error is None
     assert s.cancel_hold(w.nodes[3]) == ()  # no hold there
     assert s.cancel_hold(node) == (hold,)
-    w.eventually(lambda: node not in s.holds(), 15, "hold gone")
+    w.eventually(lambda: node not in holds_of(s), 15, "hold gone")
     assert s.cancel_hold(node) == ()
     w.eventually(lambda: not s.node(node).allocated, 15, "node free again")
 
@@ -217,13 +219,13 @@ def test_slurm_hold_preempts_research_job_and_requeue(slurm_world: SlurmWorld) -
     victim = w.eventually(lambda: (j := _job(w, jid)) is not None and j.preempt_time is not None and j, 10, "preempt_time set")
     assert victim.state == "running" and victim.end_time is not None
     assert abs(victim.end_time - victim.preempt_time - w.grace_s) <= 1
-    assert s.holds()[node].job_id == hold and s.holds()[node].state == "pending"
+    assert holds_of(s)[node].job_id == hold and holds_of(s)[node].state == "pending"
     assert not victim.grace_over(w.now())
     while not victim.grace_over(w.now()):
         w.sleep(0.1)
     if s.requeue(jid) is False:  # Slurm may have requeued it itself at the same moment
         assert _job(w, jid).state != "running"
-    w.eventually(lambda: (h := s.holds().get(node)) is not None and h.state == "running", 20, "hold running")
+    w.eventually(lambda: (h := holds_of(s).get(node)) is not None and h.state == "running", 20, "hold running")
     requeued = _job(w, jid)
     assert requeued is not None and requeued.state == "pending" and requeued.restart_count == 1
     assert requeued.nodes == () and requeued.preempt_time is None
@@ -268,7 +270,7 @@ def test_slurm_memory_hold_keeps_its_memory_from_research_jobs(mem_world: SlurmW
     assert hold and s.submit_mem_hold(node, 12_000) == hold  # idempotent: one memory hold per node
     h = w.eventually(lambda: (j := _job(w, hold)) is not None and j.state == "running" and j, 20, "memory hold running")
     assert h.nodes == (node,) and h.partition == wk.SLURM_WARM_PARTITION and h.name == wk.SLURM_WARM_HOLD_JOB_PREFIX + node
-    assert s.holds() == {} and not h.is_hold  # not a serving hold
+    assert holds_of(s) == {} and not h.is_hold  # not a serving hold
     with pytest.raises(NotOursError):
         s.requeue(hold)  # a memory hold is never requeued as if it were a research job
     big = w.research_job(node, mem_mb=5000)  # 4,000 MB left beside the hold

@@ -14,7 +14,7 @@ import pytest
 from bridge import wellknown as wk
 from bridge.adapters.protocols import SlurmAdapterProtocol
 from bridge.adapters.slurm.cli import CliSlurm
-from gpu_bridge_lab.fakes.slurm import FakeSlurm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm, holds_of
 from sandbox_fixtures import SlurmOnly, slurm_only
 
 T = TypeVar("T")
@@ -82,7 +82,7 @@ def test_set_tier_and_a_fast_tier_reclaim(backend: Backend) -> None:
         backend.sleep(0.2)
     if s.requeue(jid, restart_count=0) is False:  # Slurm's own sweep may have been first
         assert next(j for j in s.jobs() if j.job_id == jid).state != "running"
-    backend.eventually(lambda: (h := s.holds().get(node)) is not None and h.state == "running", 20, "hold running")
+    backend.eventually(lambda: (h := holds_of(s).get(node)) is not None and h.state == "running", 20, "hold running")
     requeued = next(j for j in s.jobs() if j.job_id == jid)
     assert requeued.state == "pending" and requeued.restart_count == 1  # requeued, never cancelled
     s.cancel_hold(node)

@@ -18,6 +18,7 @@ from bridge.adapters.slurm.cli import CliSlurm, CommandResult, NotOursError, Sub
 from bridge.adapters.slurm.types import SlurmJobInfo
 from bridge.errors import AdapterError
 from gpu_bridge_lab.sandbox.cluster import Sandbox
+from gpu_bridge_lab.fakes.slurm import holds_of
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +65,7 @@ def test_reads(slurm_clean: Sandbox) -> None:
     nodes = slurm.nodes()
     assert [n.name for n in nodes] == list(slurm_clean.node_names)
     assert all(n.state == "idle" and n.gpus == 4 and n.responding and not n.drained for n in nodes)
-    assert slurm.jobs() == () and slurm.holds() == {}
+    assert slurm.jobs() == () and holds_of(slurm) == {}
 
 
 def test_drain_resume_only_ours(slurm_clean: Sandbox) -> None:
@@ -97,7 +98,7 @@ def test_hold_preempts_research_job_and_daemon_requeues_at_grace_end(slurm_clean
     preempted = wait_until(lambda: (j := job(slurm, jid)) is not None and j.preempt_time and j, 10, "preempt_time set")
     t_preempt = time.time()
     assert preempted.end_time is not None and abs(preempted.end_time - preempted.preempt_time - sb.grace_s) <= 1  # type: ignore[union-attr,operator]
-    assert slurm.holds()[node].job_id == hold and slurm.holds()[node].state == "pending"
+    assert holds_of(slurm)[node].job_id == hold and holds_of(slurm)[node].state == "pending"
     # the daemon's early requeue, right when GraceTime is over
     assert not preempted.grace_over(time.time())  # type: ignore[union-attr]
     while not preempted.grace_over(time.time()):  # type: ignore[union-attr]
@@ -110,7 +111,7 @@ def test_hold_preempts_research_job_and_daemon_requeues_at_grace_end(slurm_clean
     if not by_us:
         now = job(slurm, jid)
         assert now is not None and now.state in ("pending", "requeued", "completing"), now
-    wait_until(lambda: slurm.holds().get(node) is not None and slurm.holds()[node].state == "running", 20, "hold running")
+    wait_until(lambda: (h := holds_of(slurm).get(node)) is not None and h.state == "running", 20, "hold running")
     t_hold = time.time()
     victim = job(slurm, jid)
     assert victim is not None and victim.restart_count == 1 and victim.state in ("pending", "running")
@@ -121,7 +122,7 @@ def test_hold_preempts_research_job_and_daemon_requeues_at_grace_end(slurm_clean
     assert sb.grace_s <= t_hold - t0 < sb.grace_s + 6
     # lending the node again: drop the hold, research jobs may come back
     assert slurm.cancel_hold(node) == (hold,)
-    wait_until(lambda: node not in slurm.holds(), 15, "hold gone")
+    wait_until(lambda: node not in holds_of(slurm), 15, "hold gone")
 
 
 def test_cancel_hold_touches_only_our_holds(slurm_clean: Sandbox) -> None:
@@ -129,12 +130,12 @@ def test_cancel_hold_touches_only_our_holds(slurm_clean: Sandbox) -> None:
     fake = sb.run_slurm(["sbatch", "--parsable", "-p", "preempt", "-w", "gpu-node-03", "-o", "/dev/null",
                          "-J", wellknown.SLURM_HOLD_JOB_PREFIX + "gpu-node-03", "--wrap", "sleep 300"]).stdout.strip()
     hold = slurm.submit_hold("gpu-node-04")
-    wait_until(lambda: slurm.holds().get("gpu-node-04") is not None and slurm.holds()["gpu-node-04"].state == "running",
+    wait_until(lambda: (h := holds_of(slurm).get("gpu-node-04")) is not None and h.state == "running",
                20, "hold running")
-    assert "gpu-node-03" not in slurm.holds()  # same name, research partition: not ours
+    assert "gpu-node-03" not in holds_of(slurm)  # same name, research partition: not ours
     assert slurm.cancel_hold("gpu-node-03") == ()
     assert slurm.cancel_hold("gpu-node-04") == (hold,)
-    wait_until(lambda: "gpu-node-04" not in slurm.holds(), 15, "hold gone")
+    wait_until(lambda: "gpu-node-04" not in holds_of(slurm), 15, "hold gone")
     j = job(slurm, fake)
     assert j is not None and j.state in ("running", "pending")
     with pytest.raises(NotOursError):
@@ -146,7 +147,7 @@ def test_lookups_fail_closed_when_slurmctld_is_gone(slurm_clean: Sandbox) -> Non
     sb = slurm_clean
     slurm = slurm_for(sb, timeout_s=3)
     sb.stop_process("slurmctld")
-    for call in (slurm.ping, slurm.nodes, slurm.jobs, slurm.holds, lambda: slurm.drain("gpu-node-01", "x")):
+    for call in (slurm.ping, slurm.nodes, slurm.jobs, lambda: holds_of(slurm), lambda: slurm.drain("gpu-node-01", "x")):
         with pytest.raises(AdapterError) as ei:
             call()
         assert re.search(r"failed \(rc \d+\)|timed out|not UP", str(ei.value)), str(ei.value)
@@ -221,7 +222,7 @@ def test_full_lend_reclaim_cycle(slurm_clean: Sandbox, tmp_path: Path) -> None:
         time.sleep(0.1)
     if slurm.requeue(jid) is False:  # Slurm may have requeued it itself at the same moment
         assert job(slurm, jid).state != "running"  # type: ignore[union-attr]
-    wait_until(lambda: (h := slurm.holds().get(node)) is not None and h.state == "running", 20, "hold running")
+    wait_until(lambda: (h := holds_of(slurm).get(node)) is not None and h.state == "running", 20, "hold running")
     assert slurm.drain(node, "serving: reclaimed for pool default") is True
     n = slurm.node(node)
     assert n.drained_by_us and n.reason == "gpu-bridge: serving: reclaimed for pool default" and n.allocated
@@ -232,7 +233,7 @@ def test_full_lend_reclaim_cycle(slurm_clean: Sandbox, tmp_path: Path) -> None:
 
     # lend again: the hold goes, the drain is lifted, the requeued job resumes on the node
     assert slurm.cancel_hold(node) == (hold,)
-    wait_until(lambda: node not in slurm.holds(), 15, "hold gone")
+    wait_until(lambda: node not in holds_of(slurm), 15, "hold gone")
     assert slurm.resume(node) is True
     again = wait_until(lambda: (j := job(slurm, jid)) is not None and j.state == "running" and j, 40, "the job to run again")
     assert again.nodes == (node,) and again.restart_count == 1  # type: ignore[union-attr]
@@ -271,7 +272,7 @@ def test_requeue_only_a_preempted_job_past_its_grace_rereading_it(slurm_clean: S
     after = job(slurm, jid)
     assert after is not None and after.restart_count == 1, (by_us, after)
     slurm.cancel_hold(node)
-    wait_until(lambda: node not in slurm.holds(), 15, "hold gone")
+    wait_until(lambda: node not in holds_of(slurm), 15, "hold gone")
     # a job that completed: squeue still lists it (MinJobAge), scontrol requeue would run it again
     done = sb.run_slurm(["sbatch", "--parsable", "-p", "preempt", "--requeue", "-o", "/dev/null", "--wrap", "true"]
                         ).stdout.strip().split(";")[0]

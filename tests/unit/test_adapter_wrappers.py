@@ -8,7 +8,7 @@ import pytest
 from bridge.adapters.protocols import SlurmAdapterProtocol
 from bridge.adapters.wrappers import FencedSlurm, NotLeaderError
 from gpu_bridge_lab.fakes.kube import FakeLeader
-from gpu_bridge_lab.fakes.slurm import FakeSlurm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm, holds_of
 
 
 def _slurm() -> FakeSlurm:
@@ -29,7 +29,8 @@ def test_fenced_slurm_writes_only_while_leader() -> None:
         fenced.resume("gpu-node-01")
     with pytest.raises(NotLeaderError):
         fenced.cancel_hold("gpu-node-02")
-    assert fenced.node("gpu-node-01").drained_by_us and fenced.holds()["gpu-node-02"].job_id == hold  # reads still work
+    assert fenced.node("gpu-node-01").drained_by_us  # reads still work
+    assert holds_of(fenced)["gpu-node-02"].job_id == hold
     leader.leader = True
     assert fenced.cancel_hold("gpu-node-02") == (hold,)
     assert s.writes == [("drain", "gpu-node-01"), ("submit_hold", "gpu-node-02"), ("cancel_hold", "gpu-node-02")]

@@ -14,6 +14,7 @@ from bridge import wellknown as wk
 from bridge.config import replace
 from bridge.errors import AdapterError
 from bridge.model import Phase
+from gpu_bridge_lab.fakes.slurm import holds_of
 from tests.unit.test_daemon_loop import HIGH, NODES, World
 
 SWEEP_LAG_S = 30.0  # 22.05 ends a grace on its periodic sweep: up to 30 s late
@@ -76,7 +77,7 @@ def test_research_found_on_a_serving_node_gets_its_grace() -> None:
     assert w.phases()["gpu-node-01"] is Phase.SERVING
     node = w.slurm.node("gpu-node-01")
     assert node.drained_by_us  # the node is ours again: hold running, drained
-    assert w.slurm.holds()["gpu-node-01"].state == "running"
+    assert holds_of(w.slurm)["gpu-node-01"].state == "running"
 
 
 def test_a_config_grace_lower_than_slurms_is_raised_to_slurms() -> None:

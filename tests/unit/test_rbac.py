@@ -115,7 +115,8 @@ WEB_ONLY_FILES = frozenset({"events.py"})
 
 def code_calls() -> set[tuple[str, str]]:
     """(verb, resource) of every Kubernetes call in the adapters and the leader election:
-    ``calls.run("verb", "resource", ...)``, ``_write("verb", ...)`` on leases, and the
+    ``calls.run("verb", "resource", ...)`` (or the Kubernetes adapter's ``_json("verb", "resource", ...)``),
+    ``_call("verb", ...)`` on leases, and the
     informers (``_informer(name, "resource", ...)`` lists and watches)."""
     import ast
 
@@ -128,9 +129,9 @@ def code_calls() -> set[tuple[str, str]]:
                 continue
             consts = [a.value if isinstance(a, ast.Constant) and isinstance(a.value, str) else None for a in node.args]
             name = node.func.attr
-            if name == "run" and len(consts) >= 2 and consts[0] and consts[1]:
+            if name in ("run", "_json") and len(consts) >= 2 and consts[0] and consts[1]:
                 out.add((consts[0], consts[1]))
-            elif name == "_write" and path.name == "lease.py" and consts and consts[0]:
+            elif name == "_call" and path.name == "lease.py" and consts and consts[0]:
                 out.add((consts[0], "leases"))
             elif name == "_informer" and len(consts) >= 2 and consts[1]:
                 out |= {("list", consts[1]), ("watch", consts[1])}

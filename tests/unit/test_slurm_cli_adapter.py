@@ -13,6 +13,7 @@ from bridge import wellknown
 from bridge.adapters.protocols import SlurmAdapterProtocol, SlurmReader, SlurmWriter
 from bridge.adapters.slurm.cli import CliSlurm, CommandResult, NotOursError, SubprocessRunner, drain_reason
 from bridge.errors import AdapterError
+from gpu_bridge_lab.fakes.slurm import holds_of
 from tests.slurm_script import ScriptedSlurm
 from tests.slurm_text import scontrol_node, sdiag, squeue_filtered
 
@@ -60,7 +61,7 @@ def test_reads_and_client_side_filters(version: str) -> None:
     assert running and all(j.state == "running" for j in running)
     on1 = a.jobs(node="gpu-node-01", partition=wellknown.SLURM_PREEMPT_PARTITION)
     assert on1 and all("gpu-node-01" in j.nodes and j.partition == "preempt" for j in on1)
-    holds = a.holds()
+    holds = holds_of(a)
     assert list(holds) == ["gpu-node-02"] and holds["gpu-node-02"].is_hold
     assert set(r.timeouts) == {7.0}
     assert r.writes() == []
@@ -206,7 +207,7 @@ def test_garbage_output_fails_closed() -> None:
     with pytest.raises(AdapterError, match="unparseable JSON"):
         a.jobs()
     with pytest.raises(AdapterError, match="unparseable JSON"):
-        a.holds()
+        holds_of(a)
 
 
 def test_ping_down() -> None:

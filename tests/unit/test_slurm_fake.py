@@ -8,7 +8,7 @@ import pytest
 
 from bridge.adapters.protocols import SlurmAdapterProtocol, SlurmReader, SlurmWriter
 from bridge.adapters.slurm.cli import NotOursError
-from gpu_bridge_lab.fakes.slurm import FakeSlurm
+from gpu_bridge_lab.fakes.slurm import FakeSlurm, holds_of
 from bridge.errors import AdapterError
 
 
@@ -32,7 +32,7 @@ def test_reclaim_sequence() -> None:
     assert job.state == "running" and job.checkpoint_time == 999.0
     hold = s.submit_hold("gpu-node-02")
     assert s.submit_hold("gpu-node-02") == hold
-    assert s.holds()["gpu-node-02"].state == "pending"
+    assert holds_of(s)["gpu-node-02"].state == "pending"
     victim = s.snapshot()[jid]
     assert victim.preempt_time == s.now and victim.end_time == s.now + 10
     s.advance(5)
@@ -40,7 +40,7 @@ def test_reclaim_sequence() -> None:
     s.advance(5)
     after = s.snapshot()[jid]
     assert after.state in ("pending", "running") and after.restart_count == 1
-    assert s.holds()["gpu-node-02"].state == "running"
+    assert holds_of(s)["gpu-node-02"].state == "running"
     assert "gpu-node-02" not in after.nodes  # restarted elsewhere (or waiting), never on the held node
     assert s.drain("gpu-node-02", "serving") is True
     # lend again: cancel the hold, lift our drain
@@ -58,16 +58,16 @@ def test_early_requeue_and_slurm_lag() -> None:
     victim = s.snapshot()[jid]
     assert victim.grace_over(s.now)
     assert s.requeue(jid) is True
-    assert s.holds()["gpu-node-01"].state == "running"
+    assert holds_of(s)["gpu-node-01"].state == "running"
 
 
 def test_hold_waits_on_a_drained_node() -> None:
     s = cluster()
     s.drain("gpu-node-03", "serving")
     s.submit_hold("gpu-node-03")
-    assert s.holds()["gpu-node-03"].state == "pending"  # ReqNodeNotAvail, as in real Slurm
+    assert holds_of(s)["gpu-node-03"].state == "pending"  # ReqNodeNotAvail, as in real Slurm
     s.resume("gpu-node-03")
-    assert s.holds()["gpu-node-03"].state == "running"
+    assert holds_of(s)["gpu-node-03"].state == "running"
 
 
 def test_admin_drain_is_never_ours() -> None:

@@ -89,19 +89,10 @@ class KubeAdapter:
     """Implements ``KubeReader`` and ``KubeWriter``. ``start()`` begins the watches; the daemon
     should wait for ``cache_status().synced`` before deciding anything."""
 
-    def __init__(
-        self,
-        api_client: k8s.ApiClient,
-        *,
-        pools: Sequence[PoolTarget],
-        identity: str,
-        event_namespace: str = "default",
-        request_timeout_s: float = 10.0,
-        watch_timeout_s: int = 60,
-        max_conflict_retries: int = 5,
-        clock: Callable[[], float] = time.time,
-        on_change: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, api_client: k8s.ApiClient, *, pools: Sequence[PoolTarget], identity: str,
+                 event_namespace: str = "default", request_timeout_s: float = 10.0, watch_timeout_s: int = 60,
+                 max_conflict_retries: int = 5, clock: Callable[[], float] = time.time,
+                 on_change: Callable[[], None] | None = None) -> None:
         if not pools:
             raise ValueError("pools: at least one pool is needed")
         self.calls = ApiCalls()
@@ -126,35 +117,24 @@ class KubeAdapter:
             self._node_infs.append(self._informer("nodes", "nodes", partial(self._core.list_node, label_selector=selector), parse_node))
         for p in pools:
             if p.name not in default and p.node_selector:
-                self._node_infs.append(
-                    self._informer(
-                        f"nodes/{p.name}",
-                        "nodes",
-                        partial(self._core.list_node, label_selector=selector_from_match_labels(p.node_selector)),
-                        partial(_parse_pool_node, pool=p.name),
-                    )
-                )
+                list_fn = partial(self._core.list_node, label_selector=selector_from_match_labels(p.node_selector))
+                parse = partial(_parse_pool_node, pool=p.name)
+                self._node_infs.append(self._informer(f"nodes/{p.name}", "nodes", list_fn, parse))
         self._pods: dict[str, Informer[PodInfo]] = {}
         self._deployments: dict[str, Informer[DeploymentInfo]] = {}
         for p in pools:
-            self._deployments[p.name] = self._informer(
-                f"deployment/{p.name}",
-                "deployments",
-                partial(self._apps.list_namespaced_deployment, p.namespace, field_selector=f"metadata.name={p.deployment}"),
-                parse_deployment,
-            )
+            by_name = partial(self._apps.list_namespaced_deployment, p.namespace,
+                              field_selector=f"metadata.name={p.deployment}")
+            self._deployments[p.name] = self._informer(f"deployment/{p.name}", "deployments", by_name, parse_deployment)
 
     def _informer(self, name: str, resource: str, fn: Callable[..., Any], parse: Callable[[Mapping[str, Any]], Any]) -> Informer[Any]:
-        return Informer(
-            name,
-            resource,
-            fn,
-            parse,
-            calls=self.calls,
-            watch_timeout_s=self._watch_timeout_s,
-            request_timeout_s=self._timeout,
-            on_change=self._on_change,
-        )
+        return Informer(name, resource, fn, parse, calls=self.calls, watch_timeout_s=self._watch_timeout_s,
+                        request_timeout_s=self._timeout, on_change=self._on_change)
+
+    def _json(self, verb: str, resource: str, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One API call (counted; its failure a KubeApiError), its raw answer read as JSON."""
+        return read_json(self.calls.run(verb, resource, name, fn, *args, **kwargs, _preload_content=False,
+                                        _request_timeout=self._timeout))
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -165,12 +145,8 @@ class KubeAdapter:
             return
         for p in self._pools.values():
             selector = p.pod_selector or self._deployment_selector(p)
-            self._pods[p.name] = self._informer(
-                f"pods/{p.name}",
-                "pods",
-                partial(self._core.list_namespaced_pod, p.namespace, label_selector=selector),
-                partial(_parse_pool_pod, pool=p.name),
-            )
+            self._pods[p.name] = self._informer(f"pods/{p.name}", "pods", partial(
+                self._core.list_namespaced_pod, p.namespace, label_selector=selector), partial(parse_pod, pool=p.name))
         for inf in self._all_informers():
             inf.start()
         self._started = True
@@ -196,13 +172,8 @@ class KubeAdapter:
         return [*self._node_infs, *self._deployments.values(), *self._pods.values()]
 
     def _deployment_selector(self, p: PoolTarget) -> str:
-        obj = read_json(
-            self.calls.run(
-                "get", "deployments", p.deployment, self._apps.read_namespaced_deployment,
-                p.deployment, p.namespace, _preload_content=False, _request_timeout=self._timeout,
-            )
-        )
-        labels = parse_deployment(obj).match_labels
+        labels = parse_deployment(self._json("get", "deployments", p.deployment, self._apps.read_namespaced_deployment,
+                                             p.deployment, p.namespace)).match_labels
         if not labels:
             raise AdapterError("kubernetes", f"deployment {p.namespace}/{p.deployment}: spec.selector.matchLabels is empty; configure pod_selector")
         return selector_from_match_labels(labels)
@@ -242,13 +213,8 @@ class KubeAdapter:
         return self._deployments[p.name].get(p.deployment)
 
     def read_scale(self, namespace: str, deployment: str) -> ScaleInfo:
-        obj = read_json(
-            self.calls.run(
-                "get", "deployments/scale", deployment, self._apps.read_namespaced_deployment_scale,
-                deployment, namespace, _preload_content=False, _request_timeout=self._timeout,
-            )
-        )
-        return parse_scale(obj)
+        read = self._apps.read_namespaced_deployment_scale
+        return parse_scale(self._json("get", "deployments/scale", deployment, read, deployment, namespace))
 
     def _pool(self, pool: str) -> PoolTarget:
         try:
@@ -258,95 +224,72 @@ class KubeAdapter:
 
     # --- write side ---------------------------------------------------------------------
     def set_phase(self, node: str, phase: Phase, reason: str, since: float) -> bool:
-        ok = self._patch_node(node, lambda n: patches.phase_patch(n, Phase(phase), reason, since, self.identity))
-        if ok:
-            log.info("node_phase_set", node=node, phase=str(phase), reason=patches.clean_reason(reason))
-        return ok
+        return self._patch_node(node, lambda n: patches.phase_patch(n, Phase(phase), reason, since, self.identity),
+                                "node_phase_set", phase=str(phase), reason=patches.clean_reason(reason))
 
     def set_request(self, node: str, request: str | None) -> bool:
         """An operator's lend/reclaim request (None removes it)."""
         if request is not None and request not in wk.REQUESTS:
             raise ValueError(f"request: expected one of {', '.join(wk.REQUESTS)}, got {request!r}")
-        ok = self._patch_node(node, lambda n: patches.request_patch(n, request))
-        if ok:
-            log.info("node_request_set", node=node, request=request)
-        return ok
+        return self._patch_node(node, lambda n: patches.request_patch(n, request), "node_request_set", request=request)
 
     def set_pin(self, node: str, pin: Pin | None) -> bool:
         """An operator's pin (None removes it): the policy never moves a pinned node."""
-        ok = self._patch_node(node, lambda n: patches.pin_patch(n, Pin(pin) if pin is not None else None))
-        if ok:
-            log.info("node_pin_set", node=node, pin=str(pin) if pin else None)
-        return ok
+        return self._patch_node(node, lambda n: patches.pin_patch(n, Pin(pin) if pin is not None else None),
+                                "node_pin_set", pin=str(pin) if pin else None)
 
     def set_warm(self, node: str, record: WarmRecord | None) -> bool:
         """Warm lending's record on the node (None removes it)."""
-        ok = self._patch_node(node, lambda n: patches.warm_patch(n, record))
-        if ok:
-            log.info("node_warm_set", node=node, reason=str(record) if record else None)
-        return ok
+        return self._patch_node(node, lambda n: patches.warm_patch(n, record), "node_warm_set",
+                                reason=str(record) if record else None)
 
     def fence(self, node: str) -> bool:
-        ok = self._patch_node(node, patches.fence_patch)
-        if ok:
-            log.info("node_fenced", node=node)
-        return ok
+        return self._patch_node(node, patches.fence_patch, "node_fenced")
 
     def unfence(self, node: str) -> bool:
-        ok = self._patch_node(node, patches.unfence_patch)
-        if ok:
-            log.info("node_unfenced", node=node)
-        return ok
+        return self._patch_node(node, patches.unfence_patch, "node_unfenced")
 
     def read_node(self, name: str) -> NodeInfo:
         """The node as the API server has it now (one GET), not as the cache last saw it."""
-        return self._get_node(name)
-
-    def _get_node(self, name: str) -> NodeInfo:
-        obj = read_json(
-            self.calls.run("get", "nodes", name, self._core.read_node, name, _preload_content=False, _request_timeout=self._timeout)
-        )
+        obj = self._json("get", "nodes", name, self._core.read_node, name)
         self._node_write_through(obj)
         return parse_node(obj)
 
-    def _patch_node(self, name: str, build: Callable[[NodeInfo], dict[str, Any] | None]) -> bool:
-        current = self.node(name) or self._get_node(name)
+    def _patch_node(self, name: str, build: Callable[[NodeInfo], dict[str, Any] | None], event: str,
+                    **fields: Any) -> bool:
+        """Patch the node with ``build``'s body (None: nothing to write), retried on a conflict
+        against the node read again; ``event`` logged with ``fields`` once written."""
+        current = self.node(name) or self.read_node(name)
         for _attempt in range(self._retries + 1):
             body = build(current)
             if body is None:
                 return False
             try:
-                obj = read_json(
-                    self.calls.run(
-                        "patch", "nodes", name, self._core.patch_node, name, body,
-                        _content_type=SMP, _preload_content=False, _request_timeout=self._timeout,
-                    )
-                )
+                obj = self._json("patch", "nodes", name, self._core.patch_node, name, body, _content_type=SMP)
             except KubeApiError as e:
                 if e.status != 409:
                     raise
                 log.info("write_conflict_retry", node=name, resource="nodes")
-                current = self._get_node(name)
+                current = self.read_node(name)
                 continue
             self._node_write_through(obj)
+            log.info(event, node=name, **fields)
             return True
         raise KubeConflictError("patch", "nodes", name, 409, f"still conflicting after {self._retries} retries")
 
     def set_pod_deletion_cost(self, namespace: str, pod: str, cost: int) -> bool:
-        ok = self._patch_pod(namespace, pod, lambda p: patches.deletion_cost_patch(p, cost))
-        if ok:
-            log.info("pod_deletion_cost_set", pod=pod, namespace=namespace, cost=cost)
-        return ok
+        return self._patch_pod(namespace, pod, lambda p: patches.deletion_cost_patch(p, cost), "pod_deletion_cost_set",
+                               cost=cost)
 
     def set_pod_awake(self, namespace: str, pod: str, awake: bool) -> bool:
         """Warm lending's readiness-gate condition on the pod (pods/status)."""
         stamp = _rfc3339(self._clock())
-        ok = self._patch_pod(namespace, pod, lambda p: patches.awake_patch(p, awake, stamp), status=True)
-        if ok:
-            log.info("pod_awake_set", pod=pod, namespace=namespace, reason="awake" if awake else "asleep")
-        return ok
+        return self._patch_pod(namespace, pod, lambda p: patches.awake_patch(p, awake, stamp), "pod_awake_set",
+                               status=True, reason="awake" if awake else "asleep")
 
-    def _patch_pod(self, namespace: str, pod: str, build: Callable[[PodInfo], dict[str, Any] | None], *, status: bool = False) -> bool:
+    def _patch_pod(self, namespace: str, pod: str, build: Callable[[PodInfo], dict[str, Any] | None], event: str, *,
+                   status: bool = False, **fields: Any) -> bool:
+        """``_patch_node`` for a pod (``status``: its status subresource)."""
         current = self._cached_pod(namespace, pod) or self._get_pod(namespace, pod)
         send = self._send_pod_status if status else self._send_pod
         for _attempt in range(self._retries + 1):
@@ -354,24 +297,25 @@ class KubeAdapter:
             if body is None:
                 return False
             try:
-                obj = read_json(send(namespace, pod, body))
+                obj = send(namespace, pod, body)
             except KubeApiError as e:
                 if e.status != 409:
                     raise
                 current = self._get_pod(namespace, pod)
                 continue
             self._write_through_pod(current.pool, obj)
+            log.info(event, pod=pod, namespace=namespace, **fields)
             return True
         raise KubeConflictError("patch", "pods", f"{namespace}/{pod}", 409, f"still conflicting after {self._retries} retries")
 
     def _send_pod(self, namespace: str, pod: str, body: dict[str, Any]) -> Any:
-        return self.calls.run("patch", "pods", f"{namespace}/{pod}", self._core.patch_namespaced_pod, pod, namespace, body,
-                              _content_type=SMP, _preload_content=False, _request_timeout=self._timeout)
+        return self._json("patch", "pods", f"{namespace}/{pod}", self._core.patch_namespaced_pod, pod, namespace, body,
+                          _content_type=SMP)
 
     def _send_pod_status(self, namespace: str, pod: str, body: dict[str, Any]) -> Any:
         """The status subresource: the readiness gate's condition lives there."""
-        return self.calls.run("patch", "pods/status", f"{namespace}/{pod}", self._core.patch_namespaced_pod_status, pod,
-                              namespace, body, _content_type=SMP, _preload_content=False, _request_timeout=self._timeout)
+        return self._json("patch", "pods/status", f"{namespace}/{pod}", self._core.patch_namespaced_pod_status, pod,
+                          namespace, body, _content_type=SMP)
 
     def _cached_pod(self, namespace: str, pod: str) -> PodInfo | None:
         for inf in self._pods.values():
@@ -381,12 +325,7 @@ class KubeAdapter:
         return None
 
     def _get_pod(self, namespace: str, pod: str) -> PodInfo:
-        obj = read_json(
-            self.calls.run(
-                "get", "pods", f"{namespace}/{pod}", self._core.read_namespaced_pod, pod, namespace,
-                _preload_content=False, _request_timeout=self._timeout,
-            )
-        )
+        obj = self._json("get", "pods", f"{namespace}/{pod}", self._core.read_namespaced_pod, pod, namespace)
         pool = next((p.name for p in self._pools.values() if p.namespace == namespace), "")
         cached = self._cached_pod(namespace, pod)
         return parse_pod(obj, cached.pool if cached else pool)
@@ -403,20 +342,12 @@ class KubeAdapter:
             current = self.read_scale(namespace, deployment)
             if current.replicas == replicas:
                 return False
-            body = {
-                "apiVersion": "autoscaling/v1",
-                "kind": "Scale",
-                "metadata": {"name": deployment, "namespace": namespace, "resourceVersion": current.resource_version},
-                "spec": {"replicas": int(replicas)},
-            }
+            meta = {"name": deployment, "namespace": namespace, "resourceVersion": current.resource_version}
+            body = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": meta,
+                    "spec": {"replicas": int(replicas)}}
             try:
-                read_json(
-                    self.calls.run(
-                        "update", "deployments/scale", f"{namespace}/{deployment}",
-                        self._apps.replace_namespaced_deployment_scale, deployment, namespace, body,
-                        _preload_content=False, _request_timeout=self._timeout,
-                    )
-                )
+                self._json("update", "deployments/scale", f"{namespace}/{deployment}",
+                           self._apps.replace_namespaced_deployment_scale, deployment, namespace, body)
             except KubeApiError as e:
                 if e.status != 409:
                     raise
@@ -428,12 +359,8 @@ class KubeAdapter:
     def evict(self, namespace: str, pod: str) -> EvictOutcome:
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
         try:
-            read_json(
-                self.calls.run(
-                    "create", "pods/eviction", f"{namespace}/{pod}", self._core.create_namespaced_pod_eviction,
-                    pod, namespace, body, _preload_content=False, _request_timeout=self._timeout,
-                )
-            )
+            self._json("create", "pods/eviction", f"{namespace}/{pod}", self._core.create_namespaced_pod_eviction,
+                       pod, namespace, body)
         except KubeApiError as e:
             if e.status == 429:
                 log.info("pod_eviction_blocked", pod=pod, namespace=namespace, reason="disruption_budget")
@@ -468,16 +395,7 @@ class KubeAdapter:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        read_json(
-            self.calls.run(
-                "create", "events", node, self._core.create_namespaced_event, self._event_ns, body,
-                _preload_content=False, _request_timeout=self._timeout,
-            )
-        )
-
-
-def _parse_pool_pod(obj: Mapping[str, Any], *, pool: str) -> PodInfo:
-    return parse_pod(obj, pool)
+        self._json("create", "events", node, self._core.create_namespaced_event, self._event_ns, body)
 
 
 def _parse_pool_node(obj: Mapping[str, Any], *, pool: str) -> NodeInfo:

@@ -43,12 +43,8 @@ class NodeEventReader:
         API server's ``--event-ttl`` (1 h by default)."""
         if not reason.isalnum():
             raise ValueError(f"reason: expected a CamelCase Event reason, got {reason!r}")
-        doc = read_json(
-            self.calls.run(
-                "list", "events", "", self._core.list_namespaced_event, self._ns,
-                field_selector=f"involvedObject.kind=Node,reason={reason}",
-                _preload_content=False, _request_timeout=self._timeout,
-            )
-        )
+        doc = read_json(self.calls.run("list", "events", "", self._core.list_namespaced_event, self._ns,
+                                       field_selector=f"involvedObject.kind=Node,reason={reason}",
+                                       _preload_content=False, _request_timeout=self._timeout))
         found = (parse_node_event(item) for item in doc.get("items") or ())
         return tuple(sorted((e for e in found if e is not None), key=lambda e: (e.t, e.node)))

@@ -56,22 +56,11 @@ class Informer(Generic[T]):
     (e.g. ``partial(core.list_node, label_selector=...)``); ``parse`` turns an object's JSON
     into a snapshot; ``key`` names an object in the store."""
 
-    def __init__(
-        self,
-        name: str,
-        resource: str,
-        list_fn: Callable[..., Any],
-        parse: Callable[[Mapping[str, Any]], T],
-        *,
-        calls: ApiCalls,
-        key: Callable[[Mapping[str, Any]], str] = lambda o: str(o["metadata"]["name"]),
-        watch_timeout_s: int = 60,
-        request_timeout_s: float = 10.0,
-        backoff_initial_s: float = 0.2,
-        backoff_max_s: float = 10.0,
-        on_change: Callable[[], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, name: str, resource: str, list_fn: Callable[..., Any], parse: Callable[[Mapping[str, Any]], T],
+                 *, calls: ApiCalls, key: Callable[[Mapping[str, Any]], str] = lambda o: str(o["metadata"]["name"]),
+                 watch_timeout_s: int = 60, request_timeout_s: float = 10.0, backoff_initial_s: float = 0.2,
+                 backoff_max_s: float = 10.0, on_change: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.resource = resource
         self._list_fn = list_fn
@@ -232,18 +221,10 @@ class Informer(Generic[T]):
             log.warning("object_unparsable", informer=self.name, error=sanitize(str(e)))
 
     def _watch(self, rv: str) -> str:
-        resp = self._calls.run(
-            "watch",
-            self.resource,
-            "",
-            self._list_fn,
-            watch=True,
-            resource_version=rv,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout_s,
-            _preload_content=False,
-            _request_timeout=(self._request_timeout_s, self._watch_timeout_s + self._request_timeout_s),
-        )
+        timeouts = (self._request_timeout_s, self._watch_timeout_s + self._request_timeout_s)
+        resp = self._calls.run("watch", self.resource, "", self._list_fn, watch=True, resource_version=rv,
+                               allow_watch_bookmarks=True, timeout_seconds=self._watch_timeout_s,
+                               _preload_content=False, _request_timeout=timeouts)
         self._resp = resp
         with self._lock:
             self._synced = True

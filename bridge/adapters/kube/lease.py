@@ -68,11 +68,8 @@ class LeaseRecord:
 
     def same_record(self, other: LeaseRecord | None) -> bool:
         """Unchanged since ``other`` was seen: any write (a renewal) changes the rv."""
-        return other is not None and (self.resource_version, self.holder, self.renew_time) == (
-            other.resource_version,
-            other.holder,
-            other.renew_time,
-        )
+        mine = (self.resource_version, self.holder, self.renew_time)
+        return other is not None and mine == (other.resource_version, other.holder, other.renew_time)
 
 
 class _Leases:
@@ -98,20 +95,10 @@ class _Leases:
 class LeaderElector:
     """Call ``try_acquire_or_renew()`` every tick; act only while ``is_leader``."""
 
-    def __init__(
-        self,
-        api_client: k8s.ApiClient,
-        *,
-        namespace: str,
-        identity: str | None = None,
-        name: str = wk.LEASE_NAME,
-        lease_duration_s: float = 15.0,
-        renew_deadline_s: float | None = None,
-        retry_period_s: float | None = None,
-        request_timeout_s: float | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, api_client: k8s.ApiClient, *, namespace: str, identity: str | None = None,
+                 name: str = wk.LEASE_NAME, lease_duration_s: float = 15.0, renew_deadline_s: float | None = None,
+                 retry_period_s: float | None = None, request_timeout_s: float | None = None,
+                 monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.identity = identity or default_identity()
         self.namespace = namespace
         self.name = name
@@ -210,11 +197,10 @@ class LeaderElector:
         self._last_renew = None
         if not was_held or mine is None:
             return False
-        body = self._body(
-            holder="", acquire_time=mine.acquire_time, transitions=mine.transitions, rv=mine.resource_version, duration_s=1
-        )
+        body = self._body(holder="", acquire_time=mine.acquire_time, transitions=mine.transitions,
+                          rv=mine.resource_version, duration_s=1)
         try:
-            self._write("update", self._api.replace_namespaced_lease, self.name, self.namespace, body)
+            self._call("update", self._api.replace_namespaced_lease, self.name, self.namespace, body)
         except (AdapterError, KeyError, TypeError, ValueError) as e:
             log.warning("lease_release_failed", lease=self.name, identity=self.identity, error=str(e))
             return False
@@ -239,7 +225,8 @@ class LeaderElector:
             },
         }
 
-    def _write(self, verb: str, fn: Callable[..., Any], *args: Any) -> LeaseRecord:
+    def _call(self, verb: str, fn: Callable[..., Any], *args: Any) -> LeaseRecord:
+        """One call on the Lease (a read or a write), the Lease it answers."""
         obj = read_json(self.calls.run(verb, "leases", self.name, fn, *args, _preload_content=False, _request_timeout=self.request_timeout_s))
         return LeaseRecord.from_json(obj)
 
@@ -263,7 +250,7 @@ class LeaderElector:
         started = self._monotonic()
         body = self._body(holder=self.identity, acquire_time=self._mine.acquire_time, transitions=self._mine.transitions, rv=self._mine.resource_version)
         try:
-            rec = self._write("update", self._api.replace_namespaced_lease, self.name, self.namespace, body)
+            rec = self._call("update", self._api.replace_namespaced_lease, self.name, self.namespace, body)
         except KubeApiError as e:
             if e.status == 409:  # someone wrote the Lease: re-read and judge
                 self._lost("conflict")
@@ -275,18 +262,12 @@ class LeaderElector:
     def _acquire(self) -> None:
         started = self._monotonic()
         try:
-            obj = read_json(
-                self.calls.run(
-                    "get", "leases", self.name, self._api.read_namespaced_lease, self.name, self.namespace,
-                    _preload_content=False, _request_timeout=self.request_timeout_s,
-                )
-            )
+            current = self._call("get", self._api.read_namespaced_lease, self.name, self.namespace)
         except KubeApiError as e:
             if e.status != 404:
                 raise
             self._create(started)
             return
-        current = LeaseRecord.from_json(obj)
         if not current.same_record(self._observed):
             self._observed = current
             self._observed_at = started
@@ -305,25 +286,25 @@ class LeaderElector:
             transitions=current.transitions + (1 if taking_over and current.holder else 0),
             rv=current.resource_version,
         )
+        self._claim(started, taking_over, lambda: self._call("update", self._api.replace_namespaced_lease, self.name,
+                                                               self.namespace, body))
+
+    def _create(self, started: float) -> None:
+        body = self._body(holder=self.identity, acquire_time=_micro_time(self._wall()), transitions=0, rv=None)
+        create = self._api.create_namespaced_lease
+        self._claim(started, True, lambda: self._call("create", create, self.namespace, body))
+
+    def _claim(self, started: float, acquired: bool, write: Callable[[], LeaseRecord]) -> None:
+        """Take the Lease with ``write``; a 409 (another instance wrote it, or created it, first)
+        loses the race."""
         try:
-            rec = self._write("update", self._api.replace_namespaced_lease, self.name, self.namespace, body)
+            rec = write()
         except KubeApiError as e:
             if e.status == 409:
                 self._lost("lost the race")
                 return
             raise
-        self._won(rec, started, acquired=taking_over)
-
-    def _create(self, started: float) -> None:
-        body = self._body(holder=self.identity, acquire_time=_micro_time(self._wall()), transitions=0, rv=None)
-        try:
-            rec = self._write("create", self._api.create_namespaced_lease, self.namespace, body)
-        except KubeApiError as e:
-            if e.status == 409:  # AlreadyExists: another instance created it first
-                self._lost("lost the race")
-                return
-            raise
-        self._won(rec, started, acquired=True)
+        self._won(rec, started, acquired=acquired)
 
 
 class LeaseKeeper:

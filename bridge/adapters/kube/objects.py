@@ -124,11 +124,12 @@ class EvictOutcome(enum.StrEnum):
     GONE = "gone"  # 404: the pod no longer exists
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+def _parts(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]]:
+    """An object's metadata (required), spec and status (empty when absent)."""
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         raise ValueError("object without metadata")
-    return meta
+    return meta, _mapping(obj.get("spec")), _mapping(obj.get("status"))
 
 
 def _required(meta: Mapping[str, Any], problems: list[str], keys: tuple[str, ...] = ("name", "uid", "resourceVersion")) -> None:
@@ -195,18 +196,9 @@ def parse_since(raw: str | None, problems: list[str]) -> float | None:
     return value
 
 
-def _condition_true(status: Mapping[str, Any], kind: str) -> bool:
-    for cond in status.get("conditions") or ():
-        if isinstance(cond, Mapping) and cond.get("type") == kind:
-            return cond.get("status") == "True"
-    return False
-
-
 def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     """A Node's JSON -> NodeInfo; our labels/annotations validated (see ``problem``)."""
-    meta = _meta(obj)
-    spec = _mapping(obj.get("spec"))
-    status = _mapping(obj.get("status"))
+    meta, spec, status = _parts(obj)
     labels = _str_map(meta.get("labels"))
     annotations = _str_map(meta.get("annotations"))
     problems: list[str] = []
@@ -218,13 +210,9 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     if wk.LABEL_PHASE in labels and wk.ANNOTATION_PHASE_SINCE not in annotations:
         problems.append(f"annotation {wk.ANNOTATION_PHASE_SINCE}: missing while label {wk.LABEL_PHASE} is set")
 
-    cordoned_raw = annotations.get(wk.ANNOTATION_CORDONED)
-    cordoned = False
-    if cordoned_raw is not None:
-        if cordoned_raw == "true":
-            cordoned = True
-        else:
-            problems.append(f"annotation {wk.ANNOTATION_CORDONED}: expected \"true\", got {_quote(cordoned_raw)}")
+    cordoned = annotations.get(wk.ANNOTATION_CORDONED)
+    if cordoned not in (None, "true"):
+        problems.append(f"annotation {wk.ANNOTATION_CORDONED}: expected \"true\", got {_quote(str(cordoned))}")
 
     taints = tuple(
         Taint(key=str(t.get("key", "")), value=str(t.get("value") or ""), effect=str(t.get("effect") or ""))
@@ -251,7 +239,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         unschedulable=bool(spec.get("unschedulable") or False),
         taints=taints,
         allocatable_gpus=gpus,
-        ready=_condition_true(status, "Ready"),
+        ready=_condition(status, "Ready") is True,
         pool=labels.get(wk.LABEL_POOL),
         phase=phase,
         phase_since=since,
@@ -259,7 +247,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         owner=annotations.get(wk.ANNOTATION_OWNER),
         pin=pin,
         fenced=any(t.key == wk.TAINT_KEY and t.effect == wk.TAINT_EFFECT for t in taints),
-        cordoned_by_bridge=cordoned,
+        cordoned_by_bridge=cordoned == "true",
         warm=warm,
         problem="; ".join(problems) or None,
     )
@@ -288,9 +276,7 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 def parse_pod(obj: Mapping[str, Any], pool: str) -> PodInfo:
-    meta = _meta(obj)
-    spec = _mapping(obj.get("spec"))
-    status = _mapping(obj.get("status"))
+    meta, spec, status = _parts(obj)
     annotations = _str_map(meta.get("annotations"))
     problems: list[str] = []
     _required(meta, problems, ("name", "namespace", "uid", "resourceVersion"))
@@ -312,7 +298,7 @@ def parse_pod(obj: Mapping[str, Any], pool: str) -> PodInfo:
         pool=pool,
         node=spec.get("nodeName") or None,
         phase=str(status.get("phase") or "Unknown"),
-        ready=_condition_true(status, "Ready"),
+        ready=_condition(status, "Ready") is True,
         awake=_condition(status, wk.CONDITION_AWAKE),
         ip=str(status.get("podIP")) if status.get("podIP") else None,
         deletion_timestamp=meta.get("deletionTimestamp") or None,
@@ -330,9 +316,7 @@ def _int(value: Any, default: int = 0) -> int:
 
 
 def parse_deployment(obj: Mapping[str, Any]) -> DeploymentInfo:
-    meta = _meta(obj)
-    spec = _mapping(obj.get("spec"))
-    status = _mapping(obj.get("status"))
+    meta, spec, status = _parts(obj)
     selector = _mapping(spec.get("selector"))
     problems: list[str] = []
     _required(meta, problems, ("name", "namespace", "resourceVersion"))
@@ -357,9 +341,7 @@ def parse_deployment(obj: Mapping[str, Any]) -> DeploymentInfo:
 
 
 def parse_scale(obj: Mapping[str, Any]) -> ScaleInfo:
-    meta = _meta(obj)
-    spec = _mapping(obj.get("spec"))
-    status = _mapping(obj.get("status"))
+    meta, spec, status = _parts(obj)
     return ScaleInfo(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),

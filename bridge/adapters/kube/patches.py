@@ -22,8 +22,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 def clean_reason(reason: str) -> str:
     """A reason as it can go into an annotation or an Event: one line, capped."""
-    text = _CONTROL.sub(" ", reason).strip()
-    return text[:REASON_CAP]
+    return _CONTROL.sub(" ", reason).strip()[:REASON_CAP]
 
 
 def format_since(since: float) -> str:
@@ -32,16 +31,11 @@ def format_since(since: float) -> str:
 
 def phase_patch(node: NodeInfo, phase: Phase, reason: str, since: float, owner: str) -> dict[str, Any] | None:
     """Label phase + annotations since/reason/owner, in one patch."""
-    labels = {wk.LABEL_PHASE: phase.value}
-    annotations = {
-        wk.ANNOTATION_PHASE_SINCE: format_since(since),
-        wk.ANNOTATION_REASON: clean_reason(reason),
-        wk.ANNOTATION_OWNER: owner,
-    }
-    if all(node.labels.get(k) == v for k, v in labels.items()) and all(
-        node.annotations.get(k) == v for k, v in annotations.items()
-    ):
+    annotations = {wk.ANNOTATION_PHASE_SINCE: format_since(since), wk.ANNOTATION_REASON: clean_reason(reason),
+                   wk.ANNOTATION_OWNER: owner}
+    if node.labels.get(wk.LABEL_PHASE) == phase.value and annotations.items() <= node.annotations.items():
         return None
+    labels = {wk.LABEL_PHASE: phase.value}
     return {"metadata": {"resourceVersion": node.resource_version, "labels": labels, "annotations": annotations}}
 
 
@@ -78,10 +72,7 @@ def awake_patch(pod: PodInfo, awake: bool, now: str) -> dict[str, Any] | None:
 
 
 def _taint_dict(key: str, value: str, effect: str) -> dict[str, str]:
-    d = {"key": key, "effect": effect}
-    if value:
-        d["value"] = value
-    return d
+    return {"key": key, "effect": effect} | ({"value": value} if value else {})
 
 
 def fence_patch(node: NodeInfo) -> dict[str, Any] | None:

@@ -116,22 +116,10 @@ def build_request_query(pool: PromPool, *, step_s: float) -> str:
     - ``kv``: KV-cache usage, V1 name, and ``kv0`` the V0 name (a replica exports one of them);
     - ``e2e_sum`` / ``e2e_count``: the end-to-end latency histogram's sum and count counters.
     """
-    sel = selector(pool)
-    w = _window(step_s)
-
-    def last(metric: str) -> str:
-        return f"last_over_time({metric}{{{sel}}}[{w}])"
-
-    terms = [
-        _tag(last(SUCCESS), "completed"),
-        _tag(last(RUNNING), "running"),
-        _tag(last(WAITING), "waiting"),
-        _tag(last(KV_V1), "kv"),
-        _tag(last(KV_V0), "kv0"),
-        _tag(last(E2E_SUM), "e2e_sum"),
-        _tag(last(E2E_COUNT), "e2e_count"),
-    ]
-    return "\n  or ".join(terms)
+    sel, w = selector(pool), _window(step_s)
+    tags = ((SUCCESS, "completed"), (RUNNING, "running"), (WAITING, "waiting"), (KV_V1, "kv"), (KV_V0, "kv0"),
+            (E2E_SUM, "e2e_sum"), (E2E_COUNT, "e2e_count"))
+    return "\n  or ".join(_tag(f"last_over_time({metric}{{{sel}}}[{w}])", tag) for metric, tag in tags)
 
 
 COUNTERS = ("completed", "e2e_sum", "e2e_count")

@@ -139,16 +139,9 @@ class _Signal:
         return sum(sum(v) for v in self.by_replica.values())
 
 
-def signals_from_step(
-    step: _Step,
-    *,
-    t: float,
-    staleness_s: float | None,
-    check_timestamps: bool,
-    live_pods: Collection[str] | None = None,
-    dropped: list[str] | None = None,
-    inflight: dict[str, float] | None = None,
-) -> tuple[LoadSignals, dict[str, str]]:
+def signals_from_step(step: _Step, *, t: float, staleness_s: float | None, check_timestamps: bool,
+                      live_pods: Collection[str] | None = None, dropped: list[str] | None = None,
+                      inflight: dict[str, float] | None = None) -> tuple[LoadSignals, dict[str, str]]:
     """Validate and sum one instant's series into LoadSignals (pure).
 
     A stale series fails its signal (fail closed), except when ``live_pods`` is given and the
@@ -224,9 +217,8 @@ def _gone(key: frozenset[tuple[str, str]], live_pods: Collection[str]) -> bool:
     return pod is not None and pod not in live_pods
 
 
-def _absorb(
-    step: _Step, metric: Mapping[str, str], raw: Any, pool: PromPool, ignored: set[str], own_pods: Collection[str] | None = None
-) -> None:
+def _absorb(step: _Step, metric: Mapping[str, str], raw: Any, pool: PromPool, ignored: set[str],
+            own_pods: Collection[str] | None = None) -> None:
     tag = metric.get(TAG, "")
     key = _replica_key(metric)
     why = pool.foreign(metric)
@@ -244,14 +236,8 @@ def _absorb(
         step.values.setdefault(tag, {})[key] = _float(raw)
 
 
-def parse_instant(
-    result: Sequence[Mapping[str, Any]],
-    *,
-    pool: PromPool,
-    staleness_s: float,
-    at: float | None,
-    live_pods: Collection[str] | None = None,
-) -> SignalsReading:
+def parse_instant(result: Sequence[Mapping[str, Any]], *, pool: PromPool, staleness_s: float, at: float | None,
+                  live_pods: Collection[str] | None = None) -> SignalsReading:
     """An instant-query result (a vector) -> SignalsReading (pure). ``live_pods``: the
     pool's pods in Kubernetes (see ``signals_from_step``); None = every stale series counts.
     With ``pool.own_pods_only`` and ``live_pods`` given, only series of those pods count."""
@@ -268,12 +254,10 @@ def parse_instant(
         raise ValueError("an empty result needs the evaluation time")
     dropped: list[str] = []
     inflight: dict[str, float] = {}
-    signals, problems = signals_from_step(
-        step, t=t, staleness_s=staleness_s, check_timestamps=True, live_pods=live_pods, dropped=dropped, inflight=inflight
-    )
-    return SignalsReading(
-        pool=pool.name, signals=signals, problems=problems, ignored=tuple(sorted(ignored | set(dropped))), inflight_by_pod=inflight
-    )
+    signals, problems = signals_from_step(step, t=t, staleness_s=staleness_s, check_timestamps=True,
+                                          live_pods=live_pods, dropped=dropped, inflight=inflight)
+    return SignalsReading(pool=pool.name, signals=signals, problems=problems,
+                          ignored=tuple(sorted(ignored | set(dropped))), inflight_by_pod=inflight)
 
 
 def parse_range(result: Sequence[Mapping[str, Any]], *, pool: PromPool, start: float, end: float, step_s: float) -> tuple[LoadSignals, ...]:
@@ -308,17 +292,9 @@ class PromAdapter:
     ``scrape_interval_s``: history gauge windows span at least two scrapes, so a step shorter
     than the scrape interval still sees a sample."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout_s: float = 10.0,
-        staleness_s: float = 60.0,
-        rate_window_s: float = 60.0,
-        scrape_interval_s: float = 15.0,
-        access: PromAccess | None = None,
-        client: PrometheusConnect | None = None,
-    ) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 10.0, staleness_s: float = 60.0, rate_window_s: float = 60.0,
+                 scrape_interval_s: float = 15.0, access: PromAccess | None = None,
+                 client: PrometheusConnect | None = None) -> None:
         self.url = url
         self.scrape_interval_s = scrape_interval_s
         self.timeout_s = timeout_s
@@ -344,7 +320,7 @@ class PromAdapter:
         pool's pods in Kubernetes, so a deleted pod's lingering stale series is dropped."""
         query = build_query(pool, rate_window_s=self.rate_window_s)
         params = {"time": f"{at:.3f}"} if at is not None else {}
-        result = self._run("query", pool, lambda: self._client.custom_query(query, params=params, timeout=self.timeout_s))
+        result = self._query(query, pool, params)
         if not result and at is None:
             at = datetime.now(UTC).timestamp()
         reading = _parsed("query", pool, lambda: parse_instant(result, pool=pool, staleness_s=self.staleness_s, at=at, live_pods=live_pods))
@@ -378,23 +354,20 @@ class PromAdapter:
     def query_range(self, query: str, pool: PromPool, *, start: float, end: float, step_s: float) -> Any:
         """One ``query_range`` (start/end in whole seconds, as the client sends them), errors
         as AdapterError naming the pool."""
-        return self._run(
-            "query_range",
-            pool,
-            lambda: self._client.custom_query_range(
-                query,
-                start_time=datetime.fromtimestamp(start, UTC),
-                end_time=datetime.fromtimestamp(end, UTC),
-                step=f"{step_s:g}",  # the API takes a float number of seconds
-                timeout=self.timeout_s,
-            ),
-        )
+        return self._run("query_range", pool, lambda: self._client.custom_query_range(
+            query, start_time=datetime.fromtimestamp(start, UTC), end_time=datetime.fromtimestamp(end, UTC),
+            step=f"{step_s:g}", timeout=self.timeout_s))  # the step: the API takes a float number of seconds
+
+    def _query(self, query: str, pool: PromPool, params: dict[str, str] | None = None) -> Any:
+        """One instant ``query`` (``params``: its evaluation ``time``, else Prometheus' now)."""
+        send = self._client.custom_query
+        return self._run("query", pool, lambda: send(query, params=params or {}, timeout=self.timeout_s))
 
     def pool_nodes(self, pool: PromPool) -> int | None:
         """Nodes of the pool as the daemon last exported them (``gpu_bridge_nodes``, summed
         over phases; the largest instance), or None when Prometheus does not have it."""
         q = f'max(sum by (instance) (gpu_bridge_nodes{{pool="{_escape(pool.name)}"}}))'
-        result = self._run("query", pool, lambda: self._client.custom_query(q, params={}, timeout=self.timeout_s))
+        result = self._query(q, pool)
         try:
             v = float(result[0]["value"][1]) if result else math.nan
         except (KeyError, TypeError, ValueError, IndexError):
@@ -404,8 +377,7 @@ class PromAdapter:
     def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int) -> dict[str, float | None]:
         """Node -> the lowest free MiB over its GPUs (dcgm-exporter's ``DCGM_FI_DEV_FB_FREE``; None:
         unknown, logged with why), for ``nodes`` only: one instant query (``bridge.adapters.prom.gpu``)."""
-        query = build_gpu_query(nodes, node_label=node_label)
-        result = self._run("query", pool, lambda: self._client.custom_query(query, params={}, timeout=self.timeout_s))
+        result = self._query(build_gpu_query(nodes, node_label=node_label), pool)
         now = datetime.now(UTC).timestamp()
         free, problems = _parsed("query", pool, lambda: parse_gpu_free(result, nodes=nodes, node_label=node_label, gpus=gpus,
                                                                        now=now, staleness_s=self.staleness_s))
@@ -416,8 +388,7 @@ class PromAdapter:
     def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[DelayCount, ...]:
         """The pool's measured reclaims of the last ``window_s`` by bucket, from the daemon's own
         histogram (``gpu_bridge_reclaim_measured_delay_seconds``): what a restart forgot."""
-        query = build_delay_query(pool, window_s=window_s)
-        result = self._run("query", pool, lambda: self._client.custom_query(query, params={}, timeout=self.timeout_s))
+        result = self._query(build_delay_query(pool, window_s=window_s), pool)
         return _parsed("query", pool, lambda: parse_delay_buckets(result))
 
     def request_history(self, pool: PromPool, *, start: float, end: float, step_s: float = 60.0) -> RequestHistory:

@@ -57,17 +57,10 @@ class PromPool:
         """From a ``bridge.config.PoolConfig`` (name, model, namespace, prometheus_matchers) and
         the ``prometheus`` section (``namespace_label``, ``own_pods_only``); without the
         section, model and matchers only."""
-        if prometheus is None:
-            return cls(name=pool.name, model=pool.model, matchers=dict(pool.prometheus_matchers))
-        label = prometheus.namespace_label
-        return cls(
-            name=pool.name,
-            model=pool.model,
-            matchers=dict(pool.prometheus_matchers),
-            namespace=pool.namespace if label else None,
-            namespace_label=label or "namespace",
-            own_pods_only=prometheus.own_pods_only,
-        )
+        label = prometheus.namespace_label if prometheus is not None else None
+        return cls(name=pool.name, model=pool.model, matchers=dict(pool.prometheus_matchers),
+                   namespace=pool.namespace if label else None, namespace_label=label or "namespace",
+                   own_pods_only=prometheus is not None and prometheus.own_pods_only)
 
     def foreign(self, metric: Mapping[str, str]) -> str | None:
         """Why a returned series is not this pool's (model, namespace), or None."""

@@ -14,10 +14,10 @@ import shlex
 import subprocess
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from bridge import logs, wellknown
-from bridge.adapters.protocols import DrainOutcomes, HoldOutcomes, RequeueOutcome
+from bridge.adapters.protocols import DrainOutcomes, HoldOutcomes, RequeueOutcome, outcome
 from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
@@ -37,7 +37,6 @@ HOLD_WRAP = "exec sleep infinity"  # fixed text: nothing from data ever goes int
 # serving nodes looks up their holds in 20 reads, not in one argument execve refuses.
 LIST_CHUNK = 500
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-T = TypeVar("T")
 
 
 def _log() -> Any:
@@ -152,14 +151,6 @@ def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
     return (items[i : i + LIST_CHUNK] for i in range(0, len(items), LIST_CHUNK))
 
 
-def _one(outcomes: Mapping[str, T | AdapterError], key: str) -> T:
-    """One node's outcome of a call made for many: its error raised."""
-    got = outcomes[key]
-    if isinstance(got, AdapterError):
-        raise got
-    return got
-
-
 def _sbatch_job_id(answer: str) -> str:
     """The job id ``sbatch --parsable`` answers (``ID`` or ``ID;cluster``), checked."""
     try:
@@ -185,20 +176,12 @@ class CliSlurm:
     over os.environ; ``command_prefix`` an argv list put before every command (config
     ``slurm.command_prefix``); ``runner`` replaces subprocess (tests)."""
 
-    def __init__(
-        self,
-        *,
-        env: Mapping[str, str] | None = None,
-        runner: CommandRunner | None = None,
-        timeout_s: float = 10.0,
-        hold_partition: str = wellknown.SLURM_HOLD_PARTITION,
-        hold_user: str | None = None,
-        command_prefix: Sequence[str] = (),
-        fence: Callable[[Sequence[str], float], None] | None = None,
-        preempt_partition: str = wellknown.SLURM_PREEMPT_PARTITION,
-        fast_partition: str | None = None,
-        warm_partition: str = wellknown.SLURM_WARM_PARTITION,
-    ) -> None:
+    def __init__(self, *, env: Mapping[str, str] | None = None, runner: CommandRunner | None = None,
+                 timeout_s: float = 10.0, hold_partition: str = wellknown.SLURM_HOLD_PARTITION,
+                 hold_user: str | None = None, command_prefix: Sequence[str] = (),
+                 fence: Callable[[Sequence[str], float], None] | None = None,
+                 preempt_partition: str = wellknown.SLURM_PREEMPT_PARTITION, fast_partition: str | None = None,
+                 warm_partition: str = wellknown.SLURM_WARM_PARTITION) -> None:
         self.run_cmd: CommandRunner = runner or SubprocessRunner({**os.environ, **(env or {})}, prefix=command_prefix)
         # called with (argv, timeout) right before each command that changes Slurm; raises to
         # refuse it (the Lease fence, bridge.wiring): checked there, not once before a write of
@@ -272,23 +255,6 @@ class CliSlurm:
             out.append(j)
         return tuple(out)
 
-    def _is_our_hold(self, j: SlurmJobInfo) -> bool:
-        return (
-            j.partition == self.hold_partition
-            and j.name.startswith(wellknown.SLURM_HOLD_JOB_PREFIX)
-            and (self.hold_user is None or j.user == self.hold_user)
-        )
-
-    def holds(self) -> dict[str, SlurmJobInfo]:
-        out: dict[str, SlurmJobInfo] = {}
-        for j in self.jobs(partition=self.hold_partition):
-            if self._is_our_hold(j):
-                node = j.name[len(wellknown.SLURM_HOLD_JOB_PREFIX) :]
-                # two holds for one node (a lost submit answer, retried): the oldest counts
-                if node not in out or int(j.job_id.split("_")[0]) < int(out[node].job_id.split("_")[0]):
-                    out[node] = j
-        return out
-
     # ---- the running configuration (read-only: `gpu-bridge check-slurm`) ------------------
     def show_config(self) -> dict[str, str]:
         """slurmctld's running settings (``scontrol show config``): what slurm.conf resolved to."""
@@ -340,7 +306,7 @@ class CliSlurm:
         return {n: tuple(v) for n, v in ids.items()}
 
     def drain(self, node: str, reason: str) -> bool:
-        return _one(self.drain_nodes({node: reason}), validate_node_name(node))
+        return outcome(self.drain_nodes({node: reason}), validate_node_name(node))
 
     def drain_nodes(self, reasons: Mapping[str, str]) -> DrainOutcomes:
         """``drain`` for many nodes (node -> reason) with one read (``nodes_now``): each node decided
@@ -402,7 +368,7 @@ class CliSlurm:
         return True
 
     def submit_hold(self, node: str) -> str:
-        return _one(self.submit_holds([node]), validate_node_name(node))
+        return outcome(self.submit_holds([node]), validate_node_name(node))
 
     def submit_holds(self, nodes: Collection[str]) -> HoldOutcomes:
         return self._submit_ours({validate_node_name(n): ["--exclusive"] for n in nodes},
@@ -451,8 +417,9 @@ class CliSlurm:
         memory, in the never-preempted warm partition (its tier preempts a research job that
         leaves too little memory). Idempotent: an active one is returned."""
         mb, node = validate_mem_mb(mem_mb), validate_node_name(node)
-        return _one(self._submit_ours({node: ["--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}"]},
-                                      "gpu-bridge memory hold: a sleeping vLLM replica's host memory", mem=True, mem_mb=mb), node)
+        size = ["--ntasks", "1", "--cpus-per-task", "1", f"--mem={mb}"]
+        return outcome(self._submit_ours({node: size}, "gpu-bridge memory hold: a sleeping vLLM replica's host memory",
+                                         mem=True, mem_mb=mb), node)
 
     def cancel_mem_hold(self, node: str) -> tuple[str, ...]:
         return self._cancel_ours(node, mem=True)

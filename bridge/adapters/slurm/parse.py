@@ -50,7 +50,7 @@ def _guarded(what: str, fn: Any, *args: Any) -> Any:
 @contextlib.contextmanager
 def _no_cyclic_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector while a large document is decoded and turned into
-    records: JSON makes no reference cycles (reference counting frees it all), but the
+    records (a parser decorated with it): JSON makes no reference cycles (reference counting frees it all), but the
     thousands of objects alive during the parse trigger collections that traverse the whole
     heap, over and over (about a third of a tick's CPU at 2,000 nodes)."""
     was = gc.isenabled()
@@ -258,13 +258,9 @@ def _nodes_24(entries: Any) -> list[SlurmNode]:
     return list(by_name.values())
 
 
+@_no_cyclic_gc()
 def parse_nodes(text: str) -> tuple[SlurmNode, ...]:
     """All nodes of ``sinfo --json`` output, sorted by name (either version's shape)."""
-    with _no_cyclic_gc():
-        return _parse_nodes(text)
-
-
-def _parse_nodes(text: str) -> tuple[SlurmNode, ...]:
     doc = load_records(text, "sinfo --json", (("sinfo", SINFO_KEYS_24), ("nodes", NODE_KEYS_22)))
     if "sinfo" in doc:
         nodes = _guarded("sinfo --json", _nodes_24, doc["sinfo"])
@@ -348,14 +344,10 @@ def _job(rec: Any, i: int) -> SlurmJobInfo:
     )
 
 
+@_no_cyclic_gc()
 def parse_jobs(text: str, *, active_only: bool = True) -> tuple[SlurmJobInfo, ...]:
     """Jobs of ``squeue --json`` output (either shape), by job id; finished ones (still listed
     for MinJobAge) dropped unless ``active_only=False``."""
-    with _no_cyclic_gc():
-        return _parse_jobs(text, active_only=active_only)
-
-
-def _parse_jobs(text: str, *, active_only: bool) -> tuple[SlurmJobInfo, ...]:
     doc = load_records(text, "squeue --json", (("jobs", JOB_KEYS),))
     raw = doc.get("jobs")
     if raw is None:

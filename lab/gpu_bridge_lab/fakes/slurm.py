@@ -27,8 +27,19 @@ from bridge.errors import AdapterError
 from bridge.names import validate_job_id, validate_node_name
 
 from bridge.adapters.slurm.cli import NotOursError, admins_down, drain_reason, hold_job_name, mem_hold_job_name, validate_mem_mb
-from bridge.adapters.protocols import RequeueOutcome, SlurmAdapterProtocol
+from bridge.adapters.protocols import RequeueOutcome, SlurmAdapterProtocol, SlurmReader
 from bridge.adapters.slurm.types import SlurmJobInfo, SlurmNode
+
+
+def holds_of(slurm: SlurmReader) -> dict[str, SlurmJobInfo]:
+    """node -> the oldest active hold job for it (the hold partition, the hold job's name), from
+    ``slurm.jobs``, real or fake: what the tests and the fake ask. The daemon tells holds from
+    research jobs in ``bridge.observe`` (with ``slurm.hold_user``)."""
+    out: dict[str, SlurmJobInfo] = {}
+    for j in sorted(slurm.jobs(partition=wellknown.SLURM_HOLD_PARTITION), key=lambda j: int(j.job_id.split("_")[0])):
+        if j.hold_node:
+            out.setdefault(j.hold_node, j)
+    return out
 
 
 @dataclass
@@ -277,13 +288,6 @@ class FakeSlurm:
         return tuple(j for j in out if (partition is None or j.partition == partition)
                      and (node is None or node in j.nodes) and (want is None or j.state in want))
 
-    def holds(self) -> dict[str, SlurmJobInfo]:
-        out: dict[str, SlurmJobInfo] = {}
-        for j in self.jobs(partition=wellknown.SLURM_HOLD_PARTITION):
-            if j.is_hold and j.hold_node and j.hold_node not in out:
-                out[j.hold_node] = j
-        return out
-
     # ---- SlurmWriter -------------------------------------------------------------------
     def drain(self, node: str, reason: str) -> bool:
         self._check("drain")
@@ -328,7 +332,7 @@ class FakeSlurm:
         name = hold_job_name(node)
         if node not in self._nodes:
             raise AdapterError("slurm", f"sbatch failed (rc 1): invalid node name specified {node}")
-        existing = self.holds().get(node)
+        existing = holds_of(self).get(node)
         if existing is not None:
             return existing.job_id
         jid = str(next(self._ids))

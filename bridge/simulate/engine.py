@@ -34,7 +34,7 @@ import heapq
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import numpy as np
@@ -166,19 +166,9 @@ class Metrics:
     early_lost_gpu_hours: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "policy": self.policy,
-            "lent_gpu_hours": round(self.lent_gpu_hours, 3),
-            "useful_gpu_hours": round(self.useful_gpu_hours, 3),
-            "lost_gpu_hours": round(self.lost_gpu_hours, 3),
-            "preemptions": self.preemptions,
-            "lends": self.lends,
-            "reclaims": self.reclaims,
-            "slo_violation_minutes": self.slo_violation_minutes,
-            "trace_minutes": self.trace_minutes,
-            "early_preemptions": self.early_preemptions,
-            "early_lost_gpu_hours": round(self.early_lost_gpu_hours, 3),
-        }
+        """Every field in order, GPU-hours rounded to 3 decimals."""
+        return {f.name: round(v, 3) if f.name.endswith("_gpu_hours") else v
+                for f in fields(self) for v in [getattr(self, f.name)]}
 
 
 @dataclass(slots=True)
@@ -415,23 +405,16 @@ class Engine:
         for name in self.order:
             n = self.nodes[name]
             ph = n.phase
-            if ph is Phase.SERVING:
-                states.append(
-                    NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, n.ready,
-                              "drained", (), inflight=inflight if n.ready else None)
-                )
-            elif ph is Phase.LENDING:
-                states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained",
-                                        tier=n.tier))
-            elif ph is Phase.LENT or ph is Phase.RECLAIMING:
-                jid = rj.get(name)
-                st = "allocated" if jid is not None else ("idle" if ph is Phase.LENT else "drained")
-                states.append(
-                    NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, 0, False, st,
-                              (jid,) if jid is not None else (), tier=n.tier)
-                )
-            else:  # returning
-                states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained"))
+            in_slurm = ph is Phase.LENT or ph is Phase.RECLAIMING  # no serving pod; its job, if any
+            serves = ph is Phase.SERVING and n.ready
+            job = rj.get(name) if in_slurm else None
+            st = "allocated" if job is not None else "idle" if ph is Phase.LENT else "drained"
+            states.append(NodeState(
+                name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, 0 if in_slurm else self.rpn, serves,
+                st, (job,) if job is not None else (), inflight=inflight if serves else None,
+                # lent to that tier (lending .. reclaiming); a returning node's is not reported
+                tier=n.tier if in_slurm or ph is Phase.LENDING else Tier.NORMAL,
+            ))
         ready_rep = ready * self.rpn
         committed = sum(1 for n in self.nodes.values() if n.phase in (Phase.SERVING, Phase.RECLAIMING, Phase.RETURNING))
         h = measured_horizon(s.config, self.pool, self.reclaim_delays)

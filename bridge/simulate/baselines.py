@@ -73,16 +73,9 @@ class _Base:
     def _reclaim(self, view: ClusterView, lent: Sequence[NodeState], k: int, why: str) -> list[Action]:
         if k <= 0 or not lent:
             return []
-        choice = choose_victims(
-            lent,
-            k,
-            view.jobs,
-            view.now,
-            rule=self.config.policy.victims,
-            min_runtime_s=self.config.slurm.min_runtime_s,
-            allow_young=True,
-            grace_s=self.config.slurm.grace_s,
-        )
+        slurm = self.config.slurm
+        choice = choose_victims(lent, k, view.jobs, view.now, rule=self.config.policy.victims,
+                                min_runtime_s=slurm.min_runtime_s, allow_young=True, grace_s=slurm.grace_s)
         return [
             Action(ActionKind.RECLAIM, n, self.pool.name, Reason.SPIKE, f"{self.name}: {why}", urgent=True, jobs=choice.jobs.get(n, ()))
             for n in choice.nodes
@@ -90,9 +83,7 @@ class _Base:
 
     def _demand(self, view: ClusterView) -> float | None:
         ps = view.pools.get(self.pool.name)
-        if ps is None:
-            return None
-        return demand(ps.signals, self.pool.target).replicas
+        return None if ps is None else demand(ps.signals, self.pool.target).replicas
 
     def _nodes_for(self, replicas: float) -> int:
         return max(0, math.ceil(replicas / self.rpn - 1e-9))
@@ -152,16 +143,10 @@ class BridgeController(_Base):
         self.last_plan = p
         d = next((d for d in p.pools if d.pool == self.pool.name), None)
         self.trace_t.append(view.now)
-        if d is not None:
-            self.trace_demand.append(d.demand_now if d.demand_now is not None else math.nan)
-            self.trace_forecast.append(d.forecast_peak if d.forecast_peak is not None else math.nan)
-            self.trace_desired.append(d.desired_serving)
-            self.trace_reason.append(str(d.reason))
-        else:
-            self.trace_demand.append(math.nan)
-            self.trace_forecast.append(math.nan)
-            self.trace_desired.append(-1)
-            self.trace_reason.append("")
+        self.trace_demand.append(math.nan if d is None or d.demand_now is None else d.demand_now)
+        self.trace_forecast.append(math.nan if d is None or d.forecast_peak is None else d.forecast_peak)
+        self.trace_desired.append(-1 if d is None else d.desired_serving)
+        self.trace_reason.append("" if d is None else str(d.reason))
         return p.actions
 
 
@@ -281,13 +266,9 @@ def default_fixed_floor(setup: Setup) -> int:
     tod = (setup.start_unix + np.arange(wl.size) * w.window_s) % 86400.0
     night = wl[(tod >= NIGHT_START_S) | (tod < NIGHT_END_S)]
     p95 = float(np.percentile(night, 95)) if night.size else float(wl.max())
-    return min(
-        setup.nodes,
-        max(
-            setup.pool.min_serving,
-            nodes_for(p95, headroom=FIXED_HEADROOM, headroom_replicas=FIXED_HEADROOM_REPLICAS, replicas_per_node=setup.replicas_per_node),
-        ),
-    )
+    need = nodes_for(p95, headroom=FIXED_HEADROOM, headroom_replicas=FIXED_HEADROOM_REPLICAS,
+                     replicas_per_node=setup.replicas_per_node)
+    return min(setup.nodes, max(setup.pool.min_serving, need))
 
 
 def make_controller(name: str, setup: Setup, *, fixed_floor: int | None = None) -> Controller:

@@ -78,8 +78,7 @@ class _PoolWork:
     reclaim_count: int
     reclaim_reason: Reason
     reclaim_detail: str
-    urgent: bool
-    allow_young: bool
+    urgent: bool  # also: may preempt jobs younger than min_runtime_s, as a last resort
     respect_min_lend: bool
     lend_fast: int = 0  # of lend_count, lent to the fast tier (the first ones)
     reclaim_normal: int = 0  # of reclaim_count, that must be normal-tier nodes (the rest: fast first)
@@ -128,18 +127,10 @@ def plan(view: ClusterView, config: Config) -> Plan:
         budget -= len(choice.nodes)
         for i, name in enumerate(choice.nodes):
             jobs = choice.jobs.get(name, ())
-            actions.append(
-                Action(
-                    ActionKind.RECLAIM,
-                    name,
-                    w.cfg.name,
-                    w.reclaim_reason,
-                    f"reclaim {name}: {w.reclaim_detail}" + (f"; preempts {', '.join(jobs)}" if jobs else "; idle in Slurm"),
-                    urgent=w.urgent,
-                    jobs=jobs,
-                    lost_gpu_hours=choice.lost_gpu_hours if i == 0 else 0.0,
-                )
-            )
+            what = f"; preempts {', '.join(jobs)}" if jobs else "; idle in Slurm"
+            actions.append(Action(ActionKind.RECLAIM, name, w.cfg.name, w.reclaim_reason,
+                                  f"reclaim {name}: {w.reclaim_detail}{what}", urgent=w.urgent, jobs=jobs,
+                                  lost_gpu_hours=choice.lost_gpu_hours if i == 0 else 0.0))
         got = len(choice.nodes)
         if got < want:
             d = decisions[w.cfg.name]
@@ -153,10 +144,7 @@ def plan(view: ClusterView, config: Config) -> Plan:
                 text = f"{got} of {want} reclaims: other lent nodes were lent < {config.policy.min_lend_s:.0f} s ago"
             else:
                 why, text = Reason.NO_CANDIDATES, f"{got} of {want} reclaims: no other lent node may be reclaimed"
-            if got == 0:
-                decisions[w.cfg.name] = _replace(d, reason=why, detail=f"{d.detail}; {text}")
-            else:
-                decisions[w.cfg.name] = _replace(d, detail=f"{d.detail}; {text}")
+            decisions[w.cfg.name] = _replace(d, reason=why if got == 0 else d.reason, detail=f"{d.detail}; {text}")
 
     budget = config.policy.max_lends_per_tick
     for w in works:
@@ -176,13 +164,7 @@ def plan(view: ClusterView, config: Config) -> Plan:
                 reason=Reason.RATE_LIMITED if take == 0 else d.reason,
                 detail=f"{d.detail}; {take} of {w.lend_count} lends this tick (max_lends_per_tick)",
             )
-    return Plan(
-        now=now,
-        actions=tuple(actions),
-        pools=tuple(decisions[w.cfg.name] for w in works),
-        held=held,
-        hold_reasons=codes,
-    )
+    return Plan(now, tuple(actions), tuple(decisions[w.cfg.name] for w in works), held=held, hold_reasons=codes)
 
 
 def _victims(w: _PoolWork, cands: Sequence[NodeState], take: int, view: ClusterView, config: Config) -> VictimChoice:
@@ -190,17 +172,9 @@ def _victims(w: _PoolWork, cands: Sequence[NodeState], take: int, view: ClusterV
     replace (``reclaim_normal``), then the rest fast-tier first (back one normal grace sooner)."""
 
     def pick(nodes: Sequence[NodeState], count: int, fast_first: bool) -> VictimChoice:
-        return choose_victims(
-            nodes,
-            count,
-            view.jobs,
-            view.now,
-            rule=config.policy.victims,
-            min_runtime_s=config.slurm.min_runtime_s,
-            allow_young=w.allow_young,
-            grace_s=config.slurm.grace_s,
-            fast_first=fast_first,
-        )
+        return choose_victims(nodes, count, view.jobs, view.now, rule=config.policy.victims,
+                              min_runtime_s=config.slurm.min_runtime_s, allow_young=w.urgent,
+                              grace_s=config.slurm.grace_s, fast_first=fast_first)
 
     if not w.tiered:
         return pick(cands, take, False)
@@ -232,11 +206,7 @@ def _min(s: float) -> str:
 
 
 def _assess(
-    view: ClusterView,
-    config: Config,
-    cfg: PoolConfig,
-    nodes: Sequence[NodeState],
-    state: PoolState | None,
+    view: ClusterView, config: Config, cfg: PoolConfig, nodes: Sequence[NodeState], state: PoolState | None
 ) -> _PoolWork:
     """One pool's wish: the first step that decides, in order of precedence."""
     c = _Tick(view, config, cfg, nodes, state)
@@ -355,34 +325,14 @@ class _Tick:
         return cal.describe(self.used[-1] if self.used else None) + floor + new_hours
 
     def decision(self, desired: int, reason: Reason, detail: str) -> PoolDecision:
-        return PoolDecision(
-            pool=self.cfg.name,
-            demand_now=self.demand_now,
-            forecast_peak=self.fc.peak,
-            horizon_s=self.h,
-            serving_now=self.serving_now,
-            desired_serving=desired,
-            reason=reason,
-            detail=detail,
-            ready_now=self.ready,
-        )
+        return PoolDecision(self.cfg.name, self.demand_now, self.fc.peak, self.h, self.serving_now, desired, reason,
+                            detail, ready_now=self.ready)
 
-    def work(
-        self,
-        d: PoolDecision,
-        *,
-        lend: int = 0,
-        lend_detail: str = "",
-        reclaim: int = 0,
-        reason: Reason = Reason.STEADY,
-        detail: str = "",
-        urgent: bool = False,
-        respect_min_lend: bool = True,
-        lend_fast: int = 0,
-        reclaim_normal: int = 0,
-    ) -> _PoolWork:
+    def work(self, d: PoolDecision, *, lend: int = 0, lend_detail: str = "", reclaim: int = 0,
+             reason: Reason = Reason.STEADY, detail: str = "", urgent: bool = False, respect_min_lend: bool = True,
+             lend_fast: int = 0, reclaim_normal: int = 0) -> _PoolWork:
         return _PoolWork(
-            self.cfg, d, self.lendable, lend, lend_detail, self.reclaimable, reclaim, reason, detail, urgent, urgent, respect_min_lend,
+            self.cfg, d, self.lendable, lend, lend_detail, self.reclaimable, reclaim, reason, detail, urgent, respect_min_lend,
             lend_fast, reclaim_normal, self.tiered,
         )
 

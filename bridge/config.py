@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 import json
 import math
 import re
@@ -46,6 +47,8 @@ from bridge.errors import ConfigError
 from bridge.model import EVICT_AFTER_S
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a user or partition name
+_PROM_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _T = TypeVar("_T")
 
 
@@ -127,17 +130,7 @@ class TargetConfig:
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if all(
-            v is None
-            for v in (
-                self.concurrency_per_replica,
-                self.kv_cache_usage,
-                self.tokens_per_s_per_replica,
-                self.waiting_per_replica,
-            )
-        ):
-            return _checked(self, [("", "at least one target must be set, got all null")])
-        return self
+        return _checked(self, [] if self.enabled() else [("", "at least one target must be set, got all null")])
 
     def enabled(self) -> tuple[str, ...]:
         """Names of the signals that count, in a fixed order."""
@@ -327,7 +320,7 @@ class SlurmConfig:
             if reason.strip().lower() not in known:
                 out.append((f"own_drain_reasons[{i}]", "expected one of Slurm's own drain reasons ("
                             + ", ".join(wellknown.SLURM_OWN_DRAIN_REASONS) + f"), got {_show(reason)}"))
-        if self.hold_user is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.hold_user):
+        if self.hold_user is not None and not _SLURM_NAME.fullmatch(self.hold_user):
             out.append(("hold_user", f"expected a user name, got {_show(self.hold_user)}"))
         if self.command_prefix and (len(self.command_prefix[0].split()) != 1):
             out.append(("command_prefix[0]", f"expected a program (an argv list, not a shell command line), got {_show(self.command_prefix[0])}"))
@@ -337,11 +330,11 @@ class SlurmConfig:
             if self.fast_grace_s >= self.grace_s:
                 out.append(("fast_grace_s", f"must be < slurm.grace_s ({_show(self.grace_s)}) when fast_partition is set, "
                                             f"got {_show(self.fast_grace_s)}"))
-            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.fast_partition):
+            if not _SLURM_NAME.fullmatch(self.fast_partition):
                 out.append(("fast_partition", f"expected a partition name, got {_show(self.fast_partition)}"))
             elif self.fast_partition in (self.preempt_partition, self.hold_partition):
                 out.append(("fast_partition", f"must differ from preempt_partition and hold_partition, got {_show(self.fast_partition)}"))
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.warm_partition):
+        if not _SLURM_NAME.fullmatch(self.warm_partition):
             out.append(("warm_partition", f"expected a partition name, got {_show(self.warm_partition)}"))
         elif self.warm_partition in (self.preempt_partition, self.hold_partition, self.fast_partition):
             # its jobs are recognised by partition and name: never mistaken for a research or serving hold
@@ -563,9 +556,9 @@ class PrometheusConfig:
                 out.append((key, f"needs an https:// url (it would protect nothing, or send the secret in clear), got url {_show(self.url)}"))
         if self.key_file is not None and self.cert_file is None:
             out.append(("key_file", "needs cert_file"))
-        if self.namespace_label is not None and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.namespace_label):
+        if self.namespace_label is not None and not _PROM_LABEL.fullmatch(self.namespace_label):
             out.append(("namespace_label", f"expected a Prometheus label name, got {_show(self.namespace_label)}"))
-        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.gpu_node_label or ""):
+        if not _PROM_LABEL.fullmatch(self.gpu_node_label or ""):
             out.append(("gpu_node_label", f"expected a Prometheus label name, got {_show(self.gpu_node_label)}"))
         return _checked(self, out)
 
@@ -768,14 +761,10 @@ def load_config(path: str | Path) -> Config:
     return parse_config(data, source=src)
 
 
-_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
-
-
+@functools.cache
 def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
     """pydantic's validator and serializer of a section, built once."""
-    if cls not in _ADAPTERS:
-        _ADAPTERS[cls] = TypeAdapter(cls)
-    return _ADAPTERS[cls]
+    return TypeAdapter(cls)
 
 
 def parse_config(data: Any, *, source: str = "bridge.yaml") -> Config:
@@ -890,15 +879,12 @@ def _locate(loc: tuple[str | int, ...], root: Any) -> tuple[str, Any]:
     return path, _bare(tp)
 
 
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
 def _type_name(tp: Any) -> str:
-    if tp is bool:
-        return "true or false"
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a number"
-    if tp is str:
-        return "a string"
+    if isinstance(tp, type) and tp in _TYPE_NAMES:
+        return _TYPE_NAMES[tp]
     if typing.get_origin(tp) is tuple:
         return "a list"
     if isinstance(tp, type) and issubclass(tp, enum.Enum):

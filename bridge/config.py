@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import functools
 import json
 import math
 import re
@@ -761,10 +760,14 @@ def load_config(path: str | Path) -> Config:
     return parse_config(data, source=src)
 
 
-@functools.cache
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
 def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
     """pydantic's validator and serializer of a section, built once."""
-    return TypeAdapter(cls)
+    if cls not in _ADAPTERS:
+        _ADAPTERS[cls] = TypeAdapter(cls)
+    return _ADAPTERS[cls]
 
 
 def parse_config(data: Any, *, source: str = "bridge.yaml") -> Config:

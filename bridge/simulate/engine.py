@@ -478,30 +478,16 @@ class Engine:
         acct = self.research.acct
         g = s.gpus_per_node
         m = Metrics(
-            policy=self.ctl.name,
-            lent_gpu_hours=self.lent_s * g / 3600.0,
-            useful_gpu_hours=acct.useful_gpu_s / 3600.0,
-            lost_gpu_hours=acct.lost_gpu_s / 3600.0,
-            preemptions=acct.preemptions,
-            lends=self.lends,
-            reclaims=self.reclaims,
-            slo_violation_minutes=int(viol.size),
+            policy=self.ctl.name, lent_gpu_hours=self.lent_s * g / 3600.0, useful_gpu_hours=acct.useful_gpu_s / 3600.0,
+            lost_gpu_hours=acct.lost_gpu_s / 3600.0, preemptions=acct.preemptions, lends=self.lends,
+            reclaims=self.reclaims, slo_violation_minutes=int(viol.size),
             trace_minutes=s.workload.minutes if s.workload.usable is None else int(s.workload.usable.sum()),
-            early_preemptions=acct.early_preemptions,
-            early_lost_gpu_hours=acct.early_lost_gpu_s / 3600.0,
+            early_preemptions=acct.early_preemptions, early_lost_gpu_hours=acct.early_lost_gpu_s / 3600.0,
         )
         return Result(
-            metrics=m,
-            wall_s=time.perf_counter() - wall0,
-            cpu_s=time.process_time() - cpu0,
-            tick_t=tt,
-            tick_ready=tr,
-            tick_lent=tl,
-            tick_committed=tc,
-            minute_ready_min=ready_min,
-            violation_minutes=viol,
-            ignored_actions=self.ignored,
-            completed_jobs=acct.completed,
+            metrics=m, wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0, tick_t=tt, tick_ready=tr,
+            tick_lent=tl, tick_committed=tc, minute_ready_min=ready_min, violation_minutes=viol,
+            ignored_actions=self.ignored, completed_jobs=acct.completed,
         )
 
 

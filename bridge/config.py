@@ -250,8 +250,7 @@ class SlurmConfig:
         default=900.0, ge=0, description="a job younger than this is not preempted unless urgent demand needs it"
     )
     command_timeout_s: Num = Field(
-        default=5.0,
-        gt=0,
+        default=5.0, gt=0,
         description="timeout of each scontrol/squeue/sinfo call; at most 2/3 of `daemon.lease_duration_s` less 0.5 s "
         "(check-config refuses more): a command that changes Slurm runs only while the Lease outlasts it",
     )
@@ -266,8 +265,7 @@ class SlurmConfig:
         "shell, which must be a POSIX shell (sh, bash, dash, zsh; docs/security.md)",
     )
     state_save_s: Num = Field(
-        default=6.0,
-        ge=0,
+        default=6.0, ge=0,
         description="how long slurmctld may keep an acknowledged write unsaved (its SAVE_MAX_WAIT, 5 s, plus the "
         "save): a reclaimed node is unfenced only once gpu-bridge's drain is this old, so a slurmctld "
         "crash cannot undo the drain under a serving pod",
@@ -296,8 +294,7 @@ class SlurmConfig:
         "reclaimed first; null = no fast tier",
     )
     fast_grace_s: Num = Field(
-        default=15.0,
-        gt=0,
+        default=15.0, gt=0,
         description="the fast partition's GraceTime (SIGTERM to SIGKILL); less than `grace_s` when "
         "`fast_partition` is set (else it is not faster)",
     )

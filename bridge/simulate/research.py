@@ -122,12 +122,10 @@ def parse_job_mix(data: object, source: str = "job mix") -> JobMix:
         if not isinstance(pub, bool):
             problems.append(f"{where}.publishes: must be true or false, got {pub!r}")
         if len(problems) == valid:
-            classes.append(
-                JobClass(
-                    name, float(w), int(n), float(lo), float(hi), None if ck is None else float(ck), pub,  # type: ignore[arg-type]
-                    None if sig is None else float(sig), fast,
-                )
-            )
+            classes.append(JobClass(
+                name, float(w), int(n), float(lo), float(hi), None if ck is None else float(ck), pub,  # type: ignore[arg-type]
+                None if sig is None else float(sig), fast,
+            ))
     if problems:
         raise ConfigError(problems)
     return JobMix(tuple(classes), int(depth))

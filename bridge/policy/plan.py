@@ -271,23 +271,18 @@ class _Tick:
 
     def _horizons(self, state: PoolState | None) -> None:
         cfg, now = self.cfg, self.now
-        h = horizon_s(self.config, cfg)
-        lh = lend_horizon_s(self.config, cfg)
-        if state is not None and state.horizon_s is not None and state.horizon_s > h:  # measured delays
-            lh += state.horizon_s - h
-            h = state.horizon_s
-        self.h, self.lh = h, lh
+
+        def horizons(measured: float | None, fast: bool) -> tuple[float, float]:
+            """Reclaim and lend horizons: the configured ones, both raised by a longer measured one."""
+            h, lh = horizon_s(self.config, cfg, fast=fast), lend_horizon_s(self.config, cfg, fast=fast)
+            return (measured, lh + (measured - h)) if measured is not None and measured > h else (h, lh)
+
+        self.h, self.lh = horizons(state.horizon_s if state is not None else None, False)
         # the fast tier's horizons (the normal ones when there is no fast tier)
-        hf, lhf = h, lh
-        if self.tiered:
-            hf = horizon_s(self.config, cfg, fast=True)
-            lhf = lend_horizon_s(self.config, cfg, fast=True)
-            if state is not None and state.fast_horizon_s is not None and state.fast_horizon_s > hf:
-                lhf += state.fast_horizon_s - hf
-                hf = state.fast_horizon_s
-        self.hf, self.lhf = hf, lhf
-        self.cal_floor, self.cal_rule = calendar.floor(self.pol.calendar, cfg.name, now, now + h)
-        self.cal_floor_lend, self.cal_rule_lend = calendar.floor(self.pol.calendar, cfg.name, now, now + lh)
+        self.hf, self.lhf = (self.h, self.lh) if not self.tiered else horizons(
+            state.fast_horizon_s if state is not None else None, True)
+        self.cal_floor, self.cal_rule = calendar.floor(self.pol.calendar, cfg.name, now, now + self.h)
+        self.cal_floor_lend, self.cal_rule_lend = calendar.floor(self.pol.calendar, cfg.name, now, now + self.lh)
         self.floor_lend = max(cfg.min_serving, self.cal_floor_lend)
         self.floor_c = min(max(cfg.min_serving, self.cal_floor), self.reachable)
 
@@ -295,12 +290,10 @@ class _Tick:
         now, pol = self.now, self.pol
         signals = state.signals if state is not None else None
         self.cur = demand(signals, self.cfg.target)
-        self.fc: Forecast = forecast(state.history if state is not None else (), signals, now, config=self.config, pool=self.cfg)
-        self.fc_fast: Forecast = (
-            forecast(state.history if state is not None else (), signals, now, config=self.config, pool=self.cfg, fast=True)
-            if self.tiered
-            else self.fc
-        )
+        history = state.history if state is not None else ()
+        self.fc: Forecast = forecast(history, signals, now, config=self.config, pool=self.cfg)
+        self.fc_fast = (forecast(history, signals, now, config=self.config, pool=self.cfg, fast=True)
+                        if self.tiered else self.fc)
         self.status, self.status_text = _signal_health(signals, self.cur, now, pol.signal_max_age_s, self.ready * self.rpn)
         self.fresh = self.status is None
         self.demand_now = self.cur.replicas if (signals is not None and now - signals.t <= pol.signal_max_age_s) else None

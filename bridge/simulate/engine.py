@@ -454,14 +454,9 @@ class Engine:
                 self._apply(t, a)
             tt[k] = t
             tr[k] = self.ready_count
-            lent = committed = 0
-            for n in self.nodes.values():
-                if n.phase is Phase.LENT:
-                    lent += 1
-                elif n.phase is not Phase.LENDING:
-                    committed += 1
-            tl[k] = lent
-            tc[k] = committed
+            phases = [n.phase for n in self.nodes.values()]
+            tl[k] = lent = phases.count(Phase.LENT)
+            tc[k] = len(phases) - lent - phases.count(Phase.LENDING)  # serving or on the way back
         while heap and heap[0][0] < end:
             et, kind, _, key, token = heapq.heappop(heap)
             self._handle(et, kind, key, token)

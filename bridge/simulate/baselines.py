@@ -44,16 +44,14 @@ FIXED_HEADROOM = 0.2
 FIXED_HEADROOM_REPLICAS = 0.5
 
 
-def _pool_nodes(view: ClusterView, pool: str) -> list[NodeState]:
-    return [n for n in view.nodes if n.pool == pool]
-
-
-def _counts(nodes: Sequence[NodeState]) -> tuple[list[NodeState], list[NodeState], int]:
-    """(Ready serving nodes, lent nodes, committed = serving + reclaiming + returning)."""
+def _counts(view: ClusterView, pool: str) -> tuple[list[NodeState], list[NodeState], list[NodeState], int]:
+    """The pool's nodes, its Ready serving nodes, its lent nodes, and how many are committed
+    (serving + reclaiming + returning)."""
+    nodes = [n for n in view.nodes if n.pool == pool]
     ready = [n for n in nodes if n.phase is Phase.SERVING and n.serving_ready]
     lent = [n for n in nodes if n.phase is Phase.LENT]
     committed = sum(1 for n in nodes if n.phase in (Phase.SERVING, Phase.RECLAIMING, Phase.RETURNING))
-    return ready, lent, committed
+    return nodes, ready, lent, committed
 
 
 class _Base:
@@ -178,8 +176,7 @@ class OracleController(_Base):
     def decide(self, view: ClusterView) -> Sequence[Action]:
         t = view.now - self.setup.start_unix
         k = min(int(round(t / self.setup.tick_s)), len(self.need) - 1)
-        nodes = _pool_nodes(view, self.pool.name)
-        ready, lent, committed = _counts(nodes)
+        nodes, ready, lent, committed = _counts(view, self.pool.name)
         need = min(int(self.need[k]), len(nodes))
         if need > committed:
             return self._reclaim(view, lent, need - committed, f"the next minutes need {need} nodes")
@@ -217,8 +214,7 @@ class ReactiveController(_Base):
         up, down = self._wanted(view)
         if up is None:
             return ()
-        nodes = _pool_nodes(view, self.pool.name)
-        ready, lent, committed = _counts(nodes)
+        nodes, ready, lent, committed = _counts(view, self.pool.name)
         up = min(up, len(nodes))
         if up > committed:
             return self._reclaim(view, lent, up - committed, f"demand needs {up} nodes")
@@ -244,8 +240,7 @@ class FixedWindowController(ReactiveController):
     def decide(self, view: ClusterView) -> Sequence[Action]:
         t = view.now  # the real clock (UTC): a trace's t = 0 is mapped to a UTC midnight
         up, down = self._wanted(view)
-        nodes = _pool_nodes(view, self.pool.name)
-        ready, lent, committed = _counts(nodes)
+        nodes, ready, lent, committed = _counts(view, self.pool.name)
         if not self.in_window(t):
             return self._reclaim(view, lent, len(lent), "08:00: the lending window is over")
         if up is None:

@@ -206,13 +206,9 @@ class BridgeMetrics:
         for name, state in view.pools.items():
             self.serving_ready.labels(pool=name).set(state.ready_replicas)
             s = state.signals
-            usable = s is not None and any(
-                v is not None for v in (s.running, s.waiting, s.kv_cache_usage_sum, s.tokens_per_s)
-            )
-            if s is not None and usable:
-                self.signal_staleness.labels(pool=name).set(max(0.0, view.now - s.t))
-            else:
-                self.signal_staleness.labels(pool=name).set(float("inf"))
+            values = () if s is None else (s.running, s.waiting, s.kv_cache_usage_sum, s.tokens_per_s)
+            age = max(0.0, view.now - s.t) if s is not None and any(v is not None for v in values) else float("inf")
+            self.signal_staleness.labels(pool=name).set(age)
         with self._lock:
             last, self._last_view_t = self._last_view_t, view.now
         if last is not None and view.now > last:

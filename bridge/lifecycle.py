@@ -220,17 +220,9 @@ def past_grace(facts: NodeFacts, grace_s: float | None) -> tuple[PreemptedJob, .
 
 
 def next_step(
-    facts: NodeFacts,
-    *,
-    now: float,
-    scaled_down: bool,
-    evict_after_s: float = EVICT_AFTER_S,
-    grace_s: float | None = None,
-    lend_timeout_s: float | None = None,
-    drain_saved_after_s: float = 0.0,
-    warm: bool = False,
-    wake_gpu_free_mib: float | None = None,
-    wake_gpu_wait_s: float = 0.0,
+    facts: NodeFacts, *, now: float, scaled_down: bool, evict_after_s: float = EVICT_AFTER_S,
+    grace_s: float | None = None, lend_timeout_s: float | None = None, drain_saved_after_s: float = 0.0,
+    warm: bool = False, wake_gpu_free_mib: float | None = None, wake_gpu_wait_s: float = 0.0,
 ) -> Step | None:
     """The next step for a node, or None when it is at rest in its phase.
 

@@ -202,12 +202,7 @@ def _vals(w: list[tuple[float, float | None]]) -> list[float]:
 
 
 def forecast(
-    history: Sequence[LoadSignals],
-    newest: LoadSignals | None,
-    now: float,
-    *,
-    config: Config,
-    pool: PoolConfig,
+    history: Sequence[LoadSignals], newest: LoadSignals | None, now: float, *, config: Config, pool: PoolConfig,
     fast: bool = False,
 ) -> Forecast:
     """Forecast for one pool. ``history`` must be sorted by ``t`` (oldest first); ``newest``

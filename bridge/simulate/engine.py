@@ -99,9 +99,7 @@ class Setup:
 
     @property
     def pool(self) -> PoolConfig:
-        if self.pool_name is None:
-            return self.config.pools[0]
-        return self.config.pool(self.pool_name)
+        return self.config.pools[0] if self.pool_name is None else self.config.pool(self.pool_name)
 
     @property
     def tick_s(self) -> float:

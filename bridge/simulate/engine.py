@@ -165,8 +165,8 @@ class Metrics:
 
     def as_dict(self) -> dict[str, object]:
         """Every field in order, GPU-hours rounded to 3 decimals."""
-        return {f.name: round(v, 3) if f.name.endswith("_gpu_hours") else v
-                for f in fields(self) for v in [getattr(self, f.name)]}
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: round(v, 3) if k.endswith("_gpu_hours") else v for k, v in d.items()}
 
 
 @dataclass(slots=True)

@@ -355,20 +355,14 @@ class Engine:
             got = self._job_cache.get(key)
             if got is None:
                 assert j.run_start is not None
+                slurm = self.s.config.slurm
                 got = SlurmJob(
-                    job_id=jid,
-                    name=j.cls.name,
-                    user="research",
-                    partition=(self.s.config.slurm.fast_partition or "") if self.research.is_fast(j)
-                    else self.s.config.slurm.preempt_partition,
-                    state=j.state,
-                    nodes=j.nodes,
-                    start_time=base + j.run_start,
+                    job_id=jid, name=j.cls.name, user="research",
+                    partition=(slurm.fast_partition or "") if self.research.is_fast(j) else slurm.preempt_partition,
+                    state=j.state, nodes=j.nodes, start_time=base + j.run_start,
                     checkpoint_time=None if ck is None else base + ck,
-                    signal_save_s=j.cls.signal_save_s if j.cls.publishes else None,
-                    requeueable=True,
-                    gpus_per_node=self.s.gpus_per_node,
-                    restart_count=j.restarts,
+                    signal_save_s=j.cls.signal_save_s if j.cls.publishes else None, requeueable=True,
+                    gpus_per_node=self.s.gpus_per_node, restart_count=j.restarts,
                 )
                 if len(self._job_cache) > 4096:
                     self._job_cache.clear()
@@ -420,10 +414,7 @@ class Engine:
         pools = {self.pool.name: PoolState(self.pool.name, sig, (), ready_rep, committed * self.rpn, horizon_s=h,
                                            fast_horizon_s=hf, recovered=recovered)}
         return ClusterView(
-            now=base + t,
-            nodes=tuple(states),
-            pools=pools,
-            jobs=self._jobs_view(t),
+            now=base + t, nodes=tuple(states), pools=pools, jobs=self._jobs_view(t),
             pending_research_nodes=self.research.pending_nodes(),
             pending_fast_nodes=self.research.pending_nodes(fast=True) if self.tiered else 0,
         )

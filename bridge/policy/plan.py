@@ -333,6 +333,12 @@ class _Tick:
         """Keep the serving count as it is."""
         return self.work(self.decision(self.serving_now, reason, detail))
 
+    def reclaim(self, desired: int, count: int, reason: Reason, text: str, *, urgent: bool = False,
+                respect_min_lend: bool = True, reclaim_normal: int = 0) -> _PoolWork:
+        """Take ``count`` lent nodes back toward ``desired`` serving nodes; ``text`` says why."""
+        return self.work(self.decision(desired, reason, text), reclaim=count, reason=reason, detail=text, urgent=urgent,
+                         respect_min_lend=respect_min_lend, reclaim_normal=reclaim_normal)
+
 
 def _budget_reclaim(c: _Tick) -> _PoolWork | None:
     """The error-budget governor: the budget left cannot absorb the incident the nodes lent
@@ -346,14 +352,7 @@ def _budget_reclaim(c: _Tick) -> _PoolWork | None:
     count = min(len(c.reclaimable), c.lent_now - cap)
     what = "every lent node" if count == len(c.reclaimable) else f"{count} of {c.lent_now} lent nodes"
     text = f"reclaim {what}: {gov.describe()}"
-    return c.work(
-        c.decision(c.serving_now + count, Reason.SLO_BUDGET, text),
-        reclaim=count,
-        reason=Reason.SLO_BUDGET,
-        detail=text,
-        urgent=True,
-        respect_min_lend=False,
-    )
+    return c.reclaim(c.serving_now + count, count, Reason.SLO_BUDGET, text, urgent=True, respect_min_lend=False)
 
 
 def _blind(c: _Tick) -> _PoolWork | None:
@@ -364,13 +363,7 @@ def _blind(c: _Tick) -> _PoolWork | None:
     desired = max(c.floor_c, min(target, c.reachable))
     text = f"no valid load sample for > {c.pol.blind_after_s:.0f} s ({c.status_text or 'none'}); serve {desired} of {c.reachable} nodes blind"
     if desired > c.serving_now:
-        return c.work(
-            c.decision(desired, Reason.SIGNALS_LOST, text),
-            reclaim=desired - c.serving_now,
-            reason=Reason.SIGNALS_LOST,
-            detail=text,
-            respect_min_lend=False,
-        )
+        return c.reclaim(desired, desired - c.serving_now, Reason.SIGNALS_LOST, text, respect_min_lend=False)
     return c.hold(c.status or Reason.SIGNALS_MISSING, text)
 
 
@@ -415,15 +408,8 @@ def _reclaim(c: _Tick) -> _PoolWork | None:
         return c.work(c.decision(desired, Reason.NO_CANDIDATES, f"{text}; no lent node may be reclaimed"))
     if c.fast_lent:
         text += f" (+{c.fast_lent} fast-tier lent, back within {_min(c.hf)})"
-    return c.work(
-        c.decision(desired, reason, text),
-        reclaim=count,
-        reason=reason,
-        detail=text,
-        urgent=urgent,
-        respect_min_lend=reason is Reason.FORECAST_RISE,
-        reclaim_normal=min(normal_short, count),
-    )
+    return c.reclaim(desired, count, reason, text, urgent=urgent, respect_min_lend=reason is Reason.FORECAST_RISE,
+                     reclaim_normal=min(normal_short, count))
 
 
 def _lend(c: _Tick) -> _PoolWork:

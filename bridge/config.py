@@ -680,9 +680,7 @@ class Config:
         for i, r in enumerate(self.policy.calendar):
             for j, pn in enumerate(r.pools):
                 if pn not in seen:
-                    out.append(
-                        (f"policy.calendar[{i}].pools[{j}]", f"no pool named {_show(pn)}{_hint(pn, names)}")
-                    )
+                    out.append((f"policy.calendar[{i}].pools[{j}]", f"no pool named {_show(pn)}{_hint(pn, names)}"))
         return _checked(self, out)
 
     def pool(self, name: str) -> PoolConfig:

@@ -345,7 +345,5 @@ def _policy_peak(h: RequestHistory, target: TargetConfig, first: int, last: int)
 
 def trace_csv(trace: Trace) -> str:
     """The windows as a trace CSV (ServeGen columns; ``clients_active`` is 1: not measured)."""
-    lines = [",".join(COLUMNS)]
-    for t, r, c in zip(trace.starts_s, trace.rates, trace.cvs):
-        lines.append(f"{t:.0f},{r:.6f},{c:.4f},1")
-    return "\n".join(lines) + "\n"
+    rows = [f"{t:.0f},{r:.6f},{c:.4f},1" for t, r, c in zip(trace.starts_s, trace.rates, trace.cvs)]
+    return "\n".join([",".join(COLUMNS), *rows]) + "\n"

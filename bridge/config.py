@@ -46,6 +46,8 @@ from bridge.errors import ConfigError
 from bridge.model import EVICT_AFTER_S
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a user or partition name
+_PROM_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _T = TypeVar("_T")
 
 
@@ -127,17 +129,7 @@ class TargetConfig:
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if all(
-            v is None
-            for v in (
-                self.concurrency_per_replica,
-                self.kv_cache_usage,
-                self.tokens_per_s_per_replica,
-                self.waiting_per_replica,
-            )
-        ):
-            return _checked(self, [("", "at least one target must be set, got all null")])
-        return self
+        return _checked(self, [] if self.enabled() else [("", "at least one target must be set, got all null")])
 
     def enabled(self) -> tuple[str, ...]:
         """Names of the signals that count, in a fixed order."""
@@ -258,8 +250,7 @@ class SlurmConfig:
         default=900.0, ge=0, description="a job younger than this is not preempted unless urgent demand needs it"
     )
     command_timeout_s: Num = Field(
-        default=5.0,
-        gt=0,
+        default=5.0, gt=0,
         description="timeout of each scontrol/squeue/sinfo call; at most 2/3 of `daemon.lease_duration_s` less 0.5 s "
         "(check-config refuses more): a command that changes Slurm runs only while the Lease outlasts it",
     )
@@ -274,8 +265,7 @@ class SlurmConfig:
         "shell, which must be a POSIX shell (sh, bash, dash, zsh; docs/security.md)",
     )
     state_save_s: Num = Field(
-        default=6.0,
-        ge=0,
+        default=6.0, ge=0,
         description="how long slurmctld may keep an acknowledged write unsaved (its SAVE_MAX_WAIT, 5 s, plus the "
         "save): a reclaimed node is unfenced only once gpu-bridge's drain is this old, so a slurmctld "
         "crash cannot undo the drain under a serving pod",
@@ -304,8 +294,7 @@ class SlurmConfig:
         "reclaimed first; null = no fast tier",
     )
     fast_grace_s: Num = Field(
-        default=15.0,
-        gt=0,
+        default=15.0, gt=0,
         description="the fast partition's GraceTime (SIGTERM to SIGKILL); less than `grace_s` when "
         "`fast_partition` is set (else it is not faster)",
     )
@@ -327,7 +316,7 @@ class SlurmConfig:
             if reason.strip().lower() not in known:
                 out.append((f"own_drain_reasons[{i}]", "expected one of Slurm's own drain reasons ("
                             + ", ".join(wellknown.SLURM_OWN_DRAIN_REASONS) + f"), got {_show(reason)}"))
-        if self.hold_user is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.hold_user):
+        if self.hold_user is not None and not _SLURM_NAME.fullmatch(self.hold_user):
             out.append(("hold_user", f"expected a user name, got {_show(self.hold_user)}"))
         if self.command_prefix and (len(self.command_prefix[0].split()) != 1):
             out.append(("command_prefix[0]", f"expected a program (an argv list, not a shell command line), got {_show(self.command_prefix[0])}"))
@@ -337,11 +326,11 @@ class SlurmConfig:
             if self.fast_grace_s >= self.grace_s:
                 out.append(("fast_grace_s", f"must be < slurm.grace_s ({_show(self.grace_s)}) when fast_partition is set, "
                                             f"got {_show(self.fast_grace_s)}"))
-            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.fast_partition):
+            if not _SLURM_NAME.fullmatch(self.fast_partition):
                 out.append(("fast_partition", f"expected a partition name, got {_show(self.fast_partition)}"))
             elif self.fast_partition in (self.preempt_partition, self.hold_partition):
                 out.append(("fast_partition", f"must differ from preempt_partition and hold_partition, got {_show(self.fast_partition)}"))
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.warm_partition):
+        if not _SLURM_NAME.fullmatch(self.warm_partition):
             out.append(("warm_partition", f"expected a partition name, got {_show(self.warm_partition)}"))
         elif self.warm_partition in (self.preempt_partition, self.hold_partition, self.fast_partition):
             # its jobs are recognised by partition and name: never mistaken for a research or serving hold
@@ -568,9 +557,9 @@ class PrometheusConfig:
                 out.append((key, f"needs an https:// url (it would protect nothing, or send the secret in clear), got url {_show(self.url)}"))
         if self.key_file is not None and self.cert_file is None:
             out.append(("key_file", "needs cert_file"))
-        if self.namespace_label is not None and not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.namespace_label):
+        if self.namespace_label is not None and not _PROM_LABEL.fullmatch(self.namespace_label):
             out.append(("namespace_label", f"expected a Prometheus label name, got {_show(self.namespace_label)}"))
-        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.gpu_node_label or ""):
+        if not _PROM_LABEL.fullmatch(self.gpu_node_label or ""):
             out.append(("gpu_node_label", f"expected a Prometheus label name, got {_show(self.gpu_node_label)}"))
         return _checked(self, out)
 
@@ -696,9 +685,7 @@ class Config:
         for i, r in enumerate(self.policy.calendar):
             for j, pn in enumerate(r.pools):
                 if pn not in seen:
-                    out.append(
-                        (f"policy.calendar[{i}].pools[{j}]", f"no pool named {_show(pn)}{_hint(pn, names)}")
-                    )
+                    out.append((f"policy.calendar[{i}].pools[{j}]", f"no pool named {_show(pn)}{_hint(pn, names)}"))
         return _checked(self, out)
 
     def pool(self, name: str) -> PoolConfig:
@@ -895,15 +882,12 @@ def _locate(loc: tuple[str | int, ...], root: Any) -> tuple[str, Any]:
     return path, _bare(tp)
 
 
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
 def _type_name(tp: Any) -> str:
-    if tp is bool:
-        return "true or false"
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a number"
-    if tp is str:
-        return "a string"
+    if isinstance(tp, type) and tp in _TYPE_NAMES:
+        return _TYPE_NAMES[tp]
     if typing.get_origin(tp) is tuple:
         return "a list"
     if isinstance(tp, type) and issubclass(tp, enum.Enum):

@@ -62,20 +62,11 @@ class Daemon:
     is one pass, ``iterate()`` one iteration of ``run`` (tests call either directly)."""
 
     def __init__(
-        self,
-        config: Config,
-        *,
-        kube: KubeAdapterProtocol,
-        slurm: SlurmAdapterProtocol,
-        prom: PromReader,
-        prom_pools: Mapping[str, PromPool],
-        leader: Leader | None = None,
+        self, config: Config, *, kube: KubeAdapterProtocol, slurm: SlurmAdapterProtocol, prom: PromReader,
+        prom_pools: Mapping[str, PromPool], leader: Leader | None = None,
         metrics: BridgeMetrics | None = None,  # None: NullMetrics
-        clock: Callable[[], float] = time.time,
-        dry_run: bool = False,
-        transit_poll_s: float = 0.25,
-        max_cache_age_s: float = 75.0,
-        after_write: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time, dry_run: bool = False, transit_poll_s: float = 0.25,
+        max_cache_age_s: float = 75.0, after_write: Callable[[str], None] | None = None,
         memory: Mapping[str, PoolMemory] | None = None,
         replicas: ReplicaReader | None = None,
     ) -> None:

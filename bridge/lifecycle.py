@@ -220,17 +220,9 @@ def past_grace(facts: NodeFacts, grace_s: float | None) -> tuple[PreemptedJob, .
 
 
 def next_step(
-    facts: NodeFacts,
-    *,
-    now: float,
-    scaled_down: bool,
-    evict_after_s: float = EVICT_AFTER_S,
-    grace_s: float | None = None,
-    lend_timeout_s: float | None = None,
-    drain_saved_after_s: float = 0.0,
-    warm: bool = False,
-    wake_gpu_free_mib: float | None = None,
-    wake_gpu_wait_s: float = 0.0,
+    facts: NodeFacts, *, now: float, scaled_down: bool, evict_after_s: float = EVICT_AFTER_S,
+    grace_s: float | None = None, lend_timeout_s: float | None = None, drain_saved_after_s: float = 0.0,
+    warm: bool = False, wake_gpu_free_mib: float | None = None, wake_gpu_wait_s: float = 0.0,
 ) -> Step | None:
     """The next step for a node, or None when it is at rest in its phase.
 
@@ -290,9 +282,7 @@ def next_step(
             # Hold first, while the node is idle: it starts at once, and squeue shows who
             # holds the node. Then the drain, which survives slurmd/slurmctld restarts.
             return Step.ENSURE_HOLD
-        if not drained:
-            return Step.ENSURE_DRAINED
-        return None
+        return None if drained else Step.ENSURE_DRAINED
     if phase is Phase.LENDING:
         if not facts.fenced:
             return Step.FENCE
@@ -309,8 +299,7 @@ def next_step(
         if warm and facts.warm is None and len(live) == 1 and live[0].deletion_cost != LENDING_POD_DELETION_COST:
             # one replica to keep: out of the Service first, then asleep (else the cold path below)
             return Step.CLOSE_GATE if live[0].awake is not False else Step.SLEEP_REPLICA
-        unmarked = [p for p in live if p.deletion_cost != LENDING_POD_DELETION_COST]
-        if unmarked:
+        if any(p.deletion_cost != LENDING_POD_DELETION_COST for p in live):
             return Step.MARK_POD
         if live:
             if lend_timeout_s is not None and now - facts.phase_since >= lend_timeout_s:
@@ -351,18 +340,14 @@ def next_step(
         if facts.slurm_drained_by_other and not facts.slurm_drained_by_us and not slurm_empty_and_down:
             return Step.BLOCKED  # an administrator's drain keeps our hold job from starting
         if facts.hold is None and not facts.slurm_drained_by_us:
-            if slurm_empty_and_down:
-                return Step.DRAIN
-            return Step.SUBMIT_HOLD
+            return Step.DRAIN if slurm_empty_and_down else Step.SUBMIT_HOLD
         if facts.mem_hold is not None:
             # right after the serving hold, not once the research jobs are gone: the serving hold
             # takes the whole node, so while the memory hold (never preempted) runs, Slurm never
             # starts it and never preempts the research jobs for it (shown on Slurm 22.05)
             return Step.CANCEL_MEM_HOLD
         if not facts.slurm_drained_by_us:
-            if facts.hold is not None and facts.hold.running and not facts.research_jobs:
-                return Step.DRAIN
-            if slurm_empty_and_down:
+            if (facts.hold is not None and facts.hold.running and not facts.research_jobs) or slurm_empty_and_down:
                 return Step.DRAIN
             if facts.research_jobs and past_grace(facts, grace_s):
                 return Step.REQUEUE_JOBS

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
@@ -43,6 +43,7 @@ RUNTIME_BUCKETS_S: tuple[float, ...] = (30, 60, 120, 300, 600, 1800, 3600, 4 * 3
 API_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 SYSTEMS: tuple[str, ...] = ("slurm", "kubernetes", "prometheus")
+_M = TypeVar("_M", Counter, Gauge, Histogram)
 
 
 class BridgeMetrics:
@@ -56,135 +57,102 @@ class BridgeMetrics:
         self.build_info.info({"version": __version__})
 
         # --- nodes and pools (leader only) -------------------------------------------------
-        self.nodes = Gauge("gpu_bridge_nodes", "Nodes of each pool by lifecycle phase.", ["pool", "phase"], registry=r)
-        self.nodes_held = Gauge(
-            "gpu_bridge_nodes_held", "Nodes the daemon refuses to move (pinned, administrator drain, bad state).",
-            ["pool"], registry=r,
-        )
-        self.demand = Gauge(
-            "gpu_bridge_pool_demand_replicas", "Serving replicas the current load needs (NaN: signals missing or stale).",
-            ["pool"], registry=r,
-        )
-        self.forecast = Gauge(
-            "gpu_bridge_pool_forecast_peak_replicas", "Serving replicas needed at the peak of the forecast horizon.",
-            ["pool"], registry=r,
-        )
-        self.lendable_forecast = Gauge(
-            "gpu_bridge_pool_lendable_nodes_forecast",
+        self.nodes = self._pool(Gauge, "gpu_bridge_nodes", "Nodes of each pool by lifecycle phase.", "phase")
+        self.nodes_held = self._pool(
+            Gauge, "gpu_bridge_nodes_held",
+            "Nodes the daemon refuses to move (pinned, administrator drain, bad state).")
+        self.demand = self._pool(
+            Gauge, "gpu_bridge_pool_demand_replicas",
+            "Serving replicas the current load needs (NaN: signals missing or stale).")
+        self.forecast = self._pool(
+            Gauge, "gpu_bridge_pool_forecast_peak_replicas",
+            "Serving replicas needed at the peak of the forecast horizon.")
+        self.lendable_forecast = self._pool(
+            Gauge, "gpu_bridge_pool_lendable_nodes_forecast",
             "Nodes expected lendable in the clock hour hours_ahead from now (0 = this hour); NaN: no history for it.",
-            ["pool", "hours_ahead"], registry=r,
-        )
-        self.demand_forecast = Gauge(
-            "gpu_bridge_pool_demand_forecast_replicas",
+            "hours_ahead")
+        self.demand_forecast = self._pool(
+            Gauge, "gpu_bridge_pool_demand_forecast_replicas",
             "Serving replicas the forecast expects at the peak of the clock hour hours_ahead; NaN: no history for it.",
-            ["pool", "hours_ahead"], registry=r,
-        )
-        self.serving_ready = Gauge(
-            "gpu_bridge_pool_serving_ready_replicas", "Ready serving replicas of the pool's Deployment.", ["pool"], registry=r,
-        )
-        self.desired_serving = Gauge(
-            "gpu_bridge_pool_desired_serving_nodes", "Serving nodes the policy wants in the pool.", ["pool"], registry=r,
-        )
-        self.min_serving = Gauge(
-            "gpu_bridge_pool_min_serving_nodes", "Configured floor of serving nodes (alerts compare Ready with it).",
-            ["pool"], registry=r,
-        )
-        self.reclaim_budget = Gauge(
-            "gpu_bridge_pool_reclaim_budget_seconds", "Configured reclaim latency budget (alerts compare with it).",
-            ["pool"], registry=r,
-        )
-        self.planned_horizon = Gauge(
-            "gpu_bridge_pool_planned_horizon_seconds",
-            "Reclaim horizon the policy plans with: configured delays, or a high quantile of measured ones.",
-            ["pool"], registry=r,
-        )
-        self.calibrated_margin = Gauge(
-            "gpu_bridge_pool_calibrated_margin",
-            "Safety margin calibrated on the pool's history to spend its SLO budget (NaN: not enough history).",
-            ["pool"], registry=r,
-        )
-        self.slo_budget_spent = Gauge(
-            "gpu_bridge_pool_slo_budget_spent_ratio",
-            "Avoidable minutes with demand above Ready replicas in the calibration window, over what the budget allows.",
-            ["pool"], registry=r,
-        )
-        self.slo_budget_left = Gauge(
-            "gpu_bridge_pool_slo_budget_left_minutes",
-            "The governor's SLO budget left over its rolling window (policy.governor.window_s): budget minus avoidable violation minutes.",
-            ["pool"], registry=r,
-        )
-        self.slo_incident = Gauge(
-            "gpu_bridge_pool_slo_incident_minutes",
-            "Minutes one incident could cost from now (every lent node reclaimed); lending is held while the budget left is below it.",
-            ["pool"], registry=r,
-        )
-        self.reclaim_in_progress = Gauge(
-            "gpu_bridge_pool_reclaim_in_progress_seconds",
-            "Age of the oldest reclaim still under way (node reclaiming or returning); 0 when none.",
-            ["pool"], registry=r,
-        )
-        self.signal_staleness = Gauge(
-            "gpu_bridge_pool_signal_staleness_seconds", "Age of the newest vLLM load sample the policy used.",
-            ["pool"], registry=r,
-        )
+            "hours_ahead")
+        self.serving_ready = self._pool(
+            Gauge, "gpu_bridge_pool_serving_ready_replicas", "Ready serving replicas of the pool's Deployment.")
+        self.desired_serving = self._pool(
+            Gauge, "gpu_bridge_pool_desired_serving_nodes", "Serving nodes the policy wants in the pool.")
+        self.min_serving = self._pool(
+            Gauge, "gpu_bridge_pool_min_serving_nodes",
+            "Configured floor of serving nodes (alerts compare Ready with it).")
+        self.reclaim_budget = self._pool(
+            Gauge, "gpu_bridge_pool_reclaim_budget_seconds",
+            "Configured reclaim latency budget (alerts compare with it).")
+        self.planned_horizon = self._pool(
+            Gauge, "gpu_bridge_pool_planned_horizon_seconds",
+            "Reclaim horizon the policy plans with: configured delays, or a high quantile of measured ones.")
+        self.calibrated_margin = self._pool(
+            Gauge, "gpu_bridge_pool_calibrated_margin",
+            "Safety margin calibrated on the pool's history to spend its SLO budget (NaN: not enough history).")
+        self.slo_budget_spent = self._pool(
+            Gauge, "gpu_bridge_pool_slo_budget_spent_ratio",
+            "Avoidable minutes with demand above Ready replicas in the calibration window, over what the budget allows.")
+        self.slo_budget_left = self._pool(
+            Gauge, "gpu_bridge_pool_slo_budget_left_minutes",
+            "The governor's SLO budget left over its rolling window (policy.governor.window_s): "
+            "budget minus avoidable violation minutes.")
+        self.slo_incident = self._pool(
+            Gauge, "gpu_bridge_pool_slo_incident_minutes",
+            "Minutes one incident could cost from now (every lent node reclaimed); "
+            "lending is held while the budget left is below it.")
+        self.reclaim_in_progress = self._pool(
+            Gauge, "gpu_bridge_pool_reclaim_in_progress_seconds",
+            "Age of the oldest reclaim still under way (node reclaiming or returning); 0 when none.")
+        self.signal_staleness = self._pool(
+            Gauge, "gpu_bridge_pool_signal_staleness_seconds", "Age of the newest vLLM load sample the policy used.")
 
         # --- transitions (leader only) -------------------------------------------------------
-        self.lent_gpu_hours = Counter(
-            "gpu_bridge_lent_gpu_hours", "GPU-hours the pool's nodes spent lent to Slurm.", ["pool"], registry=r,
-        )
-        self.lends = Counter("gpu_bridge_lends", "Nodes lent to Slurm (lend completed).", ["pool"], registry=r)
-        self.reclaims = Counter(
-            "gpu_bridge_reclaims", "Nodes reclaimed for serving (reclaim completed), by reason.", ["pool", "reason"], registry=r,
-        )
-        self.reclaim_failures = Counter(
-            "gpu_bridge_reclaim_failures", "Reclaims abandoned (node never became Ready in time), by reason.",
-            ["pool", "reason"], registry=r,
-        )
-        self.lend_failures = Counter(
-            "gpu_bridge_lend_failures", "Lends abandoned (the serving pod outlived policy.lend_timeout_s), by reason.",
-            ["pool", "reason"], registry=r,
-        )
-        self.reclaim_latency = Histogram(
-            "gpu_bridge_reclaim_duration_seconds",
+        self.lent_gpu_hours = self._pool(
+            Counter, "gpu_bridge_lent_gpu_hours",
+            "GPU-hours the pool's nodes spent lent to Slurm.")
+        self.lends = self._pool(Counter, "gpu_bridge_lends", "Nodes lent to Slurm (lend completed).")
+        self.reclaims = self._pool(
+            Counter, "gpu_bridge_reclaims", "Nodes reclaimed for serving (reclaim completed), by reason.", "reason")
+        self.reclaim_failures = self._pool(
+            Counter, "gpu_bridge_reclaim_failures", "Reclaims abandoned (node never became Ready in time), by reason.",
+            "reason")
+        self.lend_failures = self._pool(
+            Counter, "gpu_bridge_lend_failures",
+            "Lends abandoned (the serving pod outlived policy.lend_timeout_s), by reason.", "reason")
+        self.reclaim_latency = self._pool(
+            Histogram, "gpu_bridge_reclaim_duration_seconds",
             "From the load change that called for a node to its Ready replica, by the tier the node was lent to "
             "and mode (warm: its replica woken, cold: cold-started).",
-            ["pool", "tier", "mode"], buckets=RECLAIM_BUCKETS_S, registry=r,
-        )
-        self.reclaim_phase_latency = Histogram(
-            "gpu_bridge_reclaim_phase_duration_seconds",
+            "tier", "mode", buckets=RECLAIM_BUCKETS_S)
+        self.reclaim_phase_latency = self._pool(
+            Histogram, "gpu_bridge_reclaim_phase_duration_seconds",
             "Reclaim latency by phase: detection, slurm_release, kubernetes_ready; tier (normal, fast) and mode (warm, cold).",
-            ["pool", "phase", "tier", "mode"], buckets=RECLAIM_BUCKETS_S, registry=r,
-        )
-        self.measured_delay = Histogram(
-            "gpu_bridge_reclaim_measured_delay_seconds",
+            "phase", "tier", "mode", buckets=RECLAIM_BUCKETS_S)
+        self.measured_delay = self._pool(
+            Histogram, "gpu_bridge_reclaim_measured_delay_seconds",
             "Measured reclaims, decision to Ready replica: the delays the reclaim horizon uses (rebuilt from here at start).",
-            ["pool", "tier", "mode"], buckets=MEASURED_DELAY_BUCKETS_S, registry=r,
-        )
-        self.preempted_jobs = Counter(
-            "gpu_bridge_preempted_jobs", "Slurm jobs preempted (requeued) by reclaims.", ["pool"], registry=r,
-        )
-        self.preempted_runtime = Histogram(
-            "gpu_bridge_preempted_job_runtime_seconds",
+            "tier", "mode", buckets=MEASURED_DELAY_BUCKETS_S)
+        self.preempted_jobs = self._pool(
+            Counter, "gpu_bridge_preempted_jobs",
+            "Slurm jobs preempted (requeued) by reclaims.")
+        self.preempted_runtime = self._pool(
+            Histogram, "gpu_bridge_preempted_job_runtime_seconds",
             "How long a job preempted by a reclaim had been running since its current run started; "
             "rerun=yes: it had been requeued before.",
-            ["pool", "rerun"], buckets=RUNTIME_BUCKETS_S, registry=r,
-        )
-        self.lost_gpu_hours = Counter(
-            "gpu_bridge_lost_gpu_hours",
-            "GPU-hours of research work lost by preemption (since each job's last published checkpoint).",
-            ["pool"], registry=r,
-        )
-        self.slurm_repairs = Counter(
-            "gpu_bridge_slurm_repairs",
+            "rerun", buckets=RUNTIME_BUCKETS_S)
+        self.lost_gpu_hours = self._pool(
+            Counter, "gpu_bridge_lost_gpu_hours",
+            "GPU-hours of research work lost by preemption (since each job's last published checkpoint).")
+        self.slurm_repairs = self._pool(
+            Counter, "gpu_bridge_slurm_repairs",
             "What gpu-bridge undid of Slurm's own reactions to a controller crash: job_released (a job Slurm "
             "held after a failed launch), clear_slurm_drain / take_over_drain (Slurm's own drain on a node).",
-            ["pool", "kind"], registry=r,
-        )
-        self.lent_unusable = Gauge(
-            "gpu_bridge_lent_nodes_unusable",
-            "Nodes in phase lent that Slurm cannot use (drained by someone else, or down).",
-            ["pool"], registry=r,
-        )
+            "kind")
+        self.lent_unusable = self._pool(
+            Gauge, "gpu_bridge_lent_nodes_unusable",
+            "Nodes in phase lent that Slurm cannot use (drained by someone else, or down).")
         self.decisions = Counter(
             "gpu_bridge_decisions", "Policy decisions by action (lend, reclaim, hold) and reason code.",
             ["action", "reason"], registry=r,
@@ -192,11 +160,9 @@ class BridgeMetrics:
 
         # --- the daemon itself (every instance) -----------------------------------------------
         self.adapter_errors = Counter(
-            "gpu_bridge_adapter_errors", "Failed calls to an outside system.", ["system"], registry=r,
-        )
+            "gpu_bridge_adapter_errors", "Failed calls to an outside system.", ["system"], registry=r)
         self.api_calls = Counter(
-            "gpu_bridge_api_calls", "Calls to an outside system by verb.", ["system", "verb"], registry=r,
-        )
+            "gpu_bridge_api_calls", "Calls to an outside system by verb.", ["system", "verb"], registry=r)
         self.api_call_latency = Histogram(
             "gpu_bridge_api_call_duration_seconds", "Latency of calls to an outside system.", ["system"],
             buckets=API_BUCKETS_S, registry=r,
@@ -217,6 +183,10 @@ class BridgeMetrics:
         self._lock = threading.Lock()
         self._last_view_t: float | None = None
 
+    def _pool(self, kind: type[_M], name: str, doc: str, *labels: str, **kw: Any) -> _M:
+        """A metric of this registry labelled by pool (then ``labels``)."""
+        return kind(name, doc, ["pool", *labels], registry=self.registry, **kw)
+
     # --- what the daemon calls -------------------------------------------------------------------
     def record_view(self, view: ClusterView) -> None:
         """Nodes by pool and phase (every phase, zeros included), held nodes, Ready replicas,
@@ -236,13 +206,9 @@ class BridgeMetrics:
         for name, state in view.pools.items():
             self.serving_ready.labels(pool=name).set(state.ready_replicas)
             s = state.signals
-            usable = s is not None and any(
-                v is not None for v in (s.running, s.waiting, s.kv_cache_usage_sum, s.tokens_per_s)
-            )
-            if s is not None and usable:
-                self.signal_staleness.labels(pool=name).set(max(0.0, view.now - s.t))
-            else:
-                self.signal_staleness.labels(pool=name).set(float("inf"))
+            values = () if s is None else (s.running, s.waiting, s.kv_cache_usage_sum, s.tokens_per_s)
+            age = max(0.0, view.now - s.t) if s is not None and any(v is not None for v in values) else float("inf")
+            self.signal_staleness.labels(pool=name).set(age)
         with self._lock:
             last, self._last_view_t = self._last_view_t, view.now
         if last is not None and view.now > last:

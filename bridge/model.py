@@ -3,17 +3,8 @@
 Plain frozen data, no I/O: the adapters build these from the outside world (``observe``),
 the policy reads them and returns a ``Plan``, the actuator carries the plan out. The
 offline simulator builds the same types from its model, so the daemon, ``--dry-run`` and
-``gpu-bridge simulate`` run the very same policy functions.
-
-Changes since the lead's first version (all additive, every earlier name still works):
-``Reason`` and ``HoldReason`` (the stable codes carried by ``Action.reason``,
-``PoolDecision.reason`` and ``Plan.hold_reasons``; both are ``str`` enums, so comparing with
-plain strings works); ``NodeState.inflight`` (requests on the node's replica, to pick the
-cheapest node to lend); ``Action.urgent``, ``Action.jobs``, ``Action.lost_gpu_hours``
-(what a reclaim will preempt and its estimated cost); ``PoolDecision.ready_now``;
-``Plan.hold_reasons`` (node -> code, next to ``Plan.held``'s sentences); ``Tier`` with
-``NodeState.tier``, ``Action.tier``, ``PoolState.fast_horizon_s`` and
-``ClusterView.pending_fast_nodes`` (the fast-grace tier).
+``gpu-bridge simulate`` run the very same policy functions. The reason codes (``Reason``,
+``HoldReason``) are ``str`` enums, so comparing them with plain strings works.
 """
 
 from __future__ import annotations

@@ -51,13 +51,9 @@ def horizon_s(config: Config, pool: PoolConfig, *, fast: bool = False) -> float:
     react to is that old). ``fast``: a node of the fast tier (its partition's shorter grace).
     A failed wake costs a cold start on top: measured delays (``measured_delays``) raise the
     horizon when wakes fail."""
-    return (
-        (config.slurm.fast_grace_s if fast else config.slurm.grace_s)
-        + return_s(pool)
-        + config.policy.forecast.margin_s
-        + config.policy.tick_s
-        + config.prometheus.scrape_interval_s
-    )
+    grace_s = config.slurm.fast_grace_s if fast else config.slurm.grace_s
+    p = config.policy
+    return grace_s + return_s(pool) + p.forecast.margin_s + p.tick_s + config.prometheus.scrape_interval_s
 
 
 def return_s(pool: PoolConfig) -> float:
@@ -206,12 +202,7 @@ def _vals(w: list[tuple[float, float | None]]) -> list[float]:
 
 
 def forecast(
-    history: Sequence[LoadSignals],
-    newest: LoadSignals | None,
-    now: float,
-    *,
-    config: Config,
-    pool: PoolConfig,
+    history: Sequence[LoadSignals], newest: LoadSignals | None, now: float, *, config: Config, pool: PoolConfig,
     fast: bool = False,
 ) -> Forecast:
     """Forecast for one pool. ``history`` must be sorted by ``t`` (oldest first); ``newest``

@@ -35,9 +35,7 @@ def merge_max(a: LoadSignals, b: LoadSignals) -> LoadSignals:
         return x if x >= y else y
 
     return LoadSignals(
-        t=max(a.t, b.t),
-        running=mx(a.running, b.running),
-        waiting=mx(a.waiting, b.waiting),
+        t=max(a.t, b.t), running=mx(a.running, b.running), waiting=mx(a.waiting, b.waiting),
         kv_cache_usage_sum=mx(a.kv_cache_usage_sum, b.kv_cache_usage_sum),
         tokens_per_s=mx(a.tokens_per_s, b.tokens_per_s),
         replicas_reporting=min(a.replicas_reporting, b.replicas_reporting),

@@ -26,12 +26,7 @@ def _window(history: Sequence[LoadSignals], lo: float, hi: float, pool: PoolConf
     """Usable demand (replicas) of the samples in [lo, hi] (history sorted by time)."""
     i = bisect.bisect_left(history, lo, key=lambda s: s.t)
     j = bisect.bisect_right(history, hi, key=lambda s: s.t)
-    out = []
-    for s in history[i:j]:
-        d = replicas_needed(s, pool.target)
-        if d is not None:
-            out.append(d)
-    return out
+    return [d for s in history[i:j] if (d := replicas_needed(s, pool.target)) is not None]
 
 HOUR_S = 3600.0
 OUTLOOK_STEP_S = 300.0  # resolution of the history the outlook reads (max per step keeps peaks)
@@ -76,13 +71,7 @@ def outlook_calibration(history: Sequence[LoadSignals], now: float, *, config: C
 
 
 def lendable_outlook(
-    history: Sequence[LoadSignals],
-    now: float,
-    *,
-    config: Config,
-    pool: PoolConfig,
-    nodes: int,
-    hours: int = 24,
+    history: Sequence[LoadSignals], now: float, *, config: Config, pool: PoolConfig, nodes: int, hours: int = 24,
     calibration: Calibration | None = None,
 ) -> tuple[HourOutlook, ...]:
     """Per clock hour ahead (hour 0 holds ``now``), the serving demand the policy's forecast

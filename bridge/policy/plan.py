@@ -78,8 +78,7 @@ class _PoolWork:
     reclaim_count: int
     reclaim_reason: Reason
     reclaim_detail: str
-    urgent: bool
-    allow_young: bool
+    urgent: bool  # also: may preempt jobs younger than min_runtime_s, as a last resort
     respect_min_lend: bool
     lend_fast: int = 0  # of lend_count, lent to the fast tier (the first ones)
     reclaim_normal: int = 0  # of reclaim_count, that must be normal-tier nodes (the rest: fast first)
@@ -128,18 +127,10 @@ def plan(view: ClusterView, config: Config) -> Plan:
         budget -= len(choice.nodes)
         for i, name in enumerate(choice.nodes):
             jobs = choice.jobs.get(name, ())
-            actions.append(
-                Action(
-                    ActionKind.RECLAIM,
-                    name,
-                    w.cfg.name,
-                    w.reclaim_reason,
-                    f"reclaim {name}: {w.reclaim_detail}" + (f"; preempts {', '.join(jobs)}" if jobs else "; idle in Slurm"),
-                    urgent=w.urgent,
-                    jobs=jobs,
-                    lost_gpu_hours=choice.lost_gpu_hours if i == 0 else 0.0,
-                )
-            )
+            what = f"; preempts {', '.join(jobs)}" if jobs else "; idle in Slurm"
+            actions.append(Action(ActionKind.RECLAIM, name, w.cfg.name, w.reclaim_reason,
+                                  f"reclaim {name}: {w.reclaim_detail}{what}", urgent=w.urgent, jobs=jobs,
+                                  lost_gpu_hours=choice.lost_gpu_hours if i == 0 else 0.0))
         got = len(choice.nodes)
         if got < want:
             d = decisions[w.cfg.name]
@@ -153,10 +144,7 @@ def plan(view: ClusterView, config: Config) -> Plan:
                 text = f"{got} of {want} reclaims: other lent nodes were lent < {config.policy.min_lend_s:.0f} s ago"
             else:
                 why, text = Reason.NO_CANDIDATES, f"{got} of {want} reclaims: no other lent node may be reclaimed"
-            if got == 0:
-                decisions[w.cfg.name] = _replace(d, reason=why, detail=f"{d.detail}; {text}")
-            else:
-                decisions[w.cfg.name] = _replace(d, detail=f"{d.detail}; {text}")
+            decisions[w.cfg.name] = _replace(d, reason=why if got == 0 else d.reason, detail=f"{d.detail}; {text}")
 
     budget = config.policy.max_lends_per_tick
     for w in works:
@@ -176,13 +164,7 @@ def plan(view: ClusterView, config: Config) -> Plan:
                 reason=Reason.RATE_LIMITED if take == 0 else d.reason,
                 detail=f"{d.detail}; {take} of {w.lend_count} lends this tick (max_lends_per_tick)",
             )
-    return Plan(
-        now=now,
-        actions=tuple(actions),
-        pools=tuple(decisions[w.cfg.name] for w in works),
-        held=held,
-        hold_reasons=codes,
-    )
+    return Plan(now, tuple(actions), tuple(decisions[w.cfg.name] for w in works), held=held, hold_reasons=codes)
 
 
 def _victims(w: _PoolWork, cands: Sequence[NodeState], take: int, view: ClusterView, config: Config) -> VictimChoice:
@@ -190,17 +172,9 @@ def _victims(w: _PoolWork, cands: Sequence[NodeState], take: int, view: ClusterV
     replace (``reclaim_normal``), then the rest fast-tier first (back one normal grace sooner)."""
 
     def pick(nodes: Sequence[NodeState], count: int, fast_first: bool) -> VictimChoice:
-        return choose_victims(
-            nodes,
-            count,
-            view.jobs,
-            view.now,
-            rule=config.policy.victims,
-            min_runtime_s=config.slurm.min_runtime_s,
-            allow_young=w.allow_young,
-            grace_s=config.slurm.grace_s,
-            fast_first=fast_first,
-        )
+        return choose_victims(nodes, count, view.jobs, view.now, rule=config.policy.victims,
+                              min_runtime_s=config.slurm.min_runtime_s, allow_young=w.urgent,
+                              grace_s=config.slurm.grace_s, fast_first=fast_first)
 
     if not w.tiered:
         return pick(cands, take, False)
@@ -232,11 +206,7 @@ def _min(s: float) -> str:
 
 
 def _assess(
-    view: ClusterView,
-    config: Config,
-    cfg: PoolConfig,
-    nodes: Sequence[NodeState],
-    state: PoolState | None,
+    view: ClusterView, config: Config, cfg: PoolConfig, nodes: Sequence[NodeState], state: PoolState | None
 ) -> _PoolWork:
     """One pool's wish: the first step that decides, in order of precedence."""
     c = _Tick(view, config, cfg, nodes, state)
@@ -301,23 +271,18 @@ class _Tick:
 
     def _horizons(self, state: PoolState | None) -> None:
         cfg, now = self.cfg, self.now
-        h = horizon_s(self.config, cfg)
-        lh = lend_horizon_s(self.config, cfg)
-        if state is not None and state.horizon_s is not None and state.horizon_s > h:  # measured delays
-            lh += state.horizon_s - h
-            h = state.horizon_s
-        self.h, self.lh = h, lh
+
+        def horizons(measured: float | None, fast: bool) -> tuple[float, float]:
+            """Reclaim and lend horizons: the configured ones, both raised by a longer measured one."""
+            h, lh = horizon_s(self.config, cfg, fast=fast), lend_horizon_s(self.config, cfg, fast=fast)
+            return (measured, lh + (measured - h)) if measured is not None and measured > h else (h, lh)
+
+        self.h, self.lh = horizons(state.horizon_s if state is not None else None, False)
         # the fast tier's horizons (the normal ones when there is no fast tier)
-        hf, lhf = h, lh
-        if self.tiered:
-            hf = horizon_s(self.config, cfg, fast=True)
-            lhf = lend_horizon_s(self.config, cfg, fast=True)
-            if state is not None and state.fast_horizon_s is not None and state.fast_horizon_s > hf:
-                lhf += state.fast_horizon_s - hf
-                hf = state.fast_horizon_s
-        self.hf, self.lhf = hf, lhf
-        self.cal_floor, self.cal_rule = calendar.floor(self.pol.calendar, cfg.name, now, now + h)
-        self.cal_floor_lend, self.cal_rule_lend = calendar.floor(self.pol.calendar, cfg.name, now, now + lh)
+        self.hf, self.lhf = (self.h, self.lh) if not self.tiered else horizons(
+            state.fast_horizon_s if state is not None else None, True)
+        self.cal_floor, self.cal_rule = calendar.floor(self.pol.calendar, cfg.name, now, now + self.h)
+        self.cal_floor_lend, self.cal_rule_lend = calendar.floor(self.pol.calendar, cfg.name, now, now + self.lh)
         self.floor_lend = max(cfg.min_serving, self.cal_floor_lend)
         self.floor_c = min(max(cfg.min_serving, self.cal_floor), self.reachable)
 
@@ -325,12 +290,10 @@ class _Tick:
         now, pol = self.now, self.pol
         signals = state.signals if state is not None else None
         self.cur = demand(signals, self.cfg.target)
-        self.fc: Forecast = forecast(state.history if state is not None else (), signals, now, config=self.config, pool=self.cfg)
-        self.fc_fast: Forecast = (
-            forecast(state.history if state is not None else (), signals, now, config=self.config, pool=self.cfg, fast=True)
-            if self.tiered
-            else self.fc
-        )
+        history = state.history if state is not None else ()
+        self.fc: Forecast = forecast(history, signals, now, config=self.config, pool=self.cfg)
+        self.fc_fast = (forecast(history, signals, now, config=self.config, pool=self.cfg, fast=True)
+                        if self.tiered else self.fc)
         self.status, self.status_text = _signal_health(signals, self.cur, now, pol.signal_max_age_s, self.ready * self.rpn)
         self.fresh = self.status is None
         self.demand_now = self.cur.replicas if (signals is not None and now - signals.t <= pol.signal_max_age_s) else None
@@ -355,40 +318,26 @@ class _Tick:
         return cal.describe(self.used[-1] if self.used else None) + floor + new_hours
 
     def decision(self, desired: int, reason: Reason, detail: str) -> PoolDecision:
-        return PoolDecision(
-            pool=self.cfg.name,
-            demand_now=self.demand_now,
-            forecast_peak=self.fc.peak,
-            horizon_s=self.h,
-            serving_now=self.serving_now,
-            desired_serving=desired,
-            reason=reason,
-            detail=detail,
-            ready_now=self.ready,
-        )
+        return PoolDecision(self.cfg.name, self.demand_now, self.fc.peak, self.h, self.serving_now, desired, reason,
+                            detail, ready_now=self.ready)
 
-    def work(
-        self,
-        d: PoolDecision,
-        *,
-        lend: int = 0,
-        lend_detail: str = "",
-        reclaim: int = 0,
-        reason: Reason = Reason.STEADY,
-        detail: str = "",
-        urgent: bool = False,
-        respect_min_lend: bool = True,
-        lend_fast: int = 0,
-        reclaim_normal: int = 0,
-    ) -> _PoolWork:
+    def work(self, d: PoolDecision, *, lend: int = 0, lend_detail: str = "", reclaim: int = 0,
+             reason: Reason = Reason.STEADY, detail: str = "", urgent: bool = False, respect_min_lend: bool = True,
+             lend_fast: int = 0, reclaim_normal: int = 0) -> _PoolWork:
         return _PoolWork(
-            self.cfg, d, self.lendable, lend, lend_detail, self.reclaimable, reclaim, reason, detail, urgent, urgent, respect_min_lend,
+            self.cfg, d, self.lendable, lend, lend_detail, self.reclaimable, reclaim, reason, detail, urgent, respect_min_lend,
             lend_fast, reclaim_normal, self.tiered,
         )
 
     def hold(self, reason: Reason, detail: str) -> _PoolWork:
         """Keep the serving count as it is."""
         return self.work(self.decision(self.serving_now, reason, detail))
+
+    def reclaim(self, desired: int, count: int, reason: Reason, text: str, *, urgent: bool = False,
+                respect_min_lend: bool = True, reclaim_normal: int = 0) -> _PoolWork:
+        """Take ``count`` lent nodes back toward ``desired`` serving nodes; ``text`` says why."""
+        return self.work(self.decision(desired, reason, text), reclaim=count, reason=reason, detail=text, urgent=urgent,
+                         respect_min_lend=respect_min_lend, reclaim_normal=reclaim_normal)
 
 
 def _budget_reclaim(c: _Tick) -> _PoolWork | None:
@@ -403,14 +352,7 @@ def _budget_reclaim(c: _Tick) -> _PoolWork | None:
     count = min(len(c.reclaimable), c.lent_now - cap)
     what = "every lent node" if count == len(c.reclaimable) else f"{count} of {c.lent_now} lent nodes"
     text = f"reclaim {what}: {gov.describe()}"
-    return c.work(
-        c.decision(c.serving_now + count, Reason.SLO_BUDGET, text),
-        reclaim=count,
-        reason=Reason.SLO_BUDGET,
-        detail=text,
-        urgent=True,
-        respect_min_lend=False,
-    )
+    return c.reclaim(c.serving_now + count, count, Reason.SLO_BUDGET, text, urgent=True, respect_min_lend=False)
 
 
 def _blind(c: _Tick) -> _PoolWork | None:
@@ -421,13 +363,7 @@ def _blind(c: _Tick) -> _PoolWork | None:
     desired = max(c.floor_c, min(target, c.reachable))
     text = f"no valid load sample for > {c.pol.blind_after_s:.0f} s ({c.status_text or 'none'}); serve {desired} of {c.reachable} nodes blind"
     if desired > c.serving_now:
-        return c.work(
-            c.decision(desired, Reason.SIGNALS_LOST, text),
-            reclaim=desired - c.serving_now,
-            reason=Reason.SIGNALS_LOST,
-            detail=text,
-            respect_min_lend=False,
-        )
+        return c.reclaim(desired, desired - c.serving_now, Reason.SIGNALS_LOST, text, respect_min_lend=False)
     return c.hold(c.status or Reason.SIGNALS_MISSING, text)
 
 
@@ -472,15 +408,8 @@ def _reclaim(c: _Tick) -> _PoolWork | None:
         return c.work(c.decision(desired, Reason.NO_CANDIDATES, f"{text}; no lent node may be reclaimed"))
     if c.fast_lent:
         text += f" (+{c.fast_lent} fast-tier lent, back within {_min(c.hf)})"
-    return c.work(
-        c.decision(desired, reason, text),
-        reclaim=count,
-        reason=reason,
-        detail=text,
-        urgent=urgent,
-        respect_min_lend=reason is Reason.FORECAST_RISE,
-        reclaim_normal=min(normal_short, count),
-    )
+    return c.reclaim(desired, count, reason, text, urgent=urgent, respect_min_lend=reason is Reason.FORECAST_RISE,
+                     reclaim_normal=min(normal_short, count))
 
 
 def _lend(c: _Tick) -> _PoolWork:

@@ -60,16 +60,9 @@ def job_loss_gpu_hours(job: SlurmJob, now: float, grace_s: float | None = None) 
 
 
 def choose_victims(
-    candidates: Sequence[NodeState],
-    count: int,
-    jobs: Mapping[str, SlurmJob],
-    now: float,
-    *,
-    rule: VictimRule = VictimRule.LEAST_LOST_WORK,
-    min_runtime_s: float = 0.0,
-    allow_young: bool = False,
-    grace_s: float | None = None,
-    fast_first: bool = False,
+    candidates: Sequence[NodeState], count: int, jobs: Mapping[str, SlurmJob], now: float, *,
+    rule: VictimRule = VictimRule.LEAST_LOST_WORK, min_runtime_s: float = 0.0, allow_young: bool = False,
+    grace_s: float | None = None, fast_first: bool = False,
 ) -> VictimChoice:
     """Pick up to ``count`` nodes among ``candidates`` (already filtered: lent, not pinned);
     ``fast_first``: fast-tier nodes before normal ones (``NodeState.tier``)."""
@@ -113,16 +106,8 @@ def choose_victims(
     chosen, preempted = pick.chosen, pick.preempted
     per_node = {n: tuple(sorted(node_jobs[n])) for n in chosen if node_jobs[n]}
     short = count - len(chosen)
-    blocked_young = 0
-    if short > 0 and not allow_young:
-        blocked_young = min(short, len([n for n in rest if n not in chosen]))
-    return VictimChoice(
-        tuple(chosen),
-        per_node,
-        sum(loss[j] for j in sorted(preempted)),
-        short,
-        blocked_young,
-    )
+    blocked_young = min(short, len([n for n in rest if n not in chosen])) if short > 0 and not allow_young else 0
+    return VictimChoice(tuple(chosen), per_node, sum(loss[j] for j in sorted(preempted)), short, blocked_young)
 
 
 @dataclass

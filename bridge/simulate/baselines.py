@@ -44,16 +44,14 @@ FIXED_HEADROOM = 0.2
 FIXED_HEADROOM_REPLICAS = 0.5
 
 
-def _pool_nodes(view: ClusterView, pool: str) -> list[NodeState]:
-    return [n for n in view.nodes if n.pool == pool]
-
-
-def _counts(nodes: Sequence[NodeState]) -> tuple[list[NodeState], list[NodeState], int]:
-    """(Ready serving nodes, lent nodes, committed = serving + reclaiming + returning)."""
+def _counts(view: ClusterView, pool: str) -> tuple[list[NodeState], list[NodeState], list[NodeState], int]:
+    """The pool's nodes, its Ready serving nodes, its lent nodes, and how many are committed
+    (serving + reclaiming + returning)."""
+    nodes = [n for n in view.nodes if n.pool == pool]
     ready = [n for n in nodes if n.phase is Phase.SERVING and n.serving_ready]
     lent = [n for n in nodes if n.phase is Phase.LENT]
     committed = sum(1 for n in nodes if n.phase in (Phase.SERVING, Phase.RECLAIMING, Phase.RETURNING))
-    return ready, lent, committed
+    return nodes, ready, lent, committed
 
 
 class _Base:
@@ -73,16 +71,9 @@ class _Base:
     def _reclaim(self, view: ClusterView, lent: Sequence[NodeState], k: int, why: str) -> list[Action]:
         if k <= 0 or not lent:
             return []
-        choice = choose_victims(
-            lent,
-            k,
-            view.jobs,
-            view.now,
-            rule=self.config.policy.victims,
-            min_runtime_s=self.config.slurm.min_runtime_s,
-            allow_young=True,
-            grace_s=self.config.slurm.grace_s,
-        )
+        slurm = self.config.slurm
+        choice = choose_victims(lent, k, view.jobs, view.now, rule=self.config.policy.victims,
+                                min_runtime_s=slurm.min_runtime_s, allow_young=True, grace_s=slurm.grace_s)
         return [
             Action(ActionKind.RECLAIM, n, self.pool.name, Reason.SPIKE, f"{self.name}: {why}", urgent=True, jobs=choice.jobs.get(n, ()))
             for n in choice.nodes
@@ -90,9 +81,7 @@ class _Base:
 
     def _demand(self, view: ClusterView) -> float | None:
         ps = view.pools.get(self.pool.name)
-        if ps is None:
-            return None
-        return demand(ps.signals, self.pool.target).replicas
+        return None if ps is None else demand(ps.signals, self.pool.target).replicas
 
     def _nodes_for(self, replicas: float) -> int:
         return max(0, math.ceil(replicas / self.rpn - 1e-9))
@@ -152,16 +141,10 @@ class BridgeController(_Base):
         self.last_plan = p
         d = next((d for d in p.pools if d.pool == self.pool.name), None)
         self.trace_t.append(view.now)
-        if d is not None:
-            self.trace_demand.append(d.demand_now if d.demand_now is not None else math.nan)
-            self.trace_forecast.append(d.forecast_peak if d.forecast_peak is not None else math.nan)
-            self.trace_desired.append(d.desired_serving)
-            self.trace_reason.append(str(d.reason))
-        else:
-            self.trace_demand.append(math.nan)
-            self.trace_forecast.append(math.nan)
-            self.trace_desired.append(-1)
-            self.trace_reason.append("")
+        self.trace_demand.append(math.nan if d is None or d.demand_now is None else d.demand_now)
+        self.trace_forecast.append(math.nan if d is None or d.forecast_peak is None else d.forecast_peak)
+        self.trace_desired.append(-1 if d is None else d.desired_serving)
+        self.trace_reason.append("" if d is None else str(d.reason))
         return p.actions
 
 
@@ -193,8 +176,7 @@ class OracleController(_Base):
     def decide(self, view: ClusterView) -> Sequence[Action]:
         t = view.now - self.setup.start_unix
         k = min(int(round(t / self.setup.tick_s)), len(self.need) - 1)
-        nodes = _pool_nodes(view, self.pool.name)
-        ready, lent, committed = _counts(nodes)
+        nodes, ready, lent, committed = _counts(view, self.pool.name)
         need = min(int(self.need[k]), len(nodes))
         if need > committed:
             return self._reclaim(view, lent, need - committed, f"the next minutes need {need} nodes")
@@ -232,8 +214,7 @@ class ReactiveController(_Base):
         up, down = self._wanted(view)
         if up is None:
             return ()
-        nodes = _pool_nodes(view, self.pool.name)
-        ready, lent, committed = _counts(nodes)
+        nodes, ready, lent, committed = _counts(view, self.pool.name)
         up = min(up, len(nodes))
         if up > committed:
             return self._reclaim(view, lent, up - committed, f"demand needs {up} nodes")
@@ -259,8 +240,7 @@ class FixedWindowController(ReactiveController):
     def decide(self, view: ClusterView) -> Sequence[Action]:
         t = view.now  # the real clock (UTC): a trace's t = 0 is mapped to a UTC midnight
         up, down = self._wanted(view)
-        nodes = _pool_nodes(view, self.pool.name)
-        ready, lent, committed = _counts(nodes)
+        nodes, ready, lent, committed = _counts(view, self.pool.name)
         if not self.in_window(t):
             return self._reclaim(view, lent, len(lent), "08:00: the lending window is over")
         if up is None:
@@ -281,13 +261,9 @@ def default_fixed_floor(setup: Setup) -> int:
     tod = (setup.start_unix + np.arange(wl.size) * w.window_s) % 86400.0
     night = wl[(tod >= NIGHT_START_S) | (tod < NIGHT_END_S)]
     p95 = float(np.percentile(night, 95)) if night.size else float(wl.max())
-    return min(
-        setup.nodes,
-        max(
-            setup.pool.min_serving,
-            nodes_for(p95, headroom=FIXED_HEADROOM, headroom_replicas=FIXED_HEADROOM_REPLICAS, replicas_per_node=setup.replicas_per_node),
-        ),
-    )
+    need = nodes_for(p95, headroom=FIXED_HEADROOM, headroom_replicas=FIXED_HEADROOM_REPLICAS,
+                     replicas_per_node=setup.replicas_per_node)
+    return min(setup.nodes, max(setup.pool.min_serving, need))
 
 
 def make_controller(name: str, setup: Setup, *, fixed_floor: int | None = None) -> Controller:

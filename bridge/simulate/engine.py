@@ -34,7 +34,7 @@ import heapq
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import numpy as np
@@ -102,9 +102,7 @@ class Setup:
 
     @property
     def pool(self) -> PoolConfig:
-        if self.pool_name is None:
-            return self.config.pools[0]
-        return self.config.pool(self.pool_name)
+        return self.config.pools[0] if self.pool_name is None else self.config.pool(self.pool_name)
 
     @property
     def tick_s(self) -> float:
@@ -169,19 +167,9 @@ class Metrics:
     early_lost_gpu_hours: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "policy": self.policy,
-            "lent_gpu_hours": round(self.lent_gpu_hours, 3),
-            "useful_gpu_hours": round(self.useful_gpu_hours, 3),
-            "lost_gpu_hours": round(self.lost_gpu_hours, 3),
-            "preemptions": self.preemptions,
-            "lends": self.lends,
-            "reclaims": self.reclaims,
-            "slo_violation_minutes": self.slo_violation_minutes,
-            "trace_minutes": self.trace_minutes,
-            "early_preemptions": self.early_preemptions,
-            "early_lost_gpu_hours": round(self.early_lost_gpu_hours, 3),
-        }
+        """Every field in order, GPU-hours rounded to 3 decimals."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: round(v, 3) if k.endswith("_gpu_hours") else v for k, v in d.items()}
 
 
 @dataclass(slots=True)
@@ -370,20 +358,14 @@ class Engine:
             got = self._job_cache.get(key)
             if got is None:
                 assert j.run_start is not None
+                slurm = self.s.config.slurm
                 got = SlurmJob(
-                    job_id=jid,
-                    name=j.cls.name,
-                    user="research",
-                    partition=(self.s.config.slurm.fast_partition or "") if self.research.is_fast(j)
-                    else self.s.config.slurm.preempt_partition,
-                    state=j.state,
-                    nodes=j.nodes,
-                    start_time=base + j.run_start,
+                    job_id=jid, name=j.cls.name, user="research",
+                    partition=(slurm.fast_partition or "") if self.research.is_fast(j) else slurm.preempt_partition,
+                    state=j.state, nodes=j.nodes, start_time=base + j.run_start,
                     checkpoint_time=None if ck is None else base + ck,
-                    signal_save_s=j.cls.signal_save_s if j.cls.publishes else None,
-                    requeueable=True,
-                    gpus_per_node=self.s.gpus_per_node,
-                    restart_count=j.restarts,
+                    signal_save_s=j.cls.signal_save_s if j.cls.publishes else None, requeueable=True,
+                    gpus_per_node=self.s.gpus_per_node, restart_count=j.restarts,
                 )
                 if len(self._job_cache) > 4096:
                     self._job_cache.clear()
@@ -418,23 +400,16 @@ class Engine:
         for name in self.order:
             n = self.nodes[name]
             ph = n.phase
-            if ph is Phase.SERVING:
-                states.append(
-                    NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, n.ready,
-                              "drained", (), inflight=inflight if n.ready else None)
-                )
-            elif ph is Phase.LENDING:
-                states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained",
-                                        tier=n.tier))
-            elif ph is Phase.LENT or ph is Phase.RECLAIMING:
-                jid = rj.get(name)
-                st = "allocated" if jid is not None else ("idle" if ph is Phase.LENT else "drained")
-                states.append(
-                    NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, 0, False, st,
-                              (jid,) if jid is not None else (), tier=n.tier)
-                )
-            else:  # returning
-                states.append(NodeState(name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, self.rpn, False, "drained"))
+            in_slurm = ph is Phase.LENT or ph is Phase.RECLAIMING  # no serving pod; its job, if any
+            serves = ph is Phase.SERVING and n.ready
+            job = rj.get(name) if in_slurm else None
+            st = "allocated" if job is not None else "idle" if ph is Phase.LENT else "drained"
+            states.append(NodeState(
+                name, self.pool.name, ph, base + n.since, s.gpus_per_node, None, 0 if in_slurm else self.rpn, serves,
+                st, (job,) if job is not None else (), inflight=inflight if serves else None,
+                # lent to that tier (lending .. reclaiming); a returning node's is not reported
+                tier=n.tier if in_slurm or ph is Phase.LENDING else Tier.NORMAL,
+            ))
         ready_rep = ready * self.rpn
         committed = sum(1 for n in self.nodes.values() if n.phase in (Phase.SERVING, Phase.RECLAIMING, Phase.RETURNING))
         h = measured_horizon(s.config, self.pool, self.reclaim_delays)
@@ -442,10 +417,7 @@ class Engine:
         pools = {self.pool.name: PoolState(self.pool.name, sig, (), ready_rep, committed * self.rpn, horizon_s=h,
                                            fast_horizon_s=hf, recovered=recovered)}
         return ClusterView(
-            now=base + t,
-            nodes=tuple(states),
-            pools=pools,
-            jobs=self._jobs_view(t),
+            now=base + t, nodes=tuple(states), pools=pools, jobs=self._jobs_view(t),
             pending_research_nodes=self.research.pending_nodes(),
             pending_fast_nodes=self.research.pending_nodes(fast=True) if self.tiered else 0,
         )
@@ -474,14 +446,9 @@ class Engine:
                 self._apply(t, a)
             tt[k] = t
             tr[k] = self.ready_count
-            lent = committed = 0
-            for n in self.nodes.values():
-                if n.phase is Phase.LENT:
-                    lent += 1
-                elif n.phase is not Phase.LENDING:
-                    committed += 1
-            tl[k] = lent
-            tc[k] = committed
+            phases = [n.phase for n in self.nodes.values()]
+            tl[k] = lent = phases.count(Phase.LENT)
+            tc[k] = len(phases) - lent - phases.count(Phase.LENDING)  # serving or on the way back
         while heap and heap[0][0] < end:
             et, kind, _, key, token = heapq.heappop(heap)
             self._handle(et, kind, key, token)
@@ -498,30 +465,16 @@ class Engine:
         acct = self.research.acct
         g = s.gpus_per_node
         m = Metrics(
-            policy=self.ctl.name,
-            lent_gpu_hours=self.lent_s * g / 3600.0,
-            useful_gpu_hours=acct.useful_gpu_s / 3600.0,
-            lost_gpu_hours=acct.lost_gpu_s / 3600.0,
-            preemptions=acct.preemptions,
-            lends=self.lends,
-            reclaims=self.reclaims,
-            slo_violation_minutes=int(viol.size),
+            policy=self.ctl.name, lent_gpu_hours=self.lent_s * g / 3600.0, useful_gpu_hours=acct.useful_gpu_s / 3600.0,
+            lost_gpu_hours=acct.lost_gpu_s / 3600.0, preemptions=acct.preemptions, lends=self.lends,
+            reclaims=self.reclaims, slo_violation_minutes=int(viol.size),
             trace_minutes=s.workload.minutes if s.workload.usable is None else int(s.workload.usable.sum()),
-            early_preemptions=acct.early_preemptions,
-            early_lost_gpu_hours=acct.early_lost_gpu_s / 3600.0,
+            early_preemptions=acct.early_preemptions, early_lost_gpu_hours=acct.early_lost_gpu_s / 3600.0,
         )
         return Result(
-            metrics=m,
-            wall_s=time.perf_counter() - wall0,
-            cpu_s=time.process_time() - cpu0,
-            tick_t=tt,
-            tick_ready=tr,
-            tick_lent=tl,
-            tick_committed=tc,
-            minute_ready_min=ready_min,
-            violation_minutes=viol,
-            ignored_actions=self.ignored,
-            completed_jobs=acct.completed,
+            metrics=m, wall_s=time.perf_counter() - wall0, cpu_s=time.process_time() - cpu0, tick_t=tt, tick_ready=tr,
+            tick_lent=tl, tick_committed=tc, minute_ready_min=ready_min, violation_minutes=viol,
+            ignored_actions=self.ignored, completed_jobs=acct.completed,
         )
 
 

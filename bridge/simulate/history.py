@@ -171,11 +171,7 @@ def _minutes(h: RequestHistory) -> tuple[np.ndarray, np.ndarray, np.ndarray, lis
 
 
 def build_history_load(
-    h: RequestHistory,
-    target: TargetConfig,
-    *,
-    replica_rps: float | None = None,
-    min_usable_s: float = MIN_USABLE_S,
+    h: RequestHistory, target: TargetConfig, *, replica_rps: float | None = None, min_usable_s: float = MIN_USABLE_S,
     source: str = "",
 ) -> HistoryLoad:
     """The simulator's load from ``h`` (one step per minute); see the module docstring.
@@ -274,29 +270,14 @@ def build_history_load(
     if peak_rate <= 0:
         raise HistoryError(f"pool {h.pool}: no request arrived in the usable part of the range: nothing to lend against")
     workload = Workload(
-        load=np.ascontiguousarray(load, dtype=float),
-        window_load=rates / rps,
-        minute_s=MINUTE_S,
-        window_s=WINDOW_S,
-        scale=1.0,
-        replica_rps=rps,
-        peak_rate=peak_rate,
-        peak_replicas=peak_rate / rps,
-        source=source,
+        load=np.ascontiguousarray(load, dtype=float), window_load=rates / rps, minute_s=MINUTE_S, window_s=WINDOW_S,
+        scale=1.0, replica_rps=rps, peak_rate=peak_rate, peak_replicas=peak_rate / rps, source=source,
         usable=np.ascontiguousarray(use),
     )
     return HistoryLoad(
-        workload=workload,
-        trace=trace,
-        start_unix=start_unix,
-        requested_minutes=requested,
-        usable_minutes=n_use,
-        gaps=tuple(gaps),
-        replica_rps=rps,
-        replica_rps_source=src,
-        latency_s=latency,
-        replicas_seen=int(seen.max()) if seen.size else 0,
-        policy_peak=_policy_peak(h, target, first, last),
+        workload=workload, trace=trace, start_unix=start_unix, requested_minutes=requested, usable_minutes=n_use,
+        gaps=tuple(gaps), replica_rps=rps, replica_rps_source=src, latency_s=latency,
+        replicas_seen=int(seen.max()) if seen.size else 0, policy_peak=_policy_peak(h, target, first, last),
         notes=tuple(notes),
     )
 
@@ -364,7 +345,5 @@ def _policy_peak(h: RequestHistory, target: TargetConfig, first: int, last: int)
 
 def trace_csv(trace: Trace) -> str:
     """The windows as a trace CSV (ServeGen columns; ``clients_active`` is 1: not measured)."""
-    lines = [",".join(COLUMNS)]
-    for t, r, c in zip(trace.starts_s, trace.rates, trace.cvs):
-        lines.append(f"{t:.0f},{r:.6f},{c:.4f},1")
-    return "\n".join(lines) + "\n"
+    rows = [f"{t:.0f},{r:.6f},{c:.4f},1" for t, r, c in zip(trace.starts_s, trace.rates, trace.cvs)]
+    return "\n".join([",".join(COLUMNS), *rows]) + "\n"

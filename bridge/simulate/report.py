@@ -4,36 +4,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 
-from bridge.simulate.engine import Result
+from bridge.simulate.engine import Metrics, Result
 from bridge.simulate.workload import Workload
 
-# The JSON objects carry exactly these keys (the order of the table's columns).
-KEYS: tuple[str, ...] = (
-    "policy",
-    "lent_gpu_hours",
-    "useful_gpu_hours",
-    "lost_gpu_hours",
-    "preemptions",
-    "lends",
-    "reclaims",
-    "slo_violation_minutes",
-    "trace_minutes",
-    "early_preemptions",
-    "early_lost_gpu_hours",
-)
+# The JSON objects carry exactly these keys, in this order: the fields of ``Metrics``.
+KEYS: tuple[str, ...] = tuple(f.name for f in fields(Metrics))
 
 
 def to_json(results: Sequence[Result]) -> str:
-    """A JSON list: one object per run with exactly ``KEYS``."""
-    rows = []
-    for r in results:
-        d = r.metrics.as_dict()
-        rows.append({k: d[k] for k in KEYS})
-    return json.dumps(rows, indent=2)
+    """A JSON list: one object per run with exactly ``KEYS`` (``Metrics.as_dict``)."""
+    return json.dumps([r.metrics.as_dict() for r in results], indent=2)
 
 
 def table(results: Sequence[Result], *, wall: bool = True) -> str:
@@ -45,16 +30,9 @@ def table(results: Sequence[Result], *, wall: bool = True) -> str:
     for r in results:
         m = r.metrics
         row = [
-            m.policy,
-            f"{m.lent_gpu_hours:.1f}",
-            f"{m.useful_gpu_hours:.1f}",
-            f"{m.lost_gpu_hours:.1f}",
-            str(m.preemptions),
-            str(m.early_preemptions),
-            str(m.lends),
-            str(m.reclaims),
-            str(m.slo_violation_minutes),
-            str(m.trace_minutes),
+            m.policy, f"{m.lent_gpu_hours:.1f}", f"{m.useful_gpu_hours:.1f}", f"{m.lost_gpu_hours:.1f}",
+            *map(str, (m.preemptions, m.early_preemptions, m.lends, m.reclaims)),
+            str(m.slo_violation_minutes), str(m.trace_minutes),
             f"{100.0 * m.slo_violation_minutes / max(1, m.trace_minutes):.3f}",
         ]
         if wall:

@@ -122,12 +122,10 @@ def parse_job_mix(data: object, source: str = "job mix") -> JobMix:
         if not isinstance(pub, bool):
             problems.append(f"{where}.publishes: must be true or false, got {pub!r}")
         if len(problems) == valid:
-            classes.append(
-                JobClass(
-                    name, float(w), int(n), float(lo), float(hi), None if ck is None else float(ck), pub,  # type: ignore[arg-type]
-                    None if sig is None else float(sig), fast,
-                )
-            )
+            classes.append(JobClass(
+                name, float(w), int(n), float(lo), float(hi), None if ck is None else float(ck), pub,  # type: ignore[arg-type]
+                None if sig is None else float(sig), fast,
+            ))
     if problems:
         raise ConfigError(problems)
     return JobMix(tuple(classes), int(depth))
@@ -259,23 +257,20 @@ class Research:
             if not avail or self.is_fast(j) != fast:
                 keep.append(j)
                 continue
-            if shadow is None:
-                if n <= len(avail):
-                    self._start(j, now, avail[:n])
-                    del avail[:n]
-                    started.append(j)
-                    continue
+            if shadow is None and n > len(avail):  # the first job that does not fit reserves
                 shadow, extra = self._reservation(n, len(avail), fast)
                 keep.append(j)
                 continue
-            if n <= len(avail) and (now + j.remaining_s() <= shadow or n <= extra):
-                if not now + j.remaining_s() <= shadow:
+            if shadow is not None:  # backfill: ends before the reservation, or on nodes it does not need
+                ends_first = now + j.remaining_s() <= shadow
+                if n > len(avail) or not (ends_first or n <= extra):
+                    keep.append(j)
+                    continue
+                if not ends_first:
                     extra -= n
-                self._start(j, now, avail[:n])
-                del avail[:n]
-                started.append(j)
-                continue
-            keep.append(j)
+            self._start(j, now, avail[:n])
+            del avail[:n]
+            started.append(j)
         self.pending = keep
         self._refill()
         return started

@@ -85,14 +85,8 @@ class Workload:
 
 
 def build_workload(
-    trace: Trace,
-    *,
-    peak_replicas: float,
-    replica_rps: float = 4.0,
-    days: float | None = None,
-    seed: int = 1,
-    burst: bool = True,
-    max_cv: float | None = None,
+    trace: Trace, *, peak_replicas: float, replica_rps: float = 4.0, days: float | None = None, seed: int = 1,
+    burst: bool = True, max_cv: float | None = None,
 ) -> Workload:
     """Scale ``trace`` and draw the per-minute load (deterministic for a seed). ``max_cv``
     caps the trace's cv (``None``: as measured); ``burst=False`` keeps the window means flat."""
@@ -142,14 +136,8 @@ def build_workload(
     if days is not None:
         load = load[: max(1, int(math.ceil(days * 86400.0 / MINUTE_S)))]
     return Workload(
-        load=np.ascontiguousarray(load, dtype=float),
-        window_load=window_load,
-        minute_s=MINUTE_S,
-        window_s=w_s,
-        scale=scale,
-        replica_rps=replica_rps,
-        peak_rate=peak_rate,
-        peak_replicas=float(peak_replicas),
+        load=np.ascontiguousarray(load, dtype=float), window_load=window_load, minute_s=MINUTE_S, window_s=w_s,
+        scale=scale, replica_rps=replica_rps, peak_rate=peak_rate, peak_replicas=float(peak_replicas),
         source=trace.source,
     )
 
@@ -165,14 +153,8 @@ def signals(t: float, load: float, ready_replicas: int, target: TargetConfig) ->
     served = min(load, ready_replicas / kv)  # replicas' worth that fits in the KV caches
     running = served * c
     waiting = max(0.0, load - served) * c
-    return LoadSignals(
-        t=t,
-        running=running,
-        waiting=waiting,
-        kv_cache_usage_sum=served * kv,
-        tokens_per_s=served * tok,
-        replicas_reporting=ready_replicas,
-    )
+    return LoadSignals(t=t, running=running, waiting=waiting, kv_cache_usage_sum=served * kv, tokens_per_s=served * tok,
+                       replicas_reporting=ready_replicas)
 
 
 def split_history(w: Workload, days: float) -> tuple[Workload | None, Workload]:

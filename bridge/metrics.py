@@ -42,7 +42,7 @@ TICK_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 RUNTIME_BUCKETS_S: tuple[float, ...] = (30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 48 * 3600)
 API_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
-SYSTEMS: tuple[str, ...] = ("slurm", "kubernetes", "prometheus")
+SYSTEMS: tuple[str, ...] = ("slurm", "kubernetes", "prometheus", "vllm")  # vllm: warm lending, direct reads
 _M = TypeVar("_M", Counter, Gauge, Histogram)
 
 

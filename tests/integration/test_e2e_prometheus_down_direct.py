@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 import yaml
-from test_e2e_warm import MIN_SERVING, NODES, _pods, warm_config, world  # noqa: F401  (world: this module's sandbox)
+from test_e2e_warm import (  # world: this module's sandbox
+    MIN_SERVING, NODES, _pods, assert_requeued, lent_warm, warm_config, warm_watcher, world,  # noqa: F401
+)
 
 from bridge import wellknown as wk
 from gpu_bridge_lab.sandbox.daemon_config import write_config
-from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, replica_sleeping, submit_backlog, wait_until
+from gpu_bridge_lab.sandbox.e2e import DaemonProc, World, event_time, put_load, read_events, submit_backlog, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -45,16 +47,11 @@ def test_with_prometheus_down_the_daemon_reads_the_pods_keeps_lending_and_still_
     write_config(cfg, doc)
     log_path = d / "daemon.log"
     daemon = DaemonProc(cfg, log_path, sb.env).start()
-    watcher = Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod),
-                      mem_hold_partition=wk.SLURM_WARM_PARTITION)
+    watcher = warm_watcher(sb, w)
     prom = next(c for c in sb.components if c.name == "prometheus")
     restarted = False
     try:
-        wait_until(lambda: all(r for *_, r in _pods(w).values()), 60, "the daemon to open every pod's gate (Ready)")
-        watcher.start()
-        wait_until(lambda: sum(len(v) for v in w.research_running_by_node().values()) == len(job_ids), 150,
-                   "the research jobs to run on lent nodes")
-        lent = sorted(w.research_running_by_node())
+        lent = lent_warm(w, watcher, len(job_ids))
         assert len(lent) == NODES - MIN_SERVING, lent
 
         down_at = time.time()
@@ -71,9 +68,7 @@ def test_with_prometheus_down_the_daemon_reads_the_pods_keeps_lending_and_still_
         prom.start(sb)
         prom.wait_ready(sb, 30)
         restarted = True
-        jobs = {str(j["job_id"]): j for j in w.jobs()}
-        for jid in job_ids:
-            assert jid in jobs and jobs[jid]["restart_cnt"] >= 1, jobs.get(jid)  # requeued, never lost
+        assert_requeued(w, job_ids)
     finally:
         watcher.close()
         rc = daemon.stop()

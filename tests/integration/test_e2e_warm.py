@@ -131,6 +131,30 @@ def warm_config(sb: Any, d: Path, port: int, **pool: Any) -> Path:
     return write_config(d / "gpu-bridge.yaml", doc)
 
 
+def warm_watcher(sb: Any, w: World) -> Watcher:
+    """The watcher of a warm run: a sleeping replica beside research jobs is no violation, the
+    memory holds are the warm partition's."""
+    return Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod),
+                   mem_hold_partition=wk.SLURM_WARM_PARTITION)
+
+
+def lent_warm(w: World, watcher: Watcher, jobs: int) -> list[str]:
+    """Once the daemon runs: it opens every pod's gate (Ready), the watcher starts, and all
+    ``jobs`` research jobs run on lent nodes; those nodes, sorted."""
+    wait_until(lambda: all(r for *_, r in _pods(w).values()), 60, "the daemon to open every pod's gate (Ready)")
+    watcher.start()
+    wait_until(lambda: sum(len(v) for v in w.research_running_by_node().values()) == jobs, 150,
+               "the research jobs to run on lent nodes")
+    return sorted(w.research_running_by_node())
+
+
+def assert_requeued(w: World, job_ids: list[str]) -> None:
+    """Every research job is still in Slurm and was requeued at least once: preempted, never lost."""
+    jobs = {str(j["job_id"]): j for j in w.jobs()}
+    for jid in job_ids:
+        assert jid in jobs and jobs[jid]["restart_cnt"] >= 1, jobs.get(jid)
+
+
 def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tuple[Any, World, Path, int]) -> None:
     sb, w, d, port = world
     out = d / "jobs"
@@ -144,8 +168,7 @@ def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tu
     cfg = warm_config(sb, d, port)
     log_path = d / "daemon.log"
     daemon = DaemonProc(cfg, log_path, sb.env).start()
-    watcher = Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod),
-                      mem_hold_partition=wk.SLURM_WARM_PARTITION)
+    watcher = warm_watcher(sb, w)
     try:
         # the daemon opens the gates of the pods it serves with: Ready, the same pods
         wait_until(lambda: all(r for *_, r in _pods(w).values()), 60, "the daemon to open every pod's gate (Ready)")

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_e2e_warm import GRACE_S, MIN_SERVING, NODES, POD_START_S, WARM_SLURM_CONF, _free_port, _pods, warm_config
+from test_e2e_warm import (
+    GRACE_S, MIN_SERVING, NODES, POD_START_S, WARM_SLURM_CONF, _free_port, _pods, assert_requeued, lent_warm, warm_config, warm_watcher,
+)
 
 from bridge import wellknown as wk
 from gpu_bridge_lab.sandbox.cluster.slurm import node_names
 from gpu_bridge_lab.sandbox.dcgm import FakeDcgm
-from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, replica_sleeping, submit_backlog, wait_until
+from gpu_bridge_lab.sandbox.e2e import DaemonProc, World, event_time, put_load, read_events, replica_sleeping, submit_backlog, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
@@ -60,14 +62,9 @@ def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any
     cfg = warm_config(sb, d, port, wake_gpu_free_mib=NEED_MIB, wake_gpu_wait_s=WAIT_S)
     log_path = d / "daemon.log"
     daemon = DaemonProc(cfg, log_path, sb.env).start()
-    watcher = Watcher(w, min_serving=MIN_SERVING, asleep=lambda pod: replica_sleeping(sb.vllm_url, pod),
-                      mem_hold_partition=wk.SLURM_WARM_PARTITION)
+    watcher = warm_watcher(sb, w)
     try:
-        wait_until(lambda: all(r for *_, r in _pods(w).values()), 60, "the daemon to open every pod's gate (Ready)")
-        watcher.start()
-        wait_until(lambda: sum(len(v) for v in w.research_running_by_node().values()) == len(job_ids), 150,
-                   "the research jobs to run on nodes lent warm")
-        lent = sorted(w.research_running_by_node())
+        lent = lent_warm(w, watcher, len(job_ids))
         assert len(lent) == 2, lent
         freed, held = lent
         dcgm.hold({n: NEED_MIB for n in lent})  # a job stuck in "Kill task failed" on each
@@ -92,9 +89,7 @@ def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any
                    WAIT_S + POD_START_S + 60, f"{held} given up, cold-started and serving")
         assert _pods(w)[held][:2] != before[held][:2]  # a new pod: the cold path
         dcgm.hold({})
-        jobs = {str(j["job_id"]): j for j in w.jobs()}
-        for jid in job_ids:
-            assert jid in jobs and jobs[jid]["restart_cnt"] >= 1, jobs.get(jid)  # requeued, never lost
+        assert_requeued(w, job_ids)
     finally:
         watcher.close()
         rc = daemon.stop()

@@ -81,10 +81,9 @@ class Observer:
                 # the pool's pods as Kubernetes knows them: a stale series of a pod deleted
                 # during a Prometheus outage is then dropped instead of blocking lending
                 r = self.prom.current(self.prom_pools[p.name], live_pods={pod.name for pod in pods[p.name]})
-                problem = "; ".join(f"{k}: {v}" for k, v in r.problems.items()) or None
                 last = (since or {}).get(p.name)
                 recovered = self._recovered(p, last, r.signals.t) if r.signals is not None and last is not None else ()
-                readings[p.name] = Readings(r.signals, problem, r.inflight_by_pod, recovered)
+                readings[p.name] = Readings(r.signals, r.problem, r.inflight_by_pod, recovered)
             except AdapterError as exc:
                 errors.append("prometheus")
                 log.warning("prometheus_unavailable", pool=p.name, error=str(exc))
@@ -104,8 +103,7 @@ class Observer:
             errors.append("vllm")
             log.warning("direct_read_failed", pool=pool.name, error=str(exc))
             return Readings(None, f"{prom_error}; direct read: {exc}", {})
-        problem = "; ".join(f"{k}: {v}" for k, v in r.problems.items()) or None
-        return Readings(r.signals, problem, r.inflight_by_pod)
+        return Readings(r.signals, r.problem, r.inflight_by_pod)
 
     def _gpu_free(self, kube_nodes: Sequence[KubeNode], errors: list[str]) -> dict[str, float | None]:
         """The lowest free GPU MiB of each node returning asleep in a pool that checks it before

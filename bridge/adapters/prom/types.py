@@ -104,6 +104,11 @@ class SignalsReading:
     # first; only when both gauges are valid, and only pods whose series carry a ``pod`` label
     inflight_by_pod: Mapping[str, float] = field(default_factory=dict)
 
+    @property
+    def problem(self) -> str | None:
+        """The problems on one line, as the snapshot carries them (None: every signal valid)."""
+        return "; ".join(f"{k}: {v}" for k, v in self.problems.items()) or None
+
 
 @dataclass(frozen=True, slots=True)
 class DelayCount:

@@ -201,15 +201,15 @@ class ViolationLedger:
 
     def _recount(self, cap: float) -> None:
         """Every mark's flag at a new capacity, in order, each with its own window's count before it."""
-        self._cap, self._flags, self._counted = cap, deque(), 0
-        first = 0  # the oldest mark in the window of the one being judged
+        self._cap, self._flags = cap, deque()
+        first, in_window = 0, 0  # the oldest mark in the window of the one being judged, and that window's count
         for k, d, r in self._marks:
             while self._marks[first][0] < k - self.window_steps + 1:
-                self._counted -= self._flags[first]
+                in_window -= self._flags[first]
                 first += 1
-            flag = self._flag(d, r, cap, self._counted)
+            flag = self._flag(d, r, cap, in_window)
             self._flags.append(flag)
-            self._counted += flag
+            in_window += flag
         self._counted = sum(self._flags)
 
     def _close(self, k: int, d: float, r: float) -> None:
@@ -243,11 +243,11 @@ class ViolationLedger:
         if self._cap != capacity:
             self._recount(capacity)
         # a step still to close (``_key`` on) is judged with its own window: keep what that holds
-        self._drop(min(lo, lo if self._key is None else self._key - self.window_steps + 1))
+        self._drop(lo if self._key is None else min(lo, self._key - self.window_steps + 1))
         open_step = 0
         if self._key is not None and self._key >= lo:
             got = self._judge(self._key, self._d, self._r)
-            if got is not None and (math.isnan(got[0]) is False) and self._counts(*got, capacity):
+            if got is not None and not math.isnan(got[0]) and self._counts(*got, capacity):
                 open_step = 1
         pending = self._pending_gap(math.floor(now / self.step_s), lo, capacity, self._counted + open_step)
         return self._counted - self._older(lo) + open_step + pending

@@ -14,7 +14,8 @@
    on a sandbox of its own; a row whose point was never written fails (except the points
    that happen only in some runs: requeue_jobs, evict_pod); and the warm cold fallback's rows
    (`--warm-fallback`, `--only crash-warm-fallback`: sleep_replica, mem_hold_lost, check_asleep,
-   warm_lost, mark_pod (the fallback pod marked for the scale), wake_replica, each after its failure is caused for real, check_asleep
+   warm_lost, mark_pod (the fallback pod marked for the scale), gpu_held (the free-GPU check's give-up, the
+   lab's fake dcgm-exporter scraped), wake_replica, each after its failure is caused for real, check_asleep
    three ways; a row fails too if the fallback did not happen for that failure's own reason);
 2. the outage table: Prometheus down / stale, Kubernetes API 500/429/timeouts/refused,
    slurmctld down, a lent node's slurmd dying, a pod that never becomes Ready, a PDB that
@@ -78,7 +79,8 @@ def variant_names(variant: str) -> set[str]:
 
 def crash(points: list[str] | None, variant: str = "crash") -> tuple[list[rel.Row], bool]:
     warm, fast_tier = CRASH_VARIANTS[variant]
-    with rel.Harness(3, warm=warm, fast_tier=fast_tier) as h:
+    # the fallback's rows with the free-GPU check before a wake on (the gpu_held row needs it)
+    with rel.Harness(3, warm=warm, fast_tier=fast_tier, gpu_check=variant == FALLBACK_VARIANT) as h:
         if variant == FALLBACK_VARIANT:
             rows = rel.fallback_matrix(h, points=points, log=say)
         elif points:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bridge import actuate
 from bridge.lifecycle import WAITS, Step
+from gpu_bridge_lab.sandbox import dcgm
 from gpu_bridge_lab.sandbox import reliability as rel
 
 WRITE_POINTS = ({str(s) for s in Step if s not in WAITS}
@@ -48,9 +49,9 @@ def test_a_row_whose_point_was_never_written_fails_and_says_so() -> None:
 
 
 # the fallback's pod goes by the scale (MARK_POD); DELETE_ASLEEP, its eviction if it outlives the
-# scale, and GPU_HELD (the free-GPU check's give-up, opt-in) are crashed over the fakes only
-# (tests/unit/test_daemon_warm.py, test_daemon_wake_gpu.py)
-FALLBACK_STEPS = {Step.WARM_LOST, Step.CHECK_ASLEEP, Step.MARK_POD, Step.MEM_HOLD_LOST}
+# scale, is crashed over the fakes only (tests/unit/test_daemon_warm.py); GPU_HELD (the free-GPU
+# check's give-up, opt-in) on the sandbox with its fake dcgm-exporter (Harness(gpu_check=True))
+FALLBACK_STEPS = {Step.WARM_LOST, Step.CHECK_ASLEEP, Step.MARK_POD, Step.MEM_HOLD_LOST, Step.GPU_HELD}
 # the warm path's own writes that also write the fallback's record when their vLLM call fails
 FAILING_WARM_STEPS = {Step.SLEEP_REPLICA, Step.WAKE_REPLICA}
 
@@ -70,20 +71,23 @@ def test_the_warm_fallback_rows_are_the_cold_fallbacks_writes_each_with_its_fail
     # the failed sleep only in a lend; a lent node's failures are noticed while lent; the failed wake only in a reclaim
     assert rel.rows_of(rows, "lend") == ("sleep_replica",)
     assert rel.rows_of(rows, "lent") == ("mem_hold_lost", "check_asleep", "warm_lost", "mark_pod")
-    assert rel.rows_of(rows, "reclaim") == ("wake_replica", "mark_pod")
+    assert rel.rows_of(rows, "reclaim") == ("gpu_held", "wake_replica", "mark_pod")
     # each way a check, a sleep or a wake fails (docs/warm-lending.md), caused for real
     assert rel.FALLBACK_FAILURES[("lent", "check_asleep")] == ("engine_woken", "unreachable", "no_sleep_mode")
     assert "engine_woken" in rel.FALLBACK_FAILURES[("lent", "mark_pod")]
     assert rel.FALLBACK_FAILURES[("lend", "sleep_replica")] == ("sleep_fails",)
     assert rel.FALLBACK_FAILURES[("reclaim", "wake_replica")] == ("wake_hangs",)
     assert rel.FALLBACK_FAILURES[("reclaim", "mark_pod")] == ("wake_fails",)
+    assert rel.FALLBACK_FAILURES[("reclaim", "gpu_held")] == ("gpu_memory_held",)
+    assert rel.GPU_NEED_MIB < dcgm.FB_TOTAL_MIB - dcgm.FB_BASE_USED_MIB  # free at rest, short of it while held
+    assert dcgm.FB_TOTAL_MIB - dcgm.FB_BASE_USED_MIB - rel.GPU_NEED_MIB < rel.GPU_NEED_MIB
     assert all(rel.Row(t, p).must_crash for t, p in rows)
     assert rel.WAKE_HANG_S > rel.WAKE_S  # a hung wake outlasts the daemon's wake timeout
 
 
 def test_the_fallback_rows_run_each_failure_once_and_select_by_point_or_failure() -> None:
     every = rel.fallback_rows()
-    assert len(every) == sum(len(v) for v in rel.FALLBACK_FAILURES.values()) == len(set(every)) == 9
+    assert len(every) == sum(len(v) for v in rel.FALLBACK_FAILURES.values()) == len(set(every)) == 10
     assert rel.fallback_rows(["check_asleep"]) == [("lent", "check_asleep", f)
                                                    for f in ("engine_woken", "unreachable", "no_sleep_mode")]
     assert rel.fallback_rows(["wake_hangs", "mem_hold_lost"]) == [("lent", "mem_hold_lost", "mem_hold_cancelled"),

@@ -51,7 +51,8 @@ from gpu_bridge_lab.sandbox.e2e import (
     replica_sleeping,
     write_events,
 )
-from gpu_bridge_lab.sandbox.cluster.slurm import FAST_PARTITION
+from gpu_bridge_lab.sandbox.cluster.slurm import FAST_PARTITION, node_names
+from gpu_bridge_lab.sandbox.dcgm import FakeDcgm
 from gpu_bridge_lab.sandbox import serving
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
@@ -96,7 +97,7 @@ FAST_TIER_ROWS: tuple[tuple[str, str], ...] = (("lend", faults.SET_TIER), ("recl
 WARM_FALLBACK_ROWS: tuple[tuple[str, str], ...] = (
     ("lend", "sleep_replica"),
     ("lent", "mem_hold_lost"), ("lent", "check_asleep"), ("lent", "warm_lost"), ("lent", "mark_pod"),
-    ("reclaim", "wake_replica"), ("reclaim", "mark_pod"),
+    ("reclaim", "gpu_held"), ("reclaim", "wake_replica"), ("reclaim", "mark_pod"),
 )
 # the failures each row is run with, one run each, in this order (a write the lifecycle reaches
 # from several failures, e.g. check_asleep from an engine awake, silent or without sleep mode)
@@ -106,6 +107,7 @@ FALLBACK_FAILURES: dict[tuple[str, str], tuple[str, ...]] = {
     ("lent", "check_asleep"): ("engine_woken", "unreachable", "no_sleep_mode"),
     ("lent", "warm_lost"): ("pod_deleted",),
     ("lent", "mark_pod"): ("engine_woken",),
+    ("reclaim", "gpu_held"): ("gpu_memory_held",),
     ("reclaim", "wake_replica"): ("wake_hangs",),
     ("reclaim", "mark_pod"): ("wake_fails",),
 }
@@ -117,6 +119,8 @@ FALLBACK_FAULTS: dict[str, str] = {
     "no_sleep_mode": "its engine answering as vLLM without sleep mode: 404 on /sleep, /wake_up, /is_sleeping "
                      "(PUT /faults no_sleep_mode: an engine restarted without --enable-sleep-mode)",
     "pod_deleted": "its sleeping pod deleted (Kubernetes API)",
+    "gpu_memory_held": "GPU memory held on every node lent warm (the fake dcgm-exporter's knob: a research job stuck "
+                       "in Kill task failed), past wake_gpu_wait_s, then a reclaim",
     "wake_hangs": "every sleeping engine's /wake_up answering only after 3 x wake_s (PUT /faults wake_hangs), then a reclaim",
     "wake_fails": "every sleeping engine's /wake_up answering 500 (the simulator's PUT /faults), then a reclaim",
 }
@@ -127,7 +131,8 @@ FALLBACK_FAULTS: dict[str, str] = {
 FALLBACK_EVENTS: dict[str, str] = {"sleep_fails": "warm_fallback", "mem_hold_cancelled": "warm_lost",
                                    "engine_woken": "warm_fallback", "unreachable": "warm_fallback",
                                    "no_sleep_mode": "warm_fallback", "pod_deleted": "warm_lost",
-                                   "wake_hangs": "warm_fallback", "wake_fails": "warm_fallback"}
+                                   "wake_hangs": "warm_fallback", "wake_fails": "warm_fallback",
+                                   "gpu_memory_held": "warm_fallback"}
 FALLBACK_REASONS: dict[str, tuple[str, ...]] = {
     "sleep_fails": ("sleep of", "HTTP 500", "lent cold"),
     "mem_hold_cancelled": ("memory hold",),
@@ -137,6 +142,7 @@ FALLBACK_REASONS: dict[str, tuple[str, ...]] = {
     "pod_deleted": ("is gone",),
     "wake_hangs": ("wake of", "ReadTimeout", "reclaimed cold"),
     "wake_fails": ("wake of", "HTTP 500", "reclaimed cold"),
+    "gpu_memory_held": ("gpu_memory_held", "not woken, reclaimed cold"),
 }
 # Points that happen only in some runs ("crashed: no" is then not a failure): requeue_jobs only
 # when a preempted job outlives its GraceTime + 1 s by slurmctld's clock, evict_pod only when the
@@ -150,6 +156,8 @@ DRAIN_S = 45.0  # warm pool: how long a lend retries the sleep while in-flight r
 # slurm_conf/slurm.conf.snippet's opt-in ones); the hold leaves a research job without --mem its share
 REAL_MEMORY_MB = 16000  # the sandbox's nodes (8 CPUs)
 WARM_HOLD_MB = 12000  # pools[].warm_hold_mb
+GPU_NEED_MIB = 70_000  # gpu_check: pools[].wake_gpu_free_mib (the fake dcgm shows ~81,000 free, ~11,000 while held)
+GPU_WAIT_S = 20.0  # gpu_check: pools[].wake_gpu_wait_s
 
 
 def warm_slurm_conf(nodes: int) -> str:
@@ -225,7 +233,8 @@ class Harness:
     """One serving sandbox + helpers to run daemons against it."""
 
     def __init__(self, nodes: int = 3, *, min_serving: int = 1, dir: Path | None = None,
-                 policy: dict[str, Any] | None = None, warm: bool = False, fast_tier: bool = False) -> None:
+                 policy: dict[str, Any] | None = None, warm: bool = False, fast_tier: bool = False,
+                 gpu_check: bool = False) -> None:
         self.dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="gb-rel-", dir="/tmp"))
         self.n = nodes
         self.min_serving = min_serving
@@ -234,10 +243,13 @@ class Harness:
         self.warm_port = _free_port() if warm else None
         self.fast_tier = fast_tier  # preempt-fast (test_e2e_fast_tier.py's sandbox); research jobs go there
         self.research_partition = FAST_PARTITION if fast_tier else wk.SLURM_PREEMPT_PARTITION
+        # gpu_check (warm): the fake dcgm-exporter scraped and the pool's free-GPU check before a wake on
+        self.dcgm = FakeDcgm(node_names(nodes)).start() if gpu_check and warm else None
         self.sb = serving_sandbox(self.dir / "sb", nodes=nodes, grace_s=GRACE_S, pod_start_delay_s=POD_START_S,
                                   pod_grace_s=2, shutdown_timeout_s=1, vllm_extra=("--max-cv", "1.5"),
                                   warm_port=self.warm_port, fast_grace_s=FAST_GRACE_S if fast_tier else None,
-                                  timeout_s=90.0 if warm else 60.0, extra_slurm_conf=warm_slurm_conf(nodes) if warm else "")
+                                  timeout_s=90.0 if warm else 60.0, extra_slurm_conf=warm_slurm_conf(nodes) if warm else "",
+                                  dcgm=self.dcgm)
         # warm: the pods a reclaim row starts from (node -> (pod, uid) asleep), to tell woken from cold-started
         self._asleep_before: dict[str, tuple[str, str]] = {}
         self.policy_overrides = dict(policy or {})
@@ -291,6 +303,8 @@ class Harness:
         if self.warm:
             doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=self.warm_port, drain_s=DRAIN_S,
                                    warm_hold_mb=WARM_HOLD_MB)
+            if self.dcgm is not None:
+                doc["pools"][0].update(wake_gpu_free_mib=GPU_NEED_MIB, wake_gpu_wait_s=GPU_WAIT_S)
         if self.fast_tier:
             doc["slurm"].update(fast_partition=FAST_PARTITION, fast_grace_s=FAST_GRACE_S)
         return doc
@@ -310,6 +324,8 @@ class Harness:
         if self.world is not None:
             self.world.close()
         self.sb.down()
+        if self.dcgm is not None:
+            self.dcgm.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> Harness:
@@ -597,6 +613,11 @@ class Harness:
             self.set_sim_faults(wake_hangs=[pod, *also], wake_hang_s=WAKE_HANG_S)
             self.load(HIGH)
             return f"{pod}'s wake hangs {WAKE_HANG_S:g} s{more}; load high"
+        if failure == "gpu_memory_held":
+            assert self.dcgm is not None, "gpu_memory_held needs Harness(gpu_check=True)"
+            self.dcgm.hold({n: GPU_NEED_MIB for n in self.warm_lent()})
+            self.load(HIGH)
+            return f"{GPU_NEED_MIB} MiB held on each GPU of {', '.join(sorted(self.warm_lent()))}; load high"
         if failure == "sleep_fails":
             pods = sorted(str(p.metadata.name) for p in self.w._pods() if p.metadata.deletion_timestamp is None)
             self.set_sim_faults(sleep_fails=pods)
@@ -686,6 +707,8 @@ class Harness:
         finally:
             if failure in ("wake_fails", "wake_hangs", "unreachable", "no_sleep_mode", "sleep_fails"):
                 self.set_sim_faults([])
+            if failure == "gpu_memory_held" and self.dcgm is not None:
+                self.dcgm.hold({})
         row.failure = failure
         wrong = self._crash_write_wrong(point, first_daemon, watched)
         if wrong:  # the crash came after another node's write of that step (a wake that succeeded): not this row's

@@ -4,7 +4,7 @@ posts, no cookies; bad input gets a 4xx page (or JSON) naming the field and the 
 
 from __future__ import annotations
 
-import math
+import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -31,6 +31,7 @@ from bridge.web.source import WebSource
 log = logs.get(__name__)
 HERE = Path(__file__).parent
 MAX_DAYS = 90.0
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
 
 
 def _pool_param(request: Request, config: Config) -> str:
@@ -47,11 +48,10 @@ def _days_param(request: Request, default: float) -> float:
     raw = request.query_params.get("days")
     if raw is None or raw == "":
         return default
-    try:
-        days = float(raw)
-    except ValueError:
-        raise BadInput(400, f"days: expected a number of days such as 7 or 0.5, got {raw[:40]!r}") from None
-    if not math.isfinite(days) or not 0 < days <= MAX_DAYS:
+    if not _DECIMAL.fullmatch(raw):  # not float()'s wider grammar: "1_0", " 7", "1e3", "nan"
+        raise BadInput(400, f"days: expected a number of days such as 7 or 0.5, got {raw[:40]!r}")
+    days = float(raw)
+    if not 0 < days <= MAX_DAYS:
         raise BadInput(400, f"days: must be > 0 and <= {MAX_DAYS:g}, got {raw[:40]!r}")
     return days
 

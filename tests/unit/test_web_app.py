@@ -137,11 +137,16 @@ def test_a_job_known_only_from_its_preemption_events_is_shown_as_ended(s: Site, 
         ("/job/99999", 404, "job 99999: not in squeue's preemptible partition and no preemption of it recorded"),
         ("/job?id=%3Cscript%3E", 400, "job id: expected digits"),
         ("/history?days=soon", 400, "days: expected a number of days such as 7 or 0.5, got 'soon'"),
-        ("/history?days=-1", 400, "days: must be > 0 and <= 90, got '-1'"),
+        ("/history?days=-1", 400, "days: expected a number of days such as 7 or 0.5, got '-1'"),
+        ("/history?days=1_0", 400, "days: expected a number of days such as 7 or 0.5, got '1_0'"),
+        ("/history?days=nan", 400, "days: expected a number of days such as 7 or 0.5, got 'nan'"),
+        ("/history?days=91", 400, "days: must be > 0 and <= 90, got '91'"),
+        ("/history?days=0", 400, "days: must be > 0 and <= 90, got '0'"),
         ("/outlook?pool=nope", 404, "pool: no pool named 'nope' (pools: default)"),
         ("/no/such/page", 404, "no page at /no/such/page"),
     ],
-    ids=["malformed-job", "unknown-job", "malformed-form", "days-not-a-number", "days-out-of-range", "unknown-pool", "no-route"],
+    ids=["malformed-job", "unknown-job", "malformed-form", "days-not-a-number", "days-negative", "days-underscore", "days-nan",
+         "days-too-many", "days-zero", "unknown-pool", "no-route"],
 )
 def test_bad_input_gets_a_clear_4xx_page_and_json(client: TestClient, path: str, status: int, says: str) -> None:
     page = client.get(path)

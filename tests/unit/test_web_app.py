@@ -175,6 +175,8 @@ def test_history_page_from_the_daemon_metrics(client: TestClient) -> None:
     assert doc["slo_spent_now"] == 0.25
     page = client.get("/history?days=1")
     assert page.status_code == 200 and 'role="img"' in page.text and "<desc" in page.text
+    for raw, days in (("0.5", 0.5), (".25", 0.25), ("90", 90)):
+        assert client.get(f"/api/history?days={raw}").json()["days"] == days
 
 
 def test_user_header_filters_jobs_and_refuses_requests_without_it() -> None:

@@ -37,6 +37,7 @@ after no serving pod is left on it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bridge.model import EVICT_AFTER_S, Phase, WarmRecord, WarmState
@@ -243,151 +244,192 @@ def next_step(
     lending node means the ReplicaSet removed another pod; after ``evict_after_s`` in the
     phase it is evicted instead.
     """
-    phase = facts.phase
-    if phase is None:
-        if facts.research_jobs and not facts.pods:
-            # Slurm is using it: adopt it as lent (fenced first, so no serving pod lands)
-            return Step.ADOPT_LENT if facts.fenced else Step.FENCE
-        return Step.ADOPT
-    if phase is Phase.SERVING:
-        if facts.mem_hold is not None:
-            return Step.CANCEL_MEM_HOLD  # an orphan (e.g. a crash): a serving node holds no memory for Slurm
-        drained = facts.slurm_drained_by_us or facts.slurm_drained_by_other
-        if facts.research_jobs:
-            # Research on a serving node (adopted that way, or slipped in): Slurm preempts it
-            # for our hold job, with its signal and GraceTime, as in a reclaim; never requeued
-            # before that grace is over.
-            if past_grace(facts, grace_s):
-                return Step.REQUEUE_JOBS
-            if facts.slurm_drained_by_other:
-                return Step.BLOCKED  # an administrator's drain keeps our hold job from preempting
-            if facts.hold is None:
-                return Step.ENSURE_HOLD
-            if facts.slurm_drained_by_us and not facts.hold.running:
-                return Step.RESUME  # a drained node never starts the hold: lift our drain so it preempts
-            return Step.WAIT_HOLD
-        if facts.warm is not None:
-            if (pod := fallback_pod(facts)) is not None:
-                return _drop_cold_pod(pod, scaled_down)  # a pod left asleep (or failed) never serves: a new one starts cold
-            return Step.CLEAR_WARM
-        if warm and any(p.awake is not True and not p.terminating for p in facts.pods):
-            return Step.OPEN_GATE  # the gate of a warm pool's pod (a new one, or an abandoned lend's)
-        if facts.slurm_own_drain is not None:
-            return Step.TAKE_OVER_DRAIN  # drained by Slurm itself: make the drain ours (never lifted)
-        if facts.fenced:  # an abandoned lend (or a crash right after marking it serving)
-            return Step.UNFENCE
-        if any(p.deletion_cost == LENDING_POD_DELETION_COST and not p.terminating for p in facts.pods):
-            return Step.UNMARK_POD  # else the next scale-down would remove this serving pod first
-        if facts.hold is None and not drained and not facts.slurm_down:
-            # Hold first, while the node is idle: it starts at once, and squeue shows who
-            # holds the node. Then the drain, which survives slurmd/slurmctld restarts.
+    c = _Context(now=now, scaled_down=scaled_down, evict_after_s=evict_after_s, grace_s=grace_s, lend_timeout_s=lend_timeout_s,
+                 drain_saved_after_s=drain_saved_after_s, warm=warm, wake_gpu_free_mib=wake_gpu_free_mib,
+                 wake_gpu_wait_s=wake_gpu_wait_s)
+    return _unowned(facts) if facts.phase is None else _BY_PHASE[facts.phase](facts, c)  # one function a phase
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """``next_step``'s arguments besides the node's facts (see there)."""
+
+    now: float
+    scaled_down: bool
+    evict_after_s: float
+    grace_s: float | None
+    lend_timeout_s: float | None
+    drain_saved_after_s: float
+    warm: bool
+    wake_gpu_free_mib: float | None
+    wake_gpu_wait_s: float
+
+
+def _unowned(facts: NodeFacts) -> Step:
+    """Not ours yet: adopt it (as lent when Slurm is using it, fenced first)."""
+    if facts.research_jobs and not facts.pods:
+        # Slurm is using it: adopt it as lent (fenced first, so no serving pod lands)
+        return Step.ADOPT_LENT if facts.fenced else Step.FENCE
+    return Step.ADOPT
+
+
+def _serving(facts: NodeFacts, c: _Context) -> Step | None:
+    """Serving: research jobs off it, warm leftovers gone, the gate open, then held and drained in Slurm."""
+    if facts.mem_hold is not None:
+        return Step.CANCEL_MEM_HOLD  # an orphan (e.g. a crash): a serving node holds no memory for Slurm
+    drained = facts.slurm_drained_by_us or facts.slurm_drained_by_other
+    if facts.research_jobs:
+        # Research on a serving node (adopted that way, or slipped in): Slurm preempts it
+        # for our hold job, with its signal and GraceTime, as in a reclaim; never requeued
+        # before that grace is over.
+        if past_grace(facts, c.grace_s):
+            return Step.REQUEUE_JOBS
+        if facts.slurm_drained_by_other:
+            return Step.BLOCKED  # an administrator's drain keeps our hold job from preempting
+        if facts.hold is None:
             return Step.ENSURE_HOLD
-        return None if drained else Step.ENSURE_DRAINED
-    if phase is Phase.LENDING:
-        if not facts.fenced:
-            return Step.FENCE
-        live = [p for p in facts.pods if not p.terminating]
-        if _asleep(facts):
-            got = _asleep_check(facts)
-            if got is None and facts.mem_hold is None:
-                if lend_timeout_s is not None and now - facts.phase_since >= lend_timeout_s:
-                    return Step.ABORT_LEND  # never got its memory hold (sbatch refused it): abandoned, as any late lend
-                # queued before the node is released: it is the first job the node takes (its
-                # tier preempts a research job that got there first and leaves too little)
-                return Step.SUBMIT_MEM_HOLD
-            return got or _release(facts)
-        if warm and facts.warm is None and len(live) == 1 and live[0].deletion_cost != LENDING_POD_DELETION_COST:
-            # one replica to keep: out of the Service first, then asleep (else the cold path below)
-            return Step.CLOSE_GATE if live[0].awake is not False else Step.SLEEP_REPLICA
-        if any(p.deletion_cost != LENDING_POD_DELETION_COST for p in live):
-            return Step.MARK_POD
-        if live:
-            if lend_timeout_s is not None and now - facts.phase_since >= lend_timeout_s:
-                return Step.ABORT_LEND
-            if scaled_down and now - facts.phase_since >= evict_after_s:
-                return Step.EVICT_POD
-            return Step.WAIT_PODS_GONE
-        if facts.pods:  # terminating: vLLM drains in-flight requests within its grace
-            return Step.WAIT_PODS_GONE
-        if facts.mem_hold is not None:
-            return Step.CANCEL_MEM_HOLD  # lent cold (its sleep failed, its pod lost): no memory to hold
-        return _release(facts)
-    if phase is Phase.LENT:
-        if _asleep(facts):
-            got = _asleep_check(facts)
-            if got is not None:
-                return got
-            if facts.mem_hold is None:
-                # Slurm no longer keeps the sleeping weights' memory from research jobs: the
-                # replica goes (cold), as for a lost pod, rather than a new hold preempting them
-                return Step.MEM_HOLD_LOST
-        elif (pod := fallback_pod(facts)) is not None:
-            return _drop_cold_pod(pod, scaled_down)  # its engine woke or went silent under Slurm: the pod goes, the node stays lent
-        elif facts.mem_hold is not None and not facts.pods:
-            return Step.CANCEL_MEM_HOLD  # lent cold, the replica gone: its memory is Slurm's again
-        # Re-assert the release (idempotent): e.g. a crash between resume and mark, or Slurm's
-        # own drain ("Duplicate jobid" after a controller crash) with nothing running there
-        release = _release(facts)
-        if release is not Step.MARK_LENT:
-            return release
-        return Step.CHECK_ASLEEP if _asleep(facts) else None
-    if phase is Phase.RECLAIMING:
-        if _asleep(facts) and warm_pod(facts) is None:
-            return Step.WARM_LOST  # noticed now, not after the preemption: the plan counts it cold
-        if facts.slurm_own_drain is not None:
-            return Step.TAKE_OVER_DRAIN  # empty and drained: ours from now on, the reclaim goes on
-        slurm_empty_and_down = facts.slurm_down and not facts.slurm_allocated
-        if facts.slurm_drained_by_other and not facts.slurm_drained_by_us and not slurm_empty_and_down:
-            return Step.BLOCKED  # an administrator's drain keeps our hold job from starting
-        if facts.hold is None and not facts.slurm_drained_by_us:
-            return Step.DRAIN if slurm_empty_and_down else Step.SUBMIT_HOLD
-        if facts.mem_hold is not None:
-            # right after the serving hold, not once the research jobs are gone: the serving hold
-            # takes the whole node, so while the memory hold (never preempted) runs, Slurm never
-            # starts it and never preempts the research jobs for it (shown on Slurm 22.05)
-            return Step.CANCEL_MEM_HOLD
-        if not facts.slurm_drained_by_us:
-            if (facts.hold is not None and facts.hold.running and not facts.research_jobs) or slurm_empty_and_down:
-                return Step.DRAIN
-            if facts.research_jobs and past_grace(facts, grace_s):
-                return Step.REQUEUE_JOBS
-            return Step.WAIT_HOLD
-        if facts.research_jobs:  # drained but jobs still on it: the hold has not got it yet
-            return Step.WAIT_HOLD if facts.hold is not None else Step.SUBMIT_HOLD
-        return Step.MARK_RETURNING
-    if phase is Phase.RETURNING:
-        if facts.slurm_own_drain is not None:
-            return Step.TAKE_OVER_DRAIN
-        if not facts.slurm_drained_by_us and not facts.slurm_drained_by_other:
-            return Step.DRAIN  # never unfence a node Slurm could still schedule on
-        if facts.mem_hold is not None:
-            return Step.CANCEL_MEM_HOLD  # before the wake: a node back to serving holds no memory apart in Slurm
-        if facts.research_jobs:
-            return Step.BLOCKED
-        slurm_now = facts.slurm_now if facts.slurm_now is not None else now
-        drain_young = (facts.slurm_drained_by_us and facts.slurm_drained_at is not None
-                       and slurm_now - facts.slurm_drained_at < drain_saved_after_s)
-        if _asleep(facts):
-            if warm_pod(facts) is None:
-                return Step.WARM_LOST
-            if drain_young:
-                return Step.WAIT_DRAIN_SAVED
-            if wake_gpu_free_mib is not None and (facts.gpu_free_mib is None or facts.gpu_free_mib < wake_gpu_free_mib):
-                # a job stuck in "Kill task failed" may still hold GPU memory: the wake would fail or OOM
-                return Step.GPU_HELD if now - facts.phase_since >= wake_gpu_wait_s else Step.WAIT_GPU_FREE
-            return Step.WAKE_REPLICA
+        if facts.slurm_drained_by_us and not facts.hold.running:
+            return Step.RESUME  # a drained node never starts the hold: lift our drain so it preempts
+        return Step.WAIT_HOLD
+    if facts.warm is not None:
         if (pod := fallback_pod(facts)) is not None:
-            return _drop_cold_pod(pod, scaled_down)
-        if facts.fenced and drain_young:
+            return _drop_cold_pod(pod, c.scaled_down)  # a pod left asleep (or failed) never serves: a new one starts cold
+        return Step.CLEAR_WARM
+    if c.warm and any(p.awake is not True and not p.terminating for p in facts.pods):
+        return Step.OPEN_GATE  # the gate of a warm pool's pod (a new one, or an abandoned lend's)
+    if facts.slurm_own_drain is not None:
+        return Step.TAKE_OVER_DRAIN  # drained by Slurm itself: make the drain ours (never lifted)
+    if facts.fenced:  # an abandoned lend (or a crash right after marking it serving)
+        return Step.UNFENCE
+    if any(p.deletion_cost == LENDING_POD_DELETION_COST and not p.terminating for p in facts.pods):
+        return Step.UNMARK_POD  # else the next scale-down would remove this serving pod first
+    if facts.hold is None and not drained and not facts.slurm_down:
+        # Hold first, while the node is idle: it starts at once, and squeue shows who
+        # holds the node. Then the drain, which survives slurmd/slurmctld restarts.
+        return Step.ENSURE_HOLD
+    return None if drained else Step.ENSURE_DRAINED
+
+
+def _lending(facts: NodeFacts, c: _Context) -> Step | None:
+    """Lending: fenced, the replica put to sleep (warm) or removed (cold), then released to Slurm."""
+    if not facts.fenced:
+        return Step.FENCE
+    live = [p for p in facts.pods if not p.terminating]
+    if _asleep(facts):
+        got = _asleep_check(facts)
+        if got is None and facts.mem_hold is None:
+            if c.lend_timeout_s is not None and c.now - facts.phase_since >= c.lend_timeout_s:
+                return Step.ABORT_LEND  # never got its memory hold (sbatch refused it): abandoned, as any late lend
+            # queued before the node is released: it is the first job the node takes (its
+            # tier preempts a research job that got there first and leaves too little)
+            return Step.SUBMIT_MEM_HOLD
+        return got or _release(facts)
+    if c.warm and facts.warm is None and len(live) == 1 and live[0].deletion_cost != LENDING_POD_DELETION_COST:
+        # one replica to keep: out of the Service first, then asleep (else the cold path below)
+        return Step.CLOSE_GATE if live[0].awake is not False else Step.SLEEP_REPLICA
+    if any(p.deletion_cost != LENDING_POD_DELETION_COST for p in live):
+        return Step.MARK_POD
+    if live:
+        if c.lend_timeout_s is not None and c.now - facts.phase_since >= c.lend_timeout_s:
+            return Step.ABORT_LEND
+        if c.scaled_down and c.now - facts.phase_since >= c.evict_after_s:
+            return Step.EVICT_POD
+        return Step.WAIT_PODS_GONE
+    if facts.pods:  # terminating: vLLM drains in-flight requests within its grace
+        return Step.WAIT_PODS_GONE
+    if facts.mem_hold is not None:
+        return Step.CANCEL_MEM_HOLD  # lent cold (its sleep failed, its pod lost): no memory to hold
+    return _release(facts)
+
+
+def _lent(facts: NodeFacts, c: _Context) -> Step | None:
+    """Lent: the sleeping replica (warm) still asleep and its memory held, the release re-asserted."""
+    if _asleep(facts):
+        got = _asleep_check(facts)
+        if got is not None:
+            return got
+        if facts.mem_hold is None:
+            # Slurm no longer keeps the sleeping weights' memory from research jobs: the
+            # replica goes (cold), as for a lost pod, rather than a new hold preempting them
+            return Step.MEM_HOLD_LOST
+    elif (pod := fallback_pod(facts)) is not None:
+        return _drop_cold_pod(pod, c.scaled_down)  # its engine woke or went silent under Slurm: the pod goes, the node stays lent
+    elif facts.mem_hold is not None and not facts.pods:
+        return Step.CANCEL_MEM_HOLD  # lent cold, the replica gone: its memory is Slurm's again
+    # Re-assert the release (idempotent): e.g. a crash between resume and mark, or Slurm's
+    # own drain ("Duplicate jobid" after a controller crash) with nothing running there
+    release = _release(facts)
+    if release is not Step.MARK_LENT:
+        return release
+    return Step.CHECK_ASLEEP if _asleep(facts) else None
+
+
+def _reclaiming(facts: NodeFacts, c: _Context) -> Step | None:
+    """Reclaiming: the research jobs preempted by our hold job (requeued after their grace), then drained."""
+    if _asleep(facts) and warm_pod(facts) is None:
+        return Step.WARM_LOST  # noticed now, not after the preemption: the plan counts it cold
+    if facts.slurm_own_drain is not None:
+        return Step.TAKE_OVER_DRAIN  # empty and drained: ours from now on, the reclaim goes on
+    slurm_empty_and_down = facts.slurm_down and not facts.slurm_allocated
+    if facts.slurm_drained_by_other and not facts.slurm_drained_by_us and not slurm_empty_and_down:
+        return Step.BLOCKED  # an administrator's drain keeps our hold job from starting
+    if facts.hold is None and not facts.slurm_drained_by_us:
+        return Step.DRAIN if slurm_empty_and_down else Step.SUBMIT_HOLD
+    if facts.mem_hold is not None:
+        # right after the serving hold, not once the research jobs are gone: the serving hold
+        # takes the whole node, so while the memory hold (never preempted) runs, Slurm never
+        # starts it and never preempts the research jobs for it (shown on Slurm 22.05)
+        return Step.CANCEL_MEM_HOLD
+    if not facts.slurm_drained_by_us:
+        if (facts.hold is not None and facts.hold.running and not facts.research_jobs) or slurm_empty_and_down:
+            return Step.DRAIN
+        if facts.research_jobs and past_grace(facts, c.grace_s):
+            return Step.REQUEUE_JOBS
+        return Step.WAIT_HOLD
+    if facts.research_jobs:  # drained but jobs still on it: the hold has not got it yet
+        return Step.WAIT_HOLD if facts.hold is not None else Step.SUBMIT_HOLD
+    return Step.MARK_RETURNING
+
+
+def _returning(facts: NodeFacts, c: _Context) -> Step | None:
+    """Returning: drained in Slurm, the replica woken (warm) or started cold, unfenced, until it serves."""
+    if facts.slurm_own_drain is not None:
+        return Step.TAKE_OVER_DRAIN
+    if not facts.slurm_drained_by_us and not facts.slurm_drained_by_other:
+        return Step.DRAIN  # never unfence a node Slurm could still schedule on
+    if facts.mem_hold is not None:
+        return Step.CANCEL_MEM_HOLD  # before the wake: a node back to serving holds no memory apart in Slurm
+    if facts.research_jobs:
+        return Step.BLOCKED
+    slurm_now = facts.slurm_now if facts.slurm_now is not None else c.now
+    drain_young = (facts.slurm_drained_by_us and facts.slurm_drained_at is not None
+                   and slurm_now - facts.slurm_drained_at < c.drain_saved_after_s)
+    if _asleep(facts):
+        if warm_pod(facts) is None:
+            return Step.WARM_LOST
+        if drain_young:
             return Step.WAIT_DRAIN_SAVED
-        if (warm or facts.warm is not None) and any(p.awake is not True and not p.terminating for p in facts.pods):
-            return Step.OPEN_GATE
-        if facts.fenced:
-            return Step.UNFENCE
-        if any(p.ready and not p.terminating for p in facts.pods):
-            return Step.MARK_SERVING
-        return Step.WAIT_READY
-    return Step.BLOCKED
+        if c.wake_gpu_free_mib is not None and (facts.gpu_free_mib is None or facts.gpu_free_mib < c.wake_gpu_free_mib):
+            # a job stuck in "Kill task failed" may still hold GPU memory: the wake would fail or OOM
+            return Step.GPU_HELD if c.now - facts.phase_since >= c.wake_gpu_wait_s else Step.WAIT_GPU_FREE
+        return Step.WAKE_REPLICA
+    if (pod := fallback_pod(facts)) is not None:
+        return _drop_cold_pod(pod, c.scaled_down)
+    if facts.fenced and drain_young:
+        return Step.WAIT_DRAIN_SAVED
+    if (c.warm or facts.warm is not None) and any(p.awake is not True and not p.terminating for p in facts.pods):
+        return Step.OPEN_GATE
+    if facts.fenced:
+        return Step.UNFENCE
+    if any(p.ready and not p.terminating for p in facts.pods):
+        return Step.MARK_SERVING
+    return Step.WAIT_READY
+
+
+_BY_PHASE: dict[Phase, Callable[[NodeFacts, _Context], Step | None]] = {
+    Phase.SERVING: _serving, Phase.LENDING: _lending, Phase.LENT: _lent, Phase.RECLAIMING: _reclaiming,
+    Phase.RETURNING: _returning,
+}
 
 
 def _release(facts: NodeFacts) -> Step:

@@ -40,7 +40,6 @@ V1_FAMILIES: dict[str, str] = {
     "vllm:request_queue_time_seconds": "histogram",
     "vllm:cache_config_info": "gauge",
 }
-BLOCK_SIZE = 16  # vLLM's default KV-cache block, in tokens
 V0_FAMILIES: dict[str, str] = {
     **{k: v for k, v in V1_FAMILIES.items() if k != "vllm:kv_cache_usage_perc"},
     "vllm:gpu_cache_usage_perc": "gauge",
@@ -168,6 +167,7 @@ class VllmSimCollector(Collector):
             yield from (sleep_state, fb_used, fb_free, host_mem)
 
 
+BLOCK_SIZE = 16  # vLLM's default KV-cache block, in tokens
 # vLLM's CacheConfig fields (0.10-0.11; the set changes between versions), the labels of
 # vllm:cache_config_info in this order; their values are str() of the field, "None" when unset
 CACHE_CONFIG_LABELS: tuple[str, ...] = (

@@ -563,8 +563,9 @@ def _gpu_held(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: floa
     ``pools[].wake_gpu_wait_s``: the wake is given up, the same cold fallback as a failed wake."""
     pod = f.warm.pod if f.warm is not None else ""
     free = "unknown" if f.gpu_free_mib is None else f"{f.gpu_free_mib:g} MiB"
-    return _fall_back_cold(a, step, f, pool, pod, f"gpu_memory_held: lowest free GPU memory {free} {now - f.phase_since:.0f} s "
-                                                  f"into returning (pools[].wake_gpu_free_mib): {pod} not woken, reclaimed cold")
+    return _fall_back_cold(a, step, f, pool, pod, f"gpu_memory_held: lowest free GPU memory {free} (less the engine's "
+                                                  f"need with auto) {now - f.phase_since:.0f} s into returning "
+                                                  f"(pools[].wake_gpu_free_mib): {pod} not woken, reclaimed cold")
 
 
 def _delete_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:

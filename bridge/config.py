@@ -34,10 +34,10 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Self, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, PlainValidator, Strict, TypeAdapter, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 from pydantic_core import ErrorDetails, PydanticCustomError, PydanticUndefined, to_jsonable_python
 
@@ -90,6 +90,22 @@ Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 Items = Annotated[tuple[_T, ...], BeforeValidator(_list_only)]
 """A YAML list, loaded as a tuple (the config is frozen)."""
+
+
+def _mib_or_auto(v: Any) -> Any:
+    """One message for a key that is a number of MiB, ``auto`` or null (a plain union would
+    report each of its branches)."""
+    if v is None or v == "auto":
+        return v
+    v = _whole_number(v) if isinstance(v, float) and math.isfinite(v) else v
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_NUMBER:
+        raise PydanticCustomError("mib_or_auto", f'expected a whole number of MiB (1 to {MAX_NUMBER:,}), "auto" or null')
+    return v
+
+
+MibOrAuto = Annotated[int | Literal["auto"] | None, PlainValidator(
+    _mib_or_auto, json_schema_input_type=Annotated[int, Field(gt=0, le=MAX_NUMBER)] | Literal["auto"] | None)]
+"""A number of MiB (> 0), ``auto`` or null, validated as one (``pools[].wake_gpu_free_mib``)."""
 
 _SECTION = ConfigDict(extra="forbid")
 """Every section refuses unknown keys (the loader adds a did-you-mean)."""
@@ -197,11 +213,13 @@ class PoolConfig:
         "model, plus a margin); a node lent warm carries a memory-hold job of this size in `slurm.warm_partition`, so "
         "Slurm never gives it to research jobs; required when `warm_lending` is on (docs/warm-lending.md)",
     )
-    wake_gpu_free_mib: Int | None = Field(
-        default=None, gt=0,
+    wake_gpu_free_mib: MibOrAuto = Field(
+        default=None,
         description="warm lending: free framebuffer (MiB) each GPU of a returning node must show (dcgm-exporter's "
         "`DCGM_FI_DEV_FB_FREE`) before its replica is woken, e.g. what the engine allocates per GPU: a research job "
-        "stuck in `Kill task failed` may still hold memory; null = no check (docs/warm-lending.md)",
+        "stuck in `Kill task failed` may still hold memory; `auto` = what the sleeping engine allocates at its wake, "
+        "read from it: vLLM's `gpu_memory_utilization` (label of `vllm:cache_config_info`) x each GPU's memory "
+        "(`DCGM_FI_DEV_FB_FREE` + `_FB_USED` [+ `_FB_RESERVED`]); null = no check (docs/warm-lending.md)",
     )
     wake_gpu_wait_s: Num = Field(
         default=60.0, gt=0,
@@ -223,6 +241,12 @@ class PoolConfig:
             out.append(("warm_hold_mb", "required when warm_lending is on (the host memory, in MB, the sleeping "
                                         "replica holds: kept from research jobs by the memory-hold job), got null"))
         return _checked(self, out)
+
+    @property
+    def wake_gpu_need_mib(self) -> float | None:
+        """What the lifecycle compares a returning node's GPU reading with: the MiB configured,
+        or 0 with ``auto`` (the reading is then the MiB free beyond the engine's need)."""
+        return 0.0 if self.wake_gpu_free_mib == "auto" else self.wake_gpu_free_mib
 
     @property
     def selector(self) -> Mapping[str, str]:

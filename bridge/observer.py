@@ -108,24 +108,27 @@ class Observer:
     def _gpu_free(self, kube_nodes: Sequence[KubeNode], errors: list[str]) -> dict[str, float | None]:
         """The lowest free GPU MiB of each node returning asleep in a pool that checks it before
         the wake (``pools[].wake_gpu_free_mib``): one query per such pool, none in a steady tick.
+        With ``auto``, the lowest MiB free beyond what its sleeping pod's engine allocates at the
+        wake (``PoolConfig.wake_gpu_need_mib``: compared with 0; the log's ``margin_mib``).
         A failed read leaves the nodes unknown (not free: the wake waits, then gives up)."""
         out: dict[str, float | None] = {}
         for p in self.config.pools:
             if p.wake_gpu_free_mib is None:
                 continue
-            nodes = [n.name for n in kube_nodes if n.phase is Phase.RETURNING and n.warm is not None
-                     and n.warm.state is WarmState.ASLEEP and n.pool == p.name]
-            if not nodes:
+            pods = {n.name: n.warm.pod for n in kube_nodes if n.phase is Phase.RETURNING and n.warm is not None
+                    and n.warm.state is WarmState.ASLEEP and n.pool == p.name}
+            if not pods:
                 continue
+            nodes = sorted(pods)
             try:
                 out.update(self.prom.gpu_free(self.prom_pools[p.name], nodes, node_label=self.config.prometheus.gpu_node_label,
-                                              gpus=p.gpus_per_node))
+                                              gpus=p.gpus_per_node, pods=pods if p.wake_gpu_free_mib == "auto" else None))
             except AdapterError as exc:
                 errors.append("prometheus")
                 log.warning("gpu_free_unavailable", pool=p.name, nodes=nodes, error=str(exc))
             for n in nodes:
-                log.info("wake_gpu_check", node=n, phase=str(Phase.RETURNING), pool=p.name, free_mib=out.get(n),
-                         need_mib=p.wake_gpu_free_mib)
+                log.info("wake_gpu_check", node=n, phase=str(Phase.RETURNING), pool=p.name, need_mib=p.wake_gpu_free_mib,
+                         **{"margin_mib" if p.wake_gpu_free_mib == "auto" else "free_mib": out.get(n)})
         return out
 
     def _recovered(self, pool: PoolConfig, last: float, t: float) -> tuple[LoadSignals, ...]:

@@ -114,7 +114,7 @@ def _steps(obs: Observation, config: Config, state: LoopState) -> tuple[tuple[St
         step = next_step(facts, now=now, scaled_down=obs.view.pools[pool].desired_replicas <= wants[pool],
                          grace_s=config.slurm.grace_s, lend_timeout_s=config.policy.lend_timeout_s,
                          drain_saved_after_s=config.slurm.state_save_s, warm=pools[pool].warm_lending,
-                         wake_gpu_free_mib=pools[pool].wake_gpu_free_mib, wake_gpu_wait_s=pools[pool].wake_gpu_wait_s)
+                         wake_gpu_free_mib=pools[pool].wake_gpu_need_mib, wake_gpu_wait_s=pools[pool].wake_gpu_wait_s)
         due = state.backoff.get(name)
         if step in RETRIED_STEPS and due is not None and due[0] is step and now < due[1]:
             continue  # blocked by something outside us (a PDB, an admin): backing off

@@ -273,7 +273,8 @@ class PromReader(Protocol):
 
     def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[DelayCount, ...]: ...
 
-    def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int) -> dict[str, float | None]: ...
+    def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int,
+                 pods: Mapping[str, str] | None = None) -> dict[str, float | None]: ...
 
 
 class ReplicaReader(Protocol):

@@ -22,9 +22,9 @@ NEED = 70_000
 WAIT = 8.0
 
 
-def world(**kw: object) -> World:
+def world(need: int | str = NEED, **kw: object) -> World:
     w = World(**kw)  # type: ignore[arg-type]
-    pool = dataclasses.replace(w.config.pools[0], wake_gpu_free_mib=NEED, wake_gpu_wait_s=WAIT)
+    pool = dataclasses.replace(w.config.pools[0], wake_gpu_free_mib=need, wake_gpu_wait_s=WAIT)
     w.config = dataclasses.replace(w.config, pools=(pool,))
     w.daemon = w.new_daemon()
     return w
@@ -94,3 +94,24 @@ def test_unknown_gpus_count_as_held() -> None:
     assert all("unknown" in e.message for e in records)
     assert not w.violations
     assert all(n.warm is None or n.warm.state is not WarmState.ASLEEP for n in w.kube.nodes())
+
+
+def test_auto_waits_while_the_margin_is_negative_and_wakes_at_zero() -> None:
+    """``wake_gpu_free_mib: auto``: FakeProm answers each node's margin beyond the engine's need
+    (the adapter's arithmetic is test_wake_gpu_free_auto's); the daemon compares it with 0."""
+    w = world("auto")
+    w.run_until(lambda: w.count(Phase.LENT) == 3, 120, "lent down to min_serving")
+    lent = sorted(n for n, p in w.phases().items() if p is Phase.LENT)
+    w.prom.gpu = {n: -9_000.0 for n in lent}  # a stuck job keeps 9,000 MiB more than the engine can spare
+    before = {p.name for p in w.kube.pods("default") if not p.terminating}
+    w.load = HIGH
+    w.run_until(lambda: all(w.phases()[n] is Phase.RETURNING for n in lent), 40, "returning")
+    for _ in range(3):
+        w.tick()
+    assert not any(e.wakes for e in w.engines.values())  # not woken short of the need
+    asleep = {n.name: n.warm.pod for n in w.kube.nodes() if n.warm is not None and n.name in lent}
+    assert w.prom.gpu_pods and all(q is not None and q.items() <= asleep.items() for q in w.prom.gpu_pods)
+    w.prom.gpu.update({n: 0.0 for n in lent})  # exactly the engine's need free
+    w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 30, "all serving again")
+    assert {p.name for p in w.kube.pods("default") if not p.terminating} == before  # woken, no cold start
+    assert not w.violations

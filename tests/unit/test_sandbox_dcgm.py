@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.adapters.prom.gpu import FB_FREE, parse_gpu_free
+from bridge.adapters.prom.gpu import FB_FREE, FB_USED, parse_gpu_free
 from gpu_bridge_lab.sandbox.dcgm import FB_BASE_USED_MIB, FB_TOTAL_MIB, FakeDcgm
 
 NODES = ("gpu-node-01", "gpu-node-02")
@@ -51,6 +51,16 @@ def test_it_serves_each_node_s_gpus_and_holds_memory_when_told(dcgm: FakeDcgm) -
     assert scrape(dcgm) == {"gpu-node-01": free - 70000, "gpu-node-02": free}
     assert put(dcgm, {"held": {}})[0] == 200
     assert scrape(dcgm) == {n: free for n in NODES}
+
+
+def test_used_memory_is_exported_too_and_free_plus_used_is_the_gpu_s_total(dcgm: FakeDcgm) -> None:
+    dcgm.hold({"gpu-node-01": 70000})
+    fams = {f.name: f for f in text_string_to_metric_families(dcgm.metrics())}
+    free = {(s.labels["Hostname"], s.labels["gpu"]): s.value for s in fams[FB_FREE].samples}
+    used = {(s.labels["Hostname"], s.labels["gpu"]): s.value for s in fams[FB_USED].samples}
+    assert set(free) == set(used) and len(used) == 8 and fams[FB_USED].type == "gauge"
+    assert all(free[k] + used[k] == FB_TOTAL_MIB for k in free)
+    assert used[("gpu-node-01", "0")] == FB_BASE_USED_MIB + 70000 and used[("gpu-node-02", "3")] == FB_BASE_USED_MIB
 
 
 @pytest.mark.parametrize(("body", "why"), [

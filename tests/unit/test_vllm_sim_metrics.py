@@ -5,9 +5,10 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_bridge_lab.sandbox.vllm.metrics import LABELS, V0_FAMILIES, V1_FAMILIES, make_registry
+from gpu_bridge_lab.sandbox.vllm.metrics import CACHE_CONFIG_LABELS, LABELS, V0_FAMILIES, V1_FAMILIES, make_registry
 from gpu_bridge_lab.sandbox.vllm.model import REQUEST_LATENCY_BUCKETS_S, TTFT_BUCKETS_S
 from gpu_bridge_lab.sandbox.vllm.sim import Simulation
+from gpu_bridge_lab.sandbox.vllm.sleep import SleepParams
 from bridge.trace import Trace
 
 FLAT = Trace((0.0, 600.0), (20.0, 20.0), (1.0, 1.0), 600.0, "flat")
@@ -46,6 +47,19 @@ def test_v1_families_types_and_labels() -> None:
     reasons = {s.labels["finished_reason"] for s in fams["vllm:request_success"].samples}
     assert reasons == {"stop", "length", "abort"}
     assert sum(s.value for s in fams["vllm:request_success"].samples) > 0
+
+
+def test_cache_config_info_carries_vllms_labels_and_the_engines_gpu_memory_utilization() -> None:
+    sim = Simulation(FLAT, ["llama"], seed=1, sleep_params=SleepParams(gpu_memory_utilization=0.85))
+    sim.add_replica("llama-a", "llama", "gpu-node-01")
+    sim.add_replica("warming", "llama", warmup_s=60)
+    fam = scrape(sim)["vllm:cache_config_info"]
+    assert [s.labels["pod"] for s in fam.samples] == ["llama-a"] and fam.samples[0].value == 1.0
+    labels = fam.samples[0].labels
+    assert set(labels) == {*CACHE_CONFIG_LABELS, "engine", "pod", "node"} and "model_name" not in labels
+    assert labels["gpu_memory_utilization"] == "0.85" and labels["kv_cache_memory_bytes"] == "None"
+    assert labels["engine"] == "0" and labels["block_size"] == "16" and labels["num_gpu_blocks"] == str(250_000 // 16)
+    assert scrape(make_sim())["vllm:cache_config_info"].samples[0].labels["gpu_memory_utilization"] == "0.9"  # no sleep mode
 
 
 def test_histograms_use_vllms_buckets() -> None:

@@ -134,7 +134,8 @@ def test_the_lowest_gpu_of_each_node_is_its_free_memory() -> None:
 def test_a_bad_answer_makes_the_node_unknown_with_the_reason_naming_the_field(result: list[dict[str, object]], why: str) -> None:
     free, problems = parse(result)
     assert free == {"gpu-node-01": None}
-    assert why in problems["gpu-node-01"] and FB_FREE in problems["gpu-node-01"]
+    series, text = problems["gpu-node-01"]
+    assert series == FB_FREE and why in text and FB_FREE in text
 
 
 def test_a_node_not_asked_for_is_ignored() -> None:

@@ -374,15 +374,18 @@ class PromAdapter:
             return None
         return int(v) if math.isfinite(v) and v >= 1 else None
 
-    def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int) -> dict[str, float | None]:
+    def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int,
+                 pods: Mapping[str, str] | None = None) -> dict[str, float | None]:
         """Node -> the lowest free MiB over its GPUs (dcgm-exporter's ``DCGM_FI_DEV_FB_FREE``; None:
-        unknown, logged with why), for ``nodes`` only: one instant query (``bridge.adapters.prom.gpu``)."""
-        result = self._query(build_gpu_query(nodes, node_label=node_label), pool)
+        unknown, logged with why), for ``nodes`` only: one instant query (``bridge.adapters.prom.gpu``).
+        ``pods`` (node -> its sleeping pod, ``wake_gpu_free_mib: auto``): the MiB free beyond what
+        the pod's engine allocates at its wake instead."""
+        result = self._query(build_gpu_query(nodes, node_label=node_label, pods=(pods or {}).values(), pool=pool), pool)
         now = datetime.now(UTC).timestamp()
         free, problems = _parsed("query", pool, lambda: parse_gpu_free(result, nodes=nodes, node_label=node_label, gpus=gpus,
-                                                                       now=now, staleness_s=self.staleness_s))
-        for node, why in problems.items():
-            log.error("gpu_free_unknown", node=node, pool=pool.name, field="DCGM_FI_DEV_FB_FREE", error=why)
+                                                                       now=now, staleness_s=self.staleness_s, pods=pods))
+        for node, (series, why) in problems.items():
+            log.error("gpu_free_unknown", node=node, pool=pool.name, field=series, error=why)
         return free
 
     def reclaim_delays(self, pool: PromPool, *, window_s: float) -> tuple[DelayCount, ...]:

@@ -460,8 +460,9 @@ class FakeProm:
     delays: dict[str, tuple[DelayCount, ...]] = field(default_factory=dict)  # pool -> its histogram's buckets
     fail: bool = False
     live_pods: frozenset[str] | None = None  # what the last current() was told exists
-    gpu: dict[str, float | None] = field(default_factory=dict)  # node -> lowest free GPU MiB (absent: unknown)
+    gpu: dict[str, float | None] = field(default_factory=dict)  # node -> lowest free GPU MiB, with auto beyond the need (absent: unknown)
     gpu_queries: list[tuple[str, ...]] = field(default_factory=list)  # the nodes of each gpu_free() call
+    gpu_pods: list[dict[str, str] | None] = field(default_factory=list)  # the pods of each call (auto), else None
 
     def set(
         self,
@@ -501,10 +502,12 @@ class FakeProm:
             raise AdapterError("prometheus", f"pool {pool.name}: query failed: injected")
         return self.delays.get(pool.name, ())
 
-    def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int) -> dict[str, float | None]:
+    def gpu_free(self, pool: PromPool, nodes: Collection[str], *, node_label: str, gpus: int,
+                 pods: Mapping[str, str] | None = None) -> dict[str, float | None]:
         from bridge.errors import AdapterError
 
         self.gpu_queries.append(tuple(sorted(nodes)))
+        self.gpu_pods.append(None if pods is None else dict(pods))
         if self.fail:
             raise AdapterError("prometheus", f"pool {pool.name}: query failed: injected")
         return {n: self.gpu.get(n) for n in nodes}

@@ -1,7 +1,9 @@
 """A small fake of NVIDIA's dcgm-exporter for the sandbox: ``GET /metrics`` serves
-``DCGM_FI_DEV_FB_FREE`` (gauge, MiB) for each node x ``gpus`` GPUs, labelled as dcgm-exporter
-labels them (``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``), so the daemon's
-free-GPU check before a warm wake (``pools[].wake_gpu_free_mib``) reads what it would on a site.
+``DCGM_FI_DEV_FB_FREE`` and ``DCGM_FI_DEV_FB_USED`` (gauges, MiB: dcgm-exporter's default memory
+counters; ``DCGM_FI_DEV_FB_RESERVED`` is not a default, so not here) for each node x ``gpus`` GPUs,
+labelled as dcgm-exporter labels them (``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``),
+so the daemon's free-GPU check before a warm wake (``pools[].wake_gpu_free_mib``, a number or
+``auto``) reads what it would on a site.
 
 The lab's knob: ``PUT /faults {"held": {"gpu-node-01": 70000}}`` holds that many MiB on each
 GPU of a node (a research job stuck in ``Kill task failed``); ``{"held": {}}`` releases all.
@@ -58,13 +60,15 @@ class FakeDcgm:
         """The exposition text of one scrape."""
         with self._lock:
             held = dict(self.held)
-        lines = ["# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).", "# TYPE DCGM_FI_DEV_FB_FREE gauge"]
-        for i, node in enumerate(self.nodes):
-            free = max(0.0, FB_TOTAL_MIB - FB_BASE_USED_MIB - held.get(node, 0.0))
-            for gpu in range(self.gpus):
-                labels = (f'gpu="{gpu}",UUID="GPU-{i:04x}{gpu:04x}-0000-0000-0000-000000000000",device="nvidia{gpu}",'
-                          f'modelName="{MODEL}",Hostname="{node}"')
-                lines.append(f"DCGM_FI_DEV_FB_FREE{{{labels}}} {free:g}")
+        lines: list[str] = []
+        for name, what in (("DCGM_FI_DEV_FB_FREE", "free"), ("DCGM_FI_DEV_FB_USED", "used")):
+            lines += [f"# HELP {name} Framebuffer memory {what} (in MiB).", f"# TYPE {name} gauge"]
+            for i, node in enumerate(self.nodes):
+                used = min(float(FB_TOTAL_MIB), FB_BASE_USED_MIB + held.get(node, 0.0))
+                for gpu in range(self.gpus):
+                    labels = (f'gpu="{gpu}",UUID="GPU-{i:04x}{gpu:04x}-0000-0000-0000-000000000000",device="nvidia{gpu}",'
+                              f'modelName="{MODEL}",Hostname="{node}"')
+                    lines.append(f"{name}{{{labels}}} {(FB_TOTAL_MIB - used) if what == 'free' else used:g}")
         return "\n".join(lines) + "\n"
 
     def start(self) -> FakeDcgm:

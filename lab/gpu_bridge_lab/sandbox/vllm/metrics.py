@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from gpu_bridge_lab.sandbox.vllm.model import FINISH_REASONS, STARTING, Replica
 from gpu_bridge_lab.sandbox.vllm.sim import Simulation
-from gpu_bridge_lab.sandbox.vllm.sleep import MIB, SLEEP_STATES
+from gpu_bridge_lab.sandbox.vllm.sleep import MIB, SLEEP_STATES, SleepParams
 
 LABELS: tuple[str, ...] = ("model_name", "engine", "pod", "node")
 GPU_MODEL_NAME = "NVIDIA H100 80GB HBM3"  # dcgm-exporter's modelName label
@@ -38,6 +38,7 @@ V1_FAMILIES: dict[str, str] = {
     "vllm:time_to_first_token_seconds": "histogram",
     "vllm:e2e_request_latency_seconds": "histogram",
     "vllm:request_queue_time_seconds": "histogram",
+    "vllm:cache_config_info": "gauge",
 }
 V0_FAMILIES: dict[str, str] = {
     **{k: v for k, v in V1_FAMILIES.items() if k != "vllm:kv_cache_usage_perc"},
@@ -99,7 +100,12 @@ class VllmSimCollector(Collector):
         host_mem = GaugeMetricFamily("vllm_sim_host_memory_bytes",
                                      "Host memory the replica's process holds (level-1 sleep keeps the weights there).",
                                      labels=["pod", "node"])
+        # vLLM's info gauge (always 1): every field of its CacheConfig as a label (str() of the
+        # value), one series per engine; gpu-bridge reads gpu_memory_utilization (warm lending)
+        cache_info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                       labels=[*CACHE_CONFIG_LABELS, "engine", "pod", "node"])
         sim = self.sim
+        util = (sim.sleep_params or SleepParams()).gpu_memory_utilization
         with sim.lock:
             for name, st in sim.sleep.items():
                 r = sim.replicas[name]
@@ -146,6 +152,8 @@ class VllmSimCollector(Collector):
                 ttft.add_metric(lv, r.ttft.cumulative(), r.ttft.sum)
                 e2e.add_metric(lv, r.e2e.cumulative(), r.e2e.sum)
                 queue.add_metric(lv, r.queue_time.cumulative(), r.queue_time.sum)
+                cache_info.add_metric([*cache_config_values(util, r.params.kv_cache_tokens // BLOCK_SIZE), "0", r.name,
+                                       r.node or ""], 1.0)
         yield running
         yield waiting
         if v0:
@@ -153,10 +161,26 @@ class VllmSimCollector(Collector):
         yield kv
         if v0:
             yield cpu_kv
-        yield from (prompt, gen, success, preempt, ttft, e2e, queue)
+        yield from (prompt, gen, success, preempt, ttft, e2e, queue, cache_info)
         yield from (sim_trace, sim_rate, sim_cv, sim_arrived, sim_rejected, sim_aborted, sim_replicas)
         if sim.sleep_params is not None:
             yield from (sleep_state, fb_used, fb_free, host_mem)
+
+
+BLOCK_SIZE = 16  # vLLM's default KV-cache block, in tokens
+# vLLM's CacheConfig fields (0.10-0.11; the set changes between versions), the labels of
+# vllm:cache_config_info in this order; their values are str() of the field, "None" when unset
+CACHE_CONFIG_LABELS: tuple[str, ...] = (
+    "block_size", "gpu_memory_utilization", "swap_space", "cache_dtype", "is_attention_free", "num_gpu_blocks_override",
+    "sliding_window", "enable_prefix_caching", "prefix_caching_hash_algo", "cpu_offload_gb", "calculate_kv_scales",
+    "kv_sharing_fast_prefill", "mamba_page_size_padded", "kv_cache_memory_bytes", "num_gpu_blocks", "num_cpu_blocks",
+)
+
+
+def cache_config_values(gpu_memory_utilization: float, num_gpu_blocks: int) -> list[str]:
+    """The label values of one engine's ``vllm:cache_config_info`` (vLLM's defaults otherwise)."""
+    return [str(BLOCK_SIZE), str(gpu_memory_utilization), "4", "auto", "False", "None", "None", "True", "builtin", "0",
+            "False", "False", "None", "None", str(num_gpu_blocks), "0"]
 
 
 def _labels(r: Replica) -> list[str]:

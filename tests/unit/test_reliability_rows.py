@@ -10,6 +10,7 @@ from bridge import actuate
 from bridge.lifecycle import WAITS, Step
 from gpu_bridge_lab.sandbox import dcgm
 from gpu_bridge_lab.sandbox import reliability as rel
+from gpu_bridge_lab.sandbox.vllm.sleep import SleepParams
 
 WRITE_POINTS = ({str(s) for s in Step if s not in WAITS}
                 | {actuate.SCALE_POINT, actuate.TIER_POINT, *actuate.START_POINTS.values()})
@@ -79,8 +80,9 @@ def test_the_warm_fallback_rows_are_the_cold_fallbacks_writes_each_with_its_fail
     assert rel.FALLBACK_FAILURES[("reclaim", "wake_replica")] == ("wake_hangs",)
     assert rel.FALLBACK_FAILURES[("reclaim", "mark_pod")] == ("wake_fails",)
     assert rel.FALLBACK_FAILURES[("reclaim", "gpu_held")] == ("gpu_memory_held",)
-    assert rel.GPU_NEED_MIB < dcgm.FB_TOTAL_MIB - dcgm.FB_BASE_USED_MIB  # free at rest, short of it while held
-    assert dcgm.FB_TOTAL_MIB - dcgm.FB_BASE_USED_MIB - rel.GPU_NEED_MIB < rel.GPU_NEED_MIB
+    # wake_gpu_free_mib: auto: free enough at rest, short of the engine's need while held
+    need = SleepParams().gpu_memory_utilization * dcgm.FB_TOTAL_MIB
+    assert dcgm.FB_TOTAL_MIB - dcgm.FB_BASE_USED_MIB >= need > dcgm.FB_TOTAL_MIB - dcgm.FB_BASE_USED_MIB - rel.GPU_HELD_MIB
     assert all(rel.Row(t, p).must_crash for t, p in rows)
     assert rel.WAKE_HANG_S > rel.WAKE_S  # a hung wake outlasts the daemon's wake timeout
 

@@ -156,7 +156,9 @@ DRAIN_S = 45.0  # warm pool: how long a lend retries the sleep while in-flight r
 # slurm_conf/slurm.conf.snippet's opt-in ones); the hold leaves a research job without --mem its share
 REAL_MEMORY_MB = 16000  # the sandbox's nodes (8 CPUs)
 WARM_HOLD_MB = 12000  # pools[].warm_hold_mb
-GPU_NEED_MIB = 70_000  # gpu_check: pools[].wake_gpu_free_mib (the fake dcgm shows ~81,000 free, ~11,000 while held)
+# gpu_check: the pool's wake_gpu_free_mib is auto (the engine's gpu_memory_utilization, 0.9 in the simulator, x each
+# GPU's memory: ~73,400 MiB of the fake dcgm-exporter's 81,559); the gpu_memory_held failure holds this much on each GPU
+GPU_HELD_MIB = 70_000
 GPU_WAIT_S = 20.0  # gpu_check: pools[].wake_gpu_wait_s
 
 
@@ -304,7 +306,7 @@ class Harness:
             doc["pools"][0].update(warm_lending=True, wake_s=WAKE_S, vllm_port=self.warm_port, drain_s=DRAIN_S,
                                    warm_hold_mb=WARM_HOLD_MB)
             if self.dcgm is not None:
-                doc["pools"][0].update(wake_gpu_free_mib=GPU_NEED_MIB, wake_gpu_wait_s=GPU_WAIT_S)
+                doc["pools"][0].update(wake_gpu_free_mib="auto", wake_gpu_wait_s=GPU_WAIT_S)
         if self.fast_tier:
             doc["slurm"].update(fast_partition=FAST_PARTITION, fast_grace_s=FAST_GRACE_S)
         return doc
@@ -615,9 +617,9 @@ class Harness:
             return f"{pod}'s wake hangs {WAKE_HANG_S:g} s{more}; load high"
         if failure == "gpu_memory_held":
             assert self.dcgm is not None, "gpu_memory_held needs Harness(gpu_check=True)"
-            self.dcgm.hold({n: GPU_NEED_MIB for n in self.warm_lent()})
+            self.dcgm.hold({n: GPU_HELD_MIB for n in self.warm_lent()})
             self.load(HIGH)
-            return f"{GPU_NEED_MIB} MiB held on each GPU of {', '.join(sorted(self.warm_lent()))}; load high"
+            return f"{GPU_HELD_MIB} MiB held on each GPU of {', '.join(sorted(self.warm_lent()))}; load high"
         if failure == "sleep_fails":
             pods = sorted(str(p.metadata.name) for p in self.w._pods() if p.metadata.deletion_timestamp is None)
             self.set_sim_faults(sleep_fails=pods)

@@ -183,9 +183,9 @@ def join(*, now: float, config: Config, kube_nodes: Sequence[KubeNode], pods: Ma
     ``slurm_now``: slurmctld's clock when Slurm was read (its times are compared with it).
     ``gpu_free``: node -> the lowest free MiB over its GPUs, for the nodes it was read for."""
     jobs = _JobsByNode.of(slurm_jobs or (), config)
-    tick = _Tick(now, config, {n.name: n for n in slurm_nodes} if slurm_nodes is not None else None, jobs,
-                 _pods_by_node(pods), {pod: n for r in readings.values() for pod, n in r.inflight_by_pod.items()},
-                 pool_problems or {}, slurm_now, gpu_free or {})
+    tick = _Tick(now=now, config=config, slurm={n.name: n for n in slurm_nodes} if slurm_nodes is not None else None,
+                 jobs=jobs, pods_on=_pods_by_node(pods), pool_problems=pool_problems or {}, slurm_now=slurm_now,
+                 inflight_by_pod={pod: n for r in readings.values() for pod, n in r.inflight_by_pod.items()}, gpu_free=gpu_free or {})
     ours = _our_nodes(kube_nodes, config)
     joined = [tick.node(kn, pool) for kn, pool in ours]
     states = tuple(state for state, _ in joined)
@@ -207,7 +207,7 @@ _BY_NAME = attrgetter("name")
 
 def _our_nodes(kube_nodes: Sequence[KubeNode], config: Config) -> list[tuple[KubeNode, PoolConfig]]:
     """The nodes of our pools by name, each with its pool: any other node is never touched."""
-    pools: dict[str | None, PoolConfig] = {p.name: p for p in reversed(config.pools)}  # unique once parsed; else the first
+    pools: dict[str | None, PoolConfig] = {p.name: p for p in reversed(config.pools)}  # a name twice: its first
     return [(kn, pool) for kn in sorted(kube_nodes, key=_BY_NAME) if (pool := pools.get(kn.pool)) is not None]
 
 
@@ -274,7 +274,8 @@ class _Tick:
 
     def _problem(self, kn: KubeNode, sn: SlurmNodeLike | None, node_pods: Sequence[KubePod], ready: bool,
                  pool: PoolConfig) -> str | None:
-        """Why a node is held where it is (the first reason found), or None. ``ready``: a live pod of it is Ready."""
+        """Why a node is held where it is: the first reason, in this order (the rest are not looked for), or
+        None. ``ready``: a live serving pod of it is Ready."""
         if kn.problem:
             return kn.problem
         try:  # a name that cannot go into Slurm's argv: a transition could never finish
@@ -299,7 +300,7 @@ class _Tick:
             limit = ready_timeout_s(pool)
             if self.now - kn.phase_since > limit:
                 return f"returning for {self.now - kn.phase_since:.0f} s without a Ready serving replica (timeout {limit:.0f} s)"
-        return kn.problem
+        return kn.problem  # None: nothing holds it
 
 
 @dataclass
@@ -323,7 +324,6 @@ class _JobsByNode:
         fast = config.slurm.fast_partition
         tiers = {config.slurm.preempt_partition} | ({fast} if fast else set())
         for job in jobs:
-            parts = frozenset(job.partition.split(","))  # a pending job's list: preempt,preempt-fast
             if is_hold_job(job, config, mem=True):
                 # not in ``allocated`` (research or a serving hold there): beside it the node takes research jobs
                 node = job.name[len(wk.SLURM_WARM_HOLD_JOB_PREFIX):]
@@ -352,7 +352,7 @@ class _JobsByNode:
                     if preempt_time is not None and job.partition in tiers:  # each tier's own grace
                         grace = config.slurm.fast_grace_s if job.partition == fast else None
                         out.preempted_on.setdefault(n, []).append(PreemptedJob(job.job_id, preempt_time, job.restart_count, grace))
-            elif job.state == "pending" and parts & tiers:
+            elif job.state == "pending" and (parts := frozenset(job.partition.split(","))) & tiers:  # preempt,preempt-fast
                 held_for = getattr(job, "held_for", None)
                 if held_for is not None and held_for(LAUNCH_FAILED_HELD):
                     # held by Slurm (priority 0): it never starts on its own; pending means the

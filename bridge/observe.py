@@ -181,7 +181,8 @@ def join(*, now: float, config: Config, kube_nodes: Sequence[KubeNode], pods: Ma
     the Slurm lookup failed, so every node is held (its Slurm side is unknown).
     ``pool_problems``: pool -> why its Deployment cannot be trusted (its nodes are held).
     ``slurm_now``: slurmctld's clock when Slurm was read (its times are compared with it).
-    ``gpu_free``: node -> the lowest free MiB over its GPUs, for the nodes it was read for."""
+    ``gpu_free``: node -> the lowest free MiB over its GPUs, for the nodes it was read for.
+    Each input is indexed by node once (``_Tick``), then each node of ours joined once (``_Tick.node``)."""
     jobs = _JobsByNode.of(slurm_jobs or (), config)
     tick = _Tick(now=now, config=config, slurm={n.name: n for n in slurm_nodes} if slurm_nodes is not None else None,
                  jobs=jobs, pods_on=_pods_by_node(pods), pool_problems=pool_problems or {}, slurm_now=slurm_now,

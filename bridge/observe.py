@@ -9,8 +9,10 @@ becomes a ``problem`` on the node, which holds it where it is: fail closed.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Protocol
 
 from bridge import wellknown as wk
@@ -170,10 +172,6 @@ def node_tier(partitions: Sequence[str], running: Sequence[str], config: Config)
     return Tier.FAST
 
 
-def pool_for_node(node: KubeNode, config: Config) -> PoolConfig | None:
-    return next((pool for pool in config.pools if node.pool == pool.name), None)
-
-
 def join(*, now: float, config: Config, kube_nodes: Sequence[KubeNode], pods: Mapping[str, Sequence[KubePod]],
          desired_replicas: Mapping[str, int], slurm_nodes: Sequence[SlurmNodeLike] | None,
          slurm_jobs: Sequence[SlurmJob] | None, readings: Mapping[str, Readings],
@@ -183,95 +181,127 @@ def join(*, now: float, config: Config, kube_nodes: Sequence[KubeNode], pods: Ma
     the Slurm lookup failed, so every node is held (its Slurm side is unknown).
     ``pool_problems``: pool -> why its Deployment cannot be trusted (its nodes are held).
     ``slurm_now``: slurmctld's clock when Slurm was read (its times are compared with it).
-    ``gpu_free``: node -> the lowest free MiB over its GPUs, for the nodes it was read for."""
-    slurm_by_name = {n.name: n for n in slurm_nodes} if slurm_nodes is not None else None
+    ``gpu_free``: node -> the lowest free MiB over its GPUs, for the nodes it was read for.
+    Each input is indexed by node once (``_Tick``), then each node of ours joined once (``_Tick.node``)."""
     jobs = _JobsByNode.of(slurm_jobs or (), config)
-    inflight_by_pod: dict[str, float] = {}
-    for r in readings.values():
-        inflight_by_pod.update(r.inflight_by_pod)
-    pods_on: dict[str, list[KubePod]] = {}
-    for pod in (p for pool_pods in pods.values() for p in pool_pods if p.node):
-        pods_on.setdefault(pod.node or "", []).append(pod)
+    tick = _Tick(now=now, config=config, slurm={n.name: n for n in slurm_nodes} if slurm_nodes is not None else None,
+                 jobs=jobs, pods_on=_pods_by_node(pods), pool_problems=pool_problems or {}, slurm_now=slurm_now,
+                 inflight_by_pod={pod: n for r in readings.values() for pod, n in r.inflight_by_pod.items()}, gpu_free=gpu_free or {})
+    ours = _our_nodes(kube_nodes, config)
+    joined = [tick.node(kn, pool) for kn, pool in ours]
+    states = tuple(state for state, _ in joined)
+    ready = Counter(s.pool for s in states if s.serving_ready)
+    pools = {pool.name: PoolState(name=pool.name, signals=readings.get(pool.name, Readings(None)).current,
+                                  ready_replicas=ready[pool.name], desired_replicas=desired_replicas.get(pool.name, 0))
+             for pool in config.pools}
+    view = ClusterView(now=now, nodes=states, pools=pools, jobs=jobs.research, pending_research_nodes=jobs.pending_nodes,
+                       pending_fast_nodes=jobs.pending_fast)
+    return Observation(
+        view=view, facts={s.name: f for s, f in joined if f is not None}, pool_of={s.name: s.pool for s in states},
+        problems={s.name: s.problem for s in states if s.problem}, slurm_held=jobs.slurm_held,
+        requests={kn.name: r for kn, _ in ours if (r := kn.annotations.get(wk.ANNOTATION_REQUEST)) is not None},
+    )
 
-    facts: dict[str, NodeFacts] = {}
-    states: list[NodeState] = []
-    pool_of: dict[str, str] = {}
-    problems: dict[str, str] = {}
-    requests: dict[str, str] = {}
-    for kn in sorted(kube_nodes, key=lambda n: n.name):
-        pool = pool_for_node(kn, config)
-        if pool is None:
-            continue  # not ours: never touched
-        pool_of[kn.name] = pool.name
-        if (request := kn.annotations.get(wk.ANNOTATION_REQUEST)) is not None:
-            requests[kn.name] = request
-        sn = slurm_by_name.get(kn.name) if slurm_by_name is not None else None
-        node_pods = pods_on.get(kn.name, [])
-        problem = _problem(kn, sn, slurm_by_name is not None, node_pods, (pool_problems or {}).get(pool.name), pool, now, config)
+
+_BY_NAME = attrgetter("name")
+
+
+def _our_nodes(kube_nodes: Sequence[KubeNode], config: Config) -> list[tuple[KubeNode, PoolConfig]]:
+    """The nodes of our pools by name, each with its pool: any other node is never touched."""
+    pools: dict[str | None, PoolConfig] = {p.name: p for p in reversed(config.pools)}  # a name twice: its first
+    return [(kn, pool) for kn in sorted(kube_nodes, key=_BY_NAME) if (pool := pools.get(kn.pool)) is not None]
+
+
+def _pods_by_node(pods: Mapping[str, Sequence[KubePod]]) -> dict[str, list[KubePod]]:
+    """Every pool's scheduled serving pods, by node: looked up once per node, not searched."""
+    on: dict[str, list[KubePod]] = {}
+    for pool_pods in pods.values():
+        for pod in pool_pods:
+            if pod.node:
+                on.setdefault(pod.node, []).append(pod)
+    return on
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    """One tick's inputs, indexed by node name: what joining each node looks up."""
+
+    now: float
+    config: Config
+    slurm: Mapping[str, SlurmNodeLike] | None  # None: Slurm could not be read
+    jobs: _JobsByNode
+    pods_on: Mapping[str, Sequence[KubePod]]
+    inflight_by_pod: Mapping[str, float]
+    pool_problems: Mapping[str, str]
+    slurm_now: float | None
+    gpu_free: Mapping[str, float | None]
+
+    def node(self, kn: KubeNode, pool: PoolConfig) -> tuple[NodeState, NodeFacts | None]:
+        """One node of ours: the policy's state of it, and the lifecycle's facts once Slurm knows it."""
+        name, jobs = kn.name, self.jobs
+        sn = self.slurm.get(name) if self.slurm is not None else None
+        node_pods = self.pods_on.get(name, ())
+        live = [p for p in node_pods if not p.terminating]
+        ready = any(p.ready for p in live)
         # a node we never moved (no phase label) has served since before we knew it: epoch 0,
         # not now, or the relend dwell (policy.relend_dwell) would take it for a fresh return
         # at every tick and a new cluster would never lend; a label without its annotation
-        # (a problem, flagged above) stays now: the conservative reading
-        since = kn.phase_since if kn.phase_since is not None else (now if kn.phase is not None else 0.0)
-        on_node = tuple(sorted(jobs.research_on.get(kn.name, ())))
-        held = kn.name in jobs.holds and jobs.holds[kn.name].running
-        if sn is not None:
-            facts[kn.name] = NodeFacts(
-                name=kn.name,
-                phase=kn.phase,
-                phase_since=since,
-                fenced=kn.fenced,
-                pods=tuple(PodFacts(p.name, ready=p.ready, terminating=p.terminating, deletion_cost=p.deletion_cost,
-                                    awake=p.awake, ip=p.ip)
-                           for p in sorted(node_pods, key=lambda p: p.name)),
-                slurm_drained_by_us=sn.drained and sn.reason_ours,
-                slurm_drained_by_other=sn.drained and not sn.reason_ours,
-                slurm_down=sn.down,
-                slurm_allocated=kn.name in jobs.allocated,
-                hold=jobs.holds.get(kn.name),
-                mem_hold=jobs.mem_holds.get(kn.name),
-                research_jobs=on_node,
-                slurm_drained_at=getattr(sn, "reason_time", None) if sn.drained and sn.reason_ours else None,
-                research_preempted=tuple(jobs.preempted_on.get(kn.name, ())),
-                slurm_now=slurm_now,
-                slurm_own_drain=_own_drain(sn, config, busy=bool(on_node) or (kn.name in jobs.allocated and not held)),
-                warm=kn.warm,
-                gpu_free_mib=(gpu_free or {}).get(kn.name),
-            )
-        if problem:
-            problems[kn.name] = problem
-        states.append(
-            NodeState(
-                name=kn.name,
-                pool=pool.name,
-                phase=kn.phase or Phase.SERVING,
-                phase_since=since,
-                pin=kn.pin,
-                serving_pods=sum(1 for p in node_pods if not p.terminating),
-                serving_ready=any(p.ready and not p.terminating for p in node_pods),
-                slurm_state=_slurm_state(sn, kn.name in jobs.allocated, held=held),
-                jobs=on_node,
-                problem=problem,
-                reason=kn.reason or "",
-                inflight=_inflight(node_pods, inflight_by_pod),
-                tier=node_tier(getattr(sn, "partitions", ()), jobs.partitions_on.get(kn.name, ()), config),
-            )
+        # (a problem, flagged by _problem) stays now: the conservative reading
+        since = kn.phase_since if kn.phase_since is not None else (self.now if kn.phase is not None else 0.0)
+        on_node = tuple(sorted(jobs.research_on.get(name, ())))
+        allocated, hold = name in jobs.allocated, jobs.holds.get(name)
+        held = hold is not None and hold.running
+        state = NodeState(
+            name=name, pool=pool.name, phase=kn.phase or Phase.SERVING, phase_since=since, pin=kn.pin,
+            serving_pods=len(live), serving_ready=ready, slurm_state=_slurm_state(sn, allocated, held=held), jobs=on_node,
+            problem=self._problem(kn, sn, node_pods, ready, pool), reason=kn.reason or "",
+            inflight=_inflight(live, self.inflight_by_pod),
+            tier=node_tier(getattr(sn, "partitions", ()), jobs.partitions_on.get(name, ()), self.config),
+        )
+        if sn is None:
+            return state, None
+        drained, ours, busy = sn.drained, sn.reason_ours, bool(on_node) or (allocated and not held)
+        return state, NodeFacts(
+            name=name, phase=kn.phase, phase_since=since, fenced=kn.fenced,
+            pods=tuple([PodFacts(p.name, ready=p.ready, terminating=p.terminating, deletion_cost=p.deletion_cost,
+                                 awake=p.awake, ip=p.ip) for p in sorted(node_pods, key=_BY_NAME)]),
+            slurm_drained_by_us=drained and ours, slurm_drained_by_other=drained and not ours, slurm_down=sn.down,
+            slurm_allocated=allocated, hold=hold, mem_hold=jobs.mem_holds.get(name), research_jobs=on_node,
+            slurm_drained_at=getattr(sn, "reason_time", None) if drained and ours else None,
+            research_preempted=tuple(jobs.preempted_on.get(name, ())), slurm_now=self.slurm_now,
+            slurm_own_drain=_own_drain(sn, self.config, busy=busy) if drained and not ours else None,
+            warm=kn.warm, gpu_free_mib=self.gpu_free.get(name),
         )
 
-    pools = {
-        pool.name: PoolState(
-            name=pool.name,
-            signals=readings.get(pool.name, Readings(None)).current,
-            ready_replicas=sum(1 for s in states if s.pool == pool.name and s.serving_ready),
-            desired_replicas=desired_replicas.get(pool.name, 0),
-        )
-        for pool in config.pools
-    }
-    view = ClusterView(now=now, nodes=tuple(states), pools=pools, jobs=jobs.research, pending_research_nodes=jobs.pending_nodes,
-                       pending_fast_nodes=jobs.pending_fast)
-    return Observation(
-        view=view, facts=facts, pool_of=pool_of, problems=problems, requests=requests, slurm_held=jobs.slurm_held
-    )
+    def _problem(self, kn: KubeNode, sn: SlurmNodeLike | None, node_pods: Sequence[KubePod], ready: bool,
+                 pool: PoolConfig) -> str | None:
+        """Why a node is held where it is: the first reason, in this order (the rest are not looked for), or
+        None. ``ready``: a live serving pod of it is Ready."""
+        if kn.problem:
+            return kn.problem
+        try:  # a name that cannot go into Slurm's argv: a transition could never finish
+            validate_node_name(kn.name)
+        except AdapterError as exc:
+            return f"{exc}; never lent or reclaimed"
+        if self.slurm is None:
+            return "Slurm state unknown (lookup failed)"
+        if sn is None:
+            return "node unknown to Slurm"
+        if sn.drained and not sn.reason_ours:
+            if own_drain_reason(getattr(sn, "reason", ""), self.config) is not None:
+                return (f"drained in Slurm by Slurm itself ({getattr(sn, 'reason', '')!r}): gpu-bridge "
+                        "clears it (lent) or takes it over once nothing is allocated there")
+            return "drained in Slurm by someone else (never undone by gpu-bridge)"
+        for pod in node_pods:  # a serving pod we cannot read properly: never guess around it
+            if bad := getattr(pod, "problem", None):
+                return f"serving pod {pod.name}: {bad}"
+        if pool_problem := self.pool_problems.get(pool.name):
+            return pool_problem
+        if kn.phase is Phase.RETURNING and kn.phase_since is not None and not ready:
+            limit = ready_timeout_s(pool)
+            if self.now - kn.phase_since > limit:
+                return f"returning for {self.now - kn.phase_since:.0f} s without a Ready serving replica (timeout {limit:.0f} s)"
+        return kn.problem  # None: nothing holds it
 
 
 @dataclass
@@ -295,7 +325,6 @@ class _JobsByNode:
         fast = config.slurm.fast_partition
         tiers = {config.slurm.preempt_partition} | ({fast} if fast else set())
         for job in jobs:
-            parts = frozenset(job.partition.split(","))  # a pending job's list: preempt,preempt-fast
             if is_hold_job(job, config, mem=True):
                 # not in ``allocated`` (research or a serving hold there): beside it the node takes research jobs
                 node = job.name[len(wk.SLURM_WARM_HOLD_JOB_PREFIX):]
@@ -324,7 +353,7 @@ class _JobsByNode:
                     if preempt_time is not None and job.partition in tiers:  # each tier's own grace
                         grace = config.slurm.fast_grace_s if job.partition == fast else None
                         out.preempted_on.setdefault(n, []).append(PreemptedJob(job.job_id, preempt_time, job.restart_count, grace))
-            elif job.state == "pending" and parts & tiers:
+            elif job.state == "pending" and (parts := frozenset(job.partition.split(","))) & tiers:  # preempt,preempt-fast
                 held_for = getattr(job, "held_for", None)
                 if held_for is not None and held_for(LAUNCH_FAILED_HELD):
                     # held by Slurm (priority 0): it never starts on its own; pending means the
@@ -337,55 +366,22 @@ class _JobsByNode:
         return out
 
 
-def _problem(kn: KubeNode, sn: SlurmNodeLike | None, slurm_read: bool, node_pods: Sequence[KubePod],
-             pool_problem: str | None, pool: PoolConfig, now: float, config: Config) -> str | None:
-    """Why a node is held where it is (the first reason found), or None."""
-    problem = kn.problem
-    try:  # a name that cannot go into Slurm's argv: a transition could never finish
-        validate_node_name(kn.name)
-    except AdapterError as exc:
-        problem = problem or f"{exc}; never lent or reclaimed"
-    if not slurm_read:
-        problem = problem or "Slurm state unknown (lookup failed)"
-    elif sn is None:
-        problem = problem or "node unknown to Slurm"
-    elif sn.drained and not sn.reason_ours:
-        own = own_drain_reason(getattr(sn, "reason", ""), config)
-        if own is not None:
-            problem = problem or (f"drained in Slurm by Slurm itself ({getattr(sn, 'reason', '')!r}): gpu-bridge "
-                                  "clears it (lent) or takes it over once nothing is allocated there")
-        else:
-            problem = problem or "drained in Slurm by someone else (never undone by gpu-bridge)"
-    bad_pod = next((p for p in node_pods if getattr(p, "problem", None)), None)
-    if bad_pod is not None:  # a serving pod we cannot read properly: never guess around it
-        problem = problem or f"serving pod {bad_pod.name}: {getattr(bad_pod, 'problem')}"
-    if pool_problem:
-        problem = problem or pool_problem
-    if kn.phase is Phase.RETURNING and kn.phase_since is not None:
-        limit = ready_timeout_s(pool)
-        if now - kn.phase_since > limit and not any(p.ready and not p.terminating for p in node_pods):
-            problem = problem or (
-                f"returning for {now - kn.phase_since:.0f} s without a Ready serving replica (timeout {limit:.0f} s)"
-            )
-    return problem
-
-
 def _own_drain(sn: SlurmNodeLike, config: Config, *, busy: bool) -> str | None:
-    """Slurm's own drain reason (``slurm.own_drain_reasons``) on a responding node where Slurm
-    has no research job and nothing completing (our running hold job aside): only then may
-    gpu-bridge handle it (a run Slurm knows of could still be on the node otherwise)."""
-    if not sn.drained or sn.reason_ours or sn.down or busy or "COMPLETING" in getattr(sn, "flags", frozenset()):
+    """Slurm's own drain reason (``slurm.own_drain_reasons``) on a node drained not by us, responding,
+    where Slurm has no research job and nothing completing (our running hold job aside): only
+    then may gpu-bridge handle it (a run Slurm knows of could still be on the node otherwise)."""
+    if sn.down or busy or "COMPLETING" in getattr(sn, "flags", frozenset()):
         return None
     return own_drain_reason(getattr(sn, "reason", ""), config)
 
 
-def _inflight(pods: Sequence[KubePod], by_pod: Mapping[str, float]) -> float | None:
-    """Requests running + waiting on a node's live serving pods; None when a pod has no
-    reading (unknown is never read as "idle")."""
-    live = [p for p in pods if not p.terminating]
-    if not live or any(p.name not in by_pod for p in live):
+def _inflight(live: Sequence[KubePod], by_pod: Mapping[str, float]) -> float | None:
+    """Requests running + waiting on a node's live (not terminating) serving pods; None when a
+    pod has no reading (unknown is never read as "idle")."""
+    try:
+        return sum([by_pod[p.name] for p in live]) if live else None
+    except KeyError:
         return None
-    return sum(by_pod[p.name] for p in live)
 
 
 def _slurm_state(sn: SlurmNodeLike | None, allocated: bool, *, held: bool = False) -> str:

@@ -9,7 +9,7 @@
     .venv/bin/python scripts/bench_harvest.py --latency-grid [--seeds 1 2 3] [--grid-json F] [--grid-plot F.png]
     .venv/bin/python scripts/bench_harvest.py --latency-grid --grid-from F1.json F2.json [--grid-plot F.png]
     .venv/bin/python scripts/bench_harvest.py --fast-tier [--seeds 1 2 3]
-    .venv/bin/python scripts/bench_harvest.py --warm [--seeds 1 2 3] [--wake-s 30]
+    .venv/bin/python scripts/bench_harvest.py --warm [--seeds 1 2 3] [--wake-s 30] [--wake-fail-rate 0.1]
 
 Setup: 24 nodes x 4 GPUs, the busiest 10-minute window needs 20 replicas, 5-min cold
 start, 2-min Slurm grace, the config's other defaults. Prints the table of the four policies
@@ -98,6 +98,8 @@ def main() -> int:
     ap.add_argument("--warm", action="store_true",
                     help="suite mode: bridge with warm lending off and on (reclaim = grace + wake instead of + cold start; --seeds)")
     ap.add_argument("--wake-s", type=float, default=None, help="--warm: the wake time (default: pools[].wake_s)")
+    ap.add_argument("--wake-fail-rate", type=float, default=0.0,
+                    help="--warm: share of wakes that fail, each node then cold-started after the wake's wait (default 0)")
     args = ap.parse_args()
     if args.latency_grid:
         return latency_grid(args)
@@ -710,12 +712,12 @@ def warm(args: argparse.Namespace) -> int:
     wake = args.wake_s if args.wake_s is not None else cfg.pools[0].wake_s
     print(f"warm lending: {args.nodes} nodes x 4 GPUs, busiest 10-min window = {args.peak_replicas:g} replicas, "
           f"grace {cfg.slurm.grace_s:g} s, cold start {cfg.pools[0].cold_start_s:g} s (cv {args.cold_start_cv:g}) vs wake {wake:g} s, "
-          f"seeds {seeds}; slo_budget {cfg.pools[0].slo_budget:g}" + (f"; overrides {', '.join(args.set)}" if args.set else ""),
+          f"seeds {seeds}; slo_budget {cfg.pools[0].slo_budget:g}; wakes failing {args.wake_fail_rate:g}" + (f"; overrides {', '.join(args.set)}" if args.set else ""),
           flush=True)
     print(wg.header(), flush=True)
     runs = wg.run_all(cfg, paths, seeds, on_run=lambda r: print(wg.row(r), flush=True), nodes=args.nodes,
                       peak_replicas=args.peak_replicas, days=args.days, history_days=args.history_days,
-                      cold_start_cv=args.cold_start_cv, wake_s=wake)
+                      cold_start_cv=args.cold_start_cv, wake_s=wake, wake_fail_rate=args.wake_fail_rate)
     print()
     print(wg.summary(runs))
     return 0

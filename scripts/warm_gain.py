@@ -3,8 +3,9 @@ traces and seeds, against the same oracle (cold delays: grace + cold start).
 
 With warm lending on, a reclaimed node's replica is woken (``wake_s``) instead of cold-started
 (``cold_start_s``), and the policy plans that pool with the shorter horizon (grace + wake).
-Every wake succeeds in the simulator: a failed wake would cost a cold start on top (the
-daemon's measured delays then raise the horizon). Reported per trace and seed: lent GPU-hours
+``wake_fail_rate`` (default 0: every wake succeeds) makes that share of the wakes fail: the
+replica is then cold-started after the wake's wait (``Setup.wake_fail_rate``), and the
+measured delays raise the horizon as the daemon's do. Reported per trace and seed: lent GPU-hours
 and % of the cold oracle, violations against its bound (the oracle's + 0.1 % of minutes),
 useful and lost research GPU-hours, and the warm oracle's GPU-hours (the same oracle with the
 wake as its delay: what the shorter reclaim could give at best). Used by
@@ -65,16 +66,17 @@ def with_warm(cfg: Config, wake_s: float | None = None) -> Config:
 
 
 def run_one(cfg: Config, path: str, seed: int, *, nodes: int = 24, peak_replicas: float = 20.0, days: float | None = None,
-            history_days: float = 0.0, cold_start_cv: float = 0.25, wake_s: float | None = None) -> WarmRun:
+            history_days: float = 0.0, cold_start_cv: float = 0.25, wake_s: float | None = None,
+            wake_fail_rate: float = 0.0) -> WarmRun:
     """Oracle (cold and warm), bridge cold, bridge warm: one trace, one seed."""
     w = build_workload(load_trace(path), peak_replicas=peak_replicas, days=days, seed=seed)
     hist, rest = split_history(w, history_days)
 
-    def setup(c: Config) -> Setup:
+    def setup(c: Config, fail: float = 0.0) -> Setup:
         return Setup(c, rest, nodes, 4, seed=seed, history=hist, cold_start_cv=cold_start_cv,
-                     start_unix=DEFAULT_START_UNIX + (hist.duration_s if hist is not None else 0.0))
+                     start_unix=DEFAULT_START_UNIX + (hist.duration_s if hist is not None else 0.0), wake_fail_rate=fail)
 
-    s_cold, s_warm = setup(cfg), setup(with_warm(cfg, wake_s))
+    s_cold, s_warm = setup(cfg), setup(with_warm(cfg, wake_s), wake_fail_rate)
     o = simulate(s_cold, make_controller("oracle", s_cold)).metrics
     ow = simulate(s_warm, make_controller("oracle", s_warm)).metrics
     cold = simulate(s_cold, make_controller("bridge", s_cold)).metrics

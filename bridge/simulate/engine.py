@@ -13,8 +13,10 @@ controller for actions; the modelled delays then play out as timed events:
   once; the node is free after the Slurm grace period (at once if it was idle), then the vLLM
   pod cold-starts for ``cold_start_s`` before it is Ready. So a reclaimed node with a job is
   never Ready before ``grace_s + cold_start_s``. A pool with ``warm_lending`` keeps its replica
-  asleep on the lent node: it is Ready ``wake_s`` after the release instead (every wake
-  succeeds here; a failed one would cost a cold start);
+  asleep on the lent node: it is Ready ``wake_s`` after the release instead; a share
+  ``wake_fail_rate`` of the wakes does not happen (a failed or hung wake, GPU memory a stuck job
+  still holds): that node is cold-started after the wait the daemon gives the wake
+  (``wake_gpu_wait_s`` with the free-GPU check, else the wake's timeout ``wake_s``);
 - **research**: ``bridge.simulate.research`` starts, completes, preempts and requeues jobs;
 - **tiers**: with ``slurm.fast_partition`` a lend carries its tier (``Action.tier``); a
   fast-tier node runs only fast-tier jobs and releases after ``slurm.fast_grace_s``.
@@ -99,6 +101,13 @@ class Setup:
     # whether the daemon reads the Ready replicas themselves while Prometheus answers nothing
     # (``prometheus.direct_fallback``, the replicas reachable): the policy then sees no gap
     direct_reads: bool = False
+    # warm lending: the share of wakes that do not happen (cold-started after the wake's wait);
+    # drawn from a stream of its own, so 0 leaves every other draw as it was
+    wake_fail_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.wake_fail_rate <= 1.0:
+            raise ValueError(f"wake_fail_rate: expected a share between 0 and 1, got {self.wake_fail_rate!r}")
 
     @property
     def pool(self) -> PoolConfig:
@@ -136,9 +145,19 @@ class Setup:
 
     def cold_start_quantile(self, q: float) -> float:
         """The ``q``-quantile of the drawn cold starts (the oracle plans with a high one); the
-        wake time for a pool that lends warm."""
-        if self.warm:
+        wake time for a pool that lends warm (the wake's wait and a cold start when more than
+        ``1 - q`` of the wakes fail)."""
+        if self.warm and self.wake_fail_rate <= 1.0 - q:
             return self.pool.wake_s
+        return (self.wake_wait_s if self.warm else 0.0) + self._cold_quantile(q)
+
+    @property
+    def wake_wait_s(self) -> float:
+        """How long the daemon waits for a wake before it cold-starts the replica instead."""
+        pool = self.pool
+        return pool.wake_gpu_wait_s if pool.wake_gpu_free_mib is not None else pool.wake_s
+
+    def _cold_quantile(self, q: float) -> float:
         mean, cv = self.cold_start_s, self.cold_start_cv
         if cv <= 0 or mean <= 0:
             return mean
@@ -225,22 +244,27 @@ class Engine:
         self._job_cache: dict[tuple[str, int, str, float | None], SlurmJob] = {}
         # cold starts: their own stream, so the job mix and the bursts stay as they were
         self._cold_rng = np.random.default_rng([setup.seed, 7])
+        self._wake_rng = np.random.default_rng([setup.seed, 11])  # which wakes fail (wake_fail_rate)
         self._reclaim_at: dict[str, float] = {}
         self.reclaim_delays: list[float] = []  # measured: reclaim decided -> replica Ready, seconds
         self.fast_reclaim_delays: list[float] = []  # the same, of fast-tier nodes
         self.cold_starts: list[float] = []
 
     def _cold_start(self) -> float:
-        """Release -> Ready: the wake of the sleeping replica (warm pool), else a drawn cold start."""
+        """Release -> Ready: the wake of the sleeping replica (warm pool), else, or after the
+        wake's wait when it fails (``wake_fail_rate``), a drawn cold start."""
+        wait = 0.0
         if self.s.warm:
-            return self.s.pool.wake_s
+            if self.s.wake_fail_rate <= 0.0 or self._wake_rng.random() >= self.s.wake_fail_rate:
+                return self.s.pool.wake_s
+            wait = self.s.wake_wait_s
         mean, cv = self.s.cold_start_s, self.s.cold_start_cv
         if cv <= 0 or mean <= 0:
-            return mean
+            return wait + mean
         sigma2 = math.log1p(cv * cv)
         v = float(self._cold_rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2)))
         self.cold_starts.append(v)
-        return v
+        return wait + v
 
     # --- events ------------------------------------------------------------------------------
 

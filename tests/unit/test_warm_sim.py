@@ -23,9 +23,9 @@ def cfg(*, warm: bool, replicas_per_node: int = 1) -> Config:
     return dataclasses.replace(c, pools=pools, slurm=dataclasses.replace(c.slurm, grace_s=GRACE))
 
 
-def reclaim_delay(c: Config) -> tuple[float, float]:
+def reclaim_delay(c: Config, *, wake_fail_rate: float = 0.0) -> tuple[float, float]:
     """Lend one node, give it a research job, reclaim it: (first tick it is Ready again, the measured delay)."""
-    setup = Setup(c, flat_workload(1.0, 60), nodes=3, mix=MIX)
+    setup = Setup(c, flat_workload(1.0, 60), nodes=3, mix=MIX, wake_fail_rate=wake_fail_rate)
     node = setup.node_names()[0]
     t_re = 1200.0
     ctl = Scripted({0.0: [(ActionKind.LEND, node, Tier.NORMAL)], t_re: [(ActionKind.RECLAIM, node, Tier.NORMAL)]},
@@ -42,6 +42,28 @@ def reclaim_delay(c: Config) -> tuple[float, float]:
 def test_a_warm_reclaim_is_grace_plus_wake() -> None:
     seen, delay = reclaim_delay(cfg(warm=True))
     assert GRACE + WAKE <= delay < GRACE + WAKE + TICK and delay <= seen < GRACE + COLD
+
+
+def test_a_failed_wake_costs_the_wakes_wait_and_a_cold_start() -> None:
+    _, delay = reclaim_delay(cfg(warm=True), wake_fail_rate=1.0)
+    assert GRACE + WAKE + COLD <= delay < GRACE + WAKE + COLD + TICK
+    # with the free-GPU check the daemon waits wake_gpu_wait_s before it gives the wake up
+    c = cfg(warm=True)
+    c = dataclasses.replace(c, pools=tuple(dataclasses.replace(p, wake_gpu_free_mib="auto", wake_gpu_wait_s=45.0) for p in c.pools))
+    _, delay = reclaim_delay(c, wake_fail_rate=1.0)
+    assert GRACE + 45.0 + COLD <= delay < GRACE + 45.0 + COLD + TICK
+    assert reclaim_delay(cfg(warm=True), wake_fail_rate=0.0) == reclaim_delay(cfg(warm=True))  # 0: as without the knob
+
+
+def test_the_wake_fail_rate_is_a_share_and_the_oracle_plans_with_it() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="wake_fail_rate: expected a share between 0 and 1, got 1.5"):
+        Setup(cfg(warm=True), flat_workload(1.0, 60), nodes=3, wake_fail_rate=1.5)
+    rare = Setup(cfg(warm=True), flat_workload(1.0, 60), nodes=3, wake_fail_rate=0.0005)
+    often = Setup(cfg(warm=True), flat_workload(1.0, 60), nodes=3, wake_fail_rate=0.2)
+    assert rare.cold_start_quantile(0.999) == WAKE  # fewer failures than the quantile leaves out
+    assert often.cold_start_quantile(0.999) == WAKE + COLD  # the wake's wait, then the cold start
 
 
 def test_a_cold_reclaim_is_grace_plus_cold_start() -> None:

@@ -21,9 +21,9 @@ import pytest
 
 from bridge.config import SlurmConfig
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
-from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World, event_time, put_load, read_events, wait_until
+from gpu_bridge_lab.sandbox.e2e import Watcher, World, event_time, put_load, read_events, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
-from sandbox_fixtures import cancel_all_jobs
+from sandbox_fixtures import assert_requeued, cancel_all_jobs, daemon_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -75,10 +75,9 @@ def test_lend_then_reclaim_requeues_jobs_and_restores_serving(world: tuple[Any, 
     doc["slurm"]["command_prefix"] = list(sb.slurm.command_prefix)  # empty for the host's Slurm
     cfg = write_config(d / "gpu-bridge.yaml", doc)
     log_path = d / "daemon.log"
-    daemon = DaemonProc(cfg, log_path, sb.env).start()
     watcher = Watcher(w, min_serving=MIN_SERVING)
-    watcher.start()
-    try:
+    with daemon_run(cfg, log_path, sb.env, watcher=watcher, samples_over=20, min_ready=MIN_SERVING):
+        watcher.start()
         # 1. load is low: all but min_serving nodes are lent
         wait_until(lambda: list(w.phases().values()).count("lent") == NODES - MIN_SERVING, 90, "nodes to be lent")
         lent = sorted(n for n, p in w.phases().items() if p == "lent")
@@ -109,13 +108,11 @@ def test_lend_then_reclaim_requeues_jobs_and_restores_serving(world: tuple[Any, 
             120, "every node back to serving with a Ready replica",
         )
         back_at = time.time()
-        jobs = {str(j["job_id"]): j for j in w.jobs()}
-        holds = w.holds(list(jobs.values()))
+        squeue = w.jobs()
+        jobs = {str(j["job_id"]): j for j in squeue}
+        holds = w.holds(squeue)
         hold_start = {node: float(jobs[jid]["start_time"]) for node, jid in holds.items()}
-        for jid in job_ids:
-            assert jid in jobs, f"job {jid} vanished from squeue (lost?)"
-            assert jobs[jid]["job_state"] in ("PENDING", "REQUEUED", "CONFIGURING"), jobs[jid]["job_state"]
-            assert jobs[jid]["restart_cnt"] >= 1
+        assert_requeued(w, job_ids, ("PENDING", "REQUEUED", "CONFIGURING"), squeue=squeue)
 
         # 3. load falls again: nodes are lent again and the requeued jobs finish
         put_load(vllm, {"rate": 2.0, "cv": 1.0})
@@ -125,18 +122,10 @@ def test_lend_then_reclaim_requeues_jobs_and_restores_serving(world: tuple[Any, 
             return all(r.exists() and "done 1" in r.read_text() for r in runs)
 
         wait_until(finished, 150, "requeued jobs to run again and finish", poll_s=1.0)
-    finally:
-        watcher.close()
-        rc = daemon.stop()
-        print(log_path.read_text()[-3000:] if rc else "")
-    assert rc == 0, "the daemon must exit 0 on SIGTERM"
     for i in range(len(job_ids)):
         text = (out / f"runs-{i}").read_text()
         assert "done 0" not in text  # preempted in the first run, never cancelled
         assert "done 1" in text
-    assert watcher.samples > 20
-    assert watcher.violations == [], watcher.violations[:5]
-    assert watcher.min_ready >= MIN_SERVING
 
     reclaims = read_events(log_path, "node_reclaimed")
     assert len(reclaims) >= NODES - MIN_SERVING

@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sandbox_fixtures import assert_requeued, daemon_run
 from test_e2e_warm import (
-    GRACE_S, MIN_SERVING, NODES, POD_START_S, WARM_SLURM_CONF, _free_port, _pods, assert_requeued, lent_warm, warm_config, warm_watcher,
+    GRACE_S, MIN_SERVING, NODES, POD_START_S, WARM_SLURM_CONF, _free_port, _pods, lent_warm, warm_config, warm_watcher,
 )
 
 from bridge import wellknown as wk
 from gpu_bridge_lab.sandbox.cluster.slurm import node_names
 from gpu_bridge_lab.sandbox.dcgm import FakeDcgm
-from gpu_bridge_lab.sandbox.e2e import DaemonProc, World, event_time, put_load, read_events, replica_sleeping, submit_backlog, wait_until
+from gpu_bridge_lab.sandbox.e2e import World, event_time, put_load, read_events, replica_sleeping, submit_backlog, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
@@ -61,9 +62,8 @@ def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any
     put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})
     cfg = warm_config(sb, d, port, wake_gpu_free_mib=NEED_MIB, wake_gpu_wait_s=WAIT_S)
     log_path = d / "daemon.log"
-    daemon = DaemonProc(cfg, log_path, sb.env).start()
     watcher = warm_watcher(sb, w)
-    try:
+    with daemon_run(cfg, log_path, sb.env, watcher=watcher):
         lent = lent_warm(w, watcher, len(job_ids))
         assert len(lent) == 2, lent
         freed, held = lent
@@ -90,12 +90,6 @@ def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any
         assert _pods(w)[held][:2] != before[held][:2]  # a new pod: the cold path
         dcgm.hold({})
         assert_requeued(w, job_ids)
-    finally:
-        watcher.close()
-        rc = daemon.stop()
-        print(log_path.read_text()[-3000:] if rc else "")
-    assert rc == 0
-    assert watcher.violations == [], watcher.violations[:5]
 
     ts = event_time
     fallbacks = read_events(log_path, "warm_fallback")

@@ -14,6 +14,10 @@
   cached trixie tree (gpu_bridge_lab.sandbox.nspawn; the first use builds it, ~1 min). Daemons and
   clients run through ``sb.slurm.command_prefix`` (Slurm's clients must match slurmctld);
   munged too (Debian 13's). The container binds /tmp, so test files are seen alike inside.
+- ``QUIET_START_RPS``: ``serving_sandbox(peak_rps=QUIET_START_RPS)`` scales the simulator's trace
+  down to the low load the e2e tests set before their daemon starts anyway: no start-up load
+  (the trace's, ~8 replicas' worth on 4 nodes, queued until the test lowers it) holds the
+  daemon's first lend back for half a minute while it is served and leaves the lend lookback.
 - ``daemon_run(cfg, log_path, env, watcher=...)``: the end-to-end tests' daemon run (``gpu-bridge
   run`` on a serving sandbox) and its common ending, written once: the watcher closed, the
   daemon stopped, its log's tail printed on a failure, then exit 0 and no violation asserted
@@ -37,6 +41,8 @@ import pytest
 
 from bridge.errors import SandboxError
 from gpu_bridge_lab.sandbox.cluster import Sandbox
+
+QUIET_START_RPS = 2.0
 
 if TYPE_CHECKING:  # the e2e helpers import the Kubernetes client: only the e2e tests load them
     from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World

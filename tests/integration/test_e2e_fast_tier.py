@@ -31,7 +31,7 @@ from gpu_bridge_lab.sandbox.e2e import (
     wait_until,
 )
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
-from sandbox_fixtures import assert_requeued, daemon_run
+from sandbox_fixtures import QUIET_START_RPS, assert_requeued, daemon_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -47,7 +47,7 @@ MIN_SERVING = 1
 def world() -> Iterator[tuple[Any, World, Path]]:
     d = Path(tempfile.mkdtemp(prefix="gb-e2e-fast-", dir="/tmp"))
     sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, fast_grace_s=FAST_GRACE_S, pod_start_delay_s=POD_START_S,
-                         pod_grace_s=3, shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"))
+                         pod_grace_s=3, shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), peak_rps=QUIET_START_RPS)
     sb.up()
     w = World(sb)
     try:

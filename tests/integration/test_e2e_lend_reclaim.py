@@ -23,7 +23,7 @@ from bridge.config import SlurmConfig
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.e2e import Watcher, World, event_time, put_load, read_events, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
-from sandbox_fixtures import assert_requeued, cancel_all_jobs, daemon_run
+from sandbox_fixtures import QUIET_START_RPS, assert_requeued, cancel_all_jobs, daemon_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,7 +41,7 @@ def world(request: pytest.FixtureRequest) -> Iterator[tuple[Any, World, Path]]:
     tree (daemons and every Slurm command, the daemon's too, through ``slurm.command_prefix``)."""
     d = Path(tempfile.mkdtemp(prefix="gb-e2e-", dir="/tmp"))
     sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
-                         shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"))
+                         shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), peak_rps=QUIET_START_RPS)
     box = None
     if request.param == "24.11":
         from gpu_bridge_lab.sandbox import nspawn

@@ -28,7 +28,7 @@ from gpu_bridge_lab.sandbox import serving
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.e2e import World, put_load, read_events, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox, split_pool
-from sandbox_fixtures import daemon_run
+from sandbox_fixtures import QUIET_START_RPS, daemon_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -45,7 +45,8 @@ PROBLEM = "gpu-node-04"
 def world() -> Iterator[tuple[Any, World, Path]]:
     d = Path(tempfile.mkdtemp(prefix="gb-2p-", dir="/tmp"))
     sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
-                         shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), pool_b_nodes=2)
+                         shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), pool_b_nodes=2,
+                         peak_rps=QUIET_START_RPS)
     try:
         sb.up()
         assert split_pool(sb, 2) == ["gpu-node-03", "gpu-node-04"]

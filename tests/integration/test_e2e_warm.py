@@ -47,7 +47,7 @@ from gpu_bridge_lab.sandbox.e2e import (
     wait_until,
 )
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
-from sandbox_fixtures import assert_requeued, daemon_run
+from sandbox_fixtures import QUIET_START_RPS, assert_requeued, daemon_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -84,7 +84,7 @@ def world() -> Iterator[tuple[Any, World, Path, int]]:
     port = _free_port()
     sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
                          shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), warm_port=port, timeout_s=90.0,
-                         extra_slurm_conf=WARM_SLURM_CONF)
+                         extra_slurm_conf=WARM_SLURM_CONF, peak_rps=QUIET_START_RPS)
     sb.up()
     w = World(sb)
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sandbox_fixtures import assert_requeued, daemon_run
+from sandbox_fixtures import QUIET_START_RPS, assert_requeued, daemon_run
 from test_e2e_warm import (
     GRACE_S, MIN_SERVING, NODES, POD_START_S, WARM_SLURM_CONF, _free_port, _pods, lent_warm, warm_config, warm_watcher,
 )
@@ -41,7 +41,7 @@ def world() -> Iterator[tuple[Any, World, Path, int, FakeDcgm]]:
     dcgm = FakeDcgm(node_names(NODES)).start()
     sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
                          shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), warm_port=port, timeout_s=90.0,
-                         extra_slurm_conf=WARM_SLURM_CONF, dcgm=dcgm)
+                         extra_slurm_conf=WARM_SLURM_CONF, dcgm=dcgm, peak_rps=QUIET_START_RPS)
     sb.up()
     w = World(sb)
     try:

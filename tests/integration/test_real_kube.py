@@ -29,7 +29,7 @@ from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config
 from gpu_bridge_lab.sandbox.e2e import put_load, read_events, wait_until
 from gpu_bridge_lab.sandbox.realkube import find_binaries
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
-from sandbox_fixtures import daemon_run
+from sandbox_fixtures import QUIET_START_RPS, daemon_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -46,7 +46,7 @@ def _ts(t: Any) -> float:
 def real() -> Iterator[tuple[Any, Path]]:
     d = Path(tempfile.mkdtemp(prefix="gbrk-", dir="/tmp"))
     sb = serving_sandbox(d, nodes=NODES, grace_s=5, pod_start_delay_s=COLD_START_S, pod_grace_s=POD_GRACE_S,
-                         shutdown_timeout_s=2)
+                         shutdown_timeout_s=2, peak_rps=QUIET_START_RPS)
     sb.up()
     try:
         yield sb, d

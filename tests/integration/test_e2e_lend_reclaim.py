@@ -98,7 +98,11 @@ def test_lend_then_reclaim_requeues_jobs_and_restores_serving(world: tuple[Any, 
             return sum(len(v) for v in running.values()) == len(job_ids) and set(running) <= set(lent)
 
         wait_until(all_running_on_lent, 30, "research jobs to run on the lent nodes")
-        time.sleep(3)
+        started = [out / f"runs-{i}" for i in range(len(job_ids))]
+        wait_until(lambda: all(r.exists() and "start" in r.read_text() for r in started), 10,
+                   "each research job's first run to record its start")
+        seen = watcher.samples
+        wait_until(lambda: watcher.samples >= seen + 2, 10, "the watcher to sample the jobs running on lent nodes")
 
         # 2. load rises: every node is needed; the jobs are requeued, nodes return to serving
         spike_at = time.time()
@@ -121,7 +125,7 @@ def test_lend_then_reclaim_requeues_jobs_and_restores_serving(world: tuple[Any, 
             runs = [(out / f"runs-{i}") for i in range(len(job_ids))]
             return all(r.exists() and "done 1" in r.read_text() for r in runs)
 
-        wait_until(finished, 150, "requeued jobs to run again and finish", poll_s=1.0)
+        wait_until(finished, 150, "requeued jobs to run again and finish")
     for i in range(len(job_ids)):
         text = (out / f"runs-{i}").read_text()
         assert "done 0" not in text  # preempted in the first run, never cancelled

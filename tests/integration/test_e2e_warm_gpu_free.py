@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_api_client import PrometheusConnect
 from sandbox_fixtures import QUIET_START_RPS, assert_requeued, daemon_run
 from test_e2e_warm import (
     GRACE_S, MIN_SERVING, NODES, POD_START_S, WARM_SLURM_CONF, _free_port, _pods, lent_warm, warm_config, warm_watcher,
 )
 
 from bridge import wellknown as wk
+from bridge.adapters.prom.gpu import FB_FREE
 from gpu_bridge_lab.sandbox.cluster.slurm import node_names
 from gpu_bridge_lab.sandbox.dcgm import FakeDcgm
 from gpu_bridge_lab.sandbox.e2e import World, event_time, put_load, read_events, replica_sleeping, submit_backlog, wait_until
@@ -52,6 +54,13 @@ def world() -> Iterator[tuple[Any, World, Path, int, FakeDcgm]]:
         dcgm.stop()
 
 
+def _least_free_mib(sb: Any, nodes: list[str]) -> dict[str, float]:
+    """node -> its GPUs' least free memory (MiB), as Prometheus has the fake's series now."""
+    pc = PrometheusConnect(url=sb.prometheus_url, disable_ssl=True)
+    got = pc.custom_query(f"min by (Hostname) ({FB_FREE})")
+    return {r["metric"]["Hostname"]: float(r["value"][1]) for r in got if r["metric"].get("Hostname") in nodes}
+
+
 def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any, World, Path, int, FakeDcgm]) -> None:
     sb, w, d, port, dcgm = world
     out = d / "jobs"
@@ -68,7 +77,12 @@ def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any
         assert len(lent) == 2, lent
         freed, held = lent
         dcgm.hold({n: NEED_MIB for n in lent})  # a job stuck in "Kill task failed" on each
-        time.sleep(3)  # scraped
+
+        def held_scraped() -> bool:
+            free = _least_free_mib(sb, lent)
+            return sorted(free) == lent and all(v < NEED_MIB for v in free.values())
+
+        wait_until(held_scraped, 30, "Prometheus to scrape the held GPU memory of both nodes")
 
         spike_at = time.time()
         put_load(sb.vllm_url, {"rate": 75.0, "cv": 1.0})

@@ -12,15 +12,14 @@ lost). Prometheus is started again at the end."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from sandbox_fixtures import assert_requeued, daemon_run
-from test_e2e_warm import (  # world: this module's sandbox
-    MIN_SERVING, NODES, _pods, lent_warm, warm_config, warm_watcher, world,  # noqa: F401
-)
+from test_e2e_warm import MIN_SERVING, NODES, _pods, lent_warm, warm_config, warm_watcher, warm_world
 
 from bridge import wellknown as wk
 from gpu_bridge_lab.sandbox.daemon_config import write_config
@@ -30,10 +29,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480
 
 BLIND_AFTER_S = 10.0
 DOWN_S = 40.0  # Prometheus down this long before the load rises: four times the blind timer
+POD_START_S = 3.0  # no cold start is timed here: the pods start sooner than test_e2e_warm's
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[tuple[Any, World, Path, int]]:
+    """test_e2e_warm's sandbox, its pods starting in POD_START_S."""
+    yield from warm_world("gb-e2e-promdown-", pod_start_delay_s=POD_START_S)
 
 
 def test_with_prometheus_down_the_daemon_reads_the_pods_keeps_lending_and_still_reclaims_on_load(
-    world: tuple[Any, World, Path, int],  # noqa: F811
+    world: tuple[Any, World, Path, int],
 ) -> None:
     sb, w, d, port = world
     out = d / "jobs"

@@ -78,11 +78,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def world() -> Iterator[tuple[Any, World, Path, int]]:
-    d = Path(tempfile.mkdtemp(prefix="gb-e2e-warm-", dir="/tmp"))
+def warm_world(prefix: str, pod_start_delay_s: float = POD_START_S) -> Iterator[tuple[Any, World, Path, int]]:
+    """This module's sandbox, up for a module fixture (``yield from``); ``pod_start_delay_s``:
+    the pods' cold start (a test that times none may start them sooner)."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     port = _free_port()
-    sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
+    sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=pod_start_delay_s, pod_grace_s=3,
                          shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), warm_port=port, timeout_s=90.0,
                          extra_slurm_conf=WARM_SLURM_CONF, peak_rps=QUIET_START_RPS)
     sb.up()
@@ -92,6 +93,11 @@ def world() -> Iterator[tuple[Any, World, Path, int]]:
     finally:
         w.close()
         sb.down()
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[tuple[Any, World, Path, int]]:
+    yield from warm_world("gb-e2e-warm-")
 
 
 def _pods(w: World) -> dict[str, tuple[str, str, str, bool]]:

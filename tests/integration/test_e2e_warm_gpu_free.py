@@ -20,7 +20,7 @@ import pytest
 from prometheus_api_client import PrometheusConnect
 from sandbox_fixtures import QUIET_START_RPS, assert_requeued, daemon_run
 from test_e2e_warm import (
-    GRACE_S, MIN_SERVING, NODES, POD_START_S, WARM_SLURM_CONF, _free_port, _pods, lent_warm, warm_config, warm_watcher,
+    GRACE_S, MIN_SERVING, NODES, WARM_SLURM_CONF, _free_port, _pods, lent_warm, warm_config, warm_watcher,
 )
 
 from bridge import wellknown as wk
@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480
 
 NEED_MIB = 70_000  # pools[].wake_gpu_free_mib: the fake shows ~81,000 free, ~11,000 with 70,000 held
 WAIT_S = 45.0  # pools[].wake_gpu_wait_s
+POD_START_S = 3.0  # the pods' cold start: none is timed here, so sooner than test_e2e_warm's
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The free-GPU check before a warm wake, live: test_e2e_warm's sandbox and daemon (real Slurm,
 a real kube-apiserver with kwok's pods, Prometheus, the vLLM simulator in sleep mode), with the
-lab's fake dcgm-exporter scraped too and the pool's ``wake_gpu_free_mib`` set.
+lab's fake dcgm-exporter scraped too and the pool's ``wake_gpu_free_mib`` set; the pods start in
+3 s, not 25 s (no cold start is timed here, only told apart from a wake by the pod's identity).
 
 Two nodes are lent warm. Before the reclaim both get GPU memory held (the fake's knob, as a
 research job stuck in ``Kill task failed`` would): both return and wait, asleep, not woken. The

@@ -14,6 +14,14 @@
   cached trixie tree (gpu_bridge_lab.sandbox.nspawn; the first use builds it, ~1 min). Daemons and
   clients run through ``sb.slurm.command_prefix`` (Slurm's clients must match slurmctld);
   munged too (Debian 13's). The container binds /tmp, so test files are seen alike inside.
+- ``QUIET_START_RPS``: ``serving_sandbox(peak_rps=QUIET_START_RPS)`` scales the simulator's trace
+  down to the low load the e2e tests set before their daemon starts anyway: no start-up load
+  (the trace's, ~8 replicas' worth on 4 nodes, queued until the test lowers it) holds the
+  daemon's first lend back for half a minute while it is served and leaves the lend lookback.
+- ``daemon_run(cfg, log_path, env, watcher=...)``: the end-to-end tests' daemon run (``gpu-bridge
+  run`` on a serving sandbox) and its common ending, written once: the watcher closed, the
+  daemon stopped, its log's tail printed on a failure, then exit 0 and no violation asserted
+  (``assert_requeued``: no research job lost, each requeued).
 """
 
 from __future__ import annotations
@@ -24,14 +32,20 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from bridge.errors import SandboxError
 from gpu_bridge_lab.sandbox.cluster import Sandbox
+
+QUIET_START_RPS = 2.0
+
+if TYPE_CHECKING:  # the e2e helpers import the Kubernetes client: only the e2e tests load them
+    from gpu_bridge_lab.sandbox.e2e import DaemonProc, Watcher, World
 
 
 @contextlib.contextmanager
@@ -156,3 +170,69 @@ def kube_plane() -> Iterator[Sandbox]:
     # pods Ready 0.5 s after they start (kwok): the tests wait for readiness, not for a cold start
     with control_plane(kube_args=("--pod-start-delay-s", "0.5")) as sb:
         yield sb
+
+
+@dataclass
+class DaemonRun:
+    """A daemon run of ``daemon_run``: ``rc`` is its exit code once stopped."""
+
+    daemon: DaemonProc
+    watcher: Watcher | None
+    rc: int | None = None
+
+
+@contextlib.contextmanager
+def daemon_run(cfg: Path, log_path: Path, env: Mapping[str, str], *, watcher: Watcher | None = None,
+               samples_over: int | None = None, min_ready: int | None = None, saw_warm: bool = False,
+               explain: Callable[[], None] | None = None) -> Iterator[DaemonRun]:
+    """``gpu-bridge run --config cfg`` (``DaemonProc``, its JSON log at ``log_path``) for the
+    block; the block starts ``watcher`` when it should. Then, whatever the block did: the
+    watcher closed (if started), the daemon SIGTERMed (SIGKILL after 20 s), and, if it exited
+    non-zero or the block failed, ``explain()`` and the log's tail printed. If the block passed:
+
+    - the daemon exited 0 on SIGTERM;
+    - the watcher (if any) saw no violation (Ready serving capacity under min_serving, a node
+      running research jobs beside a serving pod, a node lent warm without its memory hold);
+    - ``samples_over``: the watcher took more samples than that (it really watched);
+    - ``min_ready``: the fewest Ready serving pods it saw was at least that;
+    - ``saw_warm``: it saw research jobs beside sleeping pods, each node lent warm with its
+      memory hold running.
+    """
+    from gpu_bridge_lab.sandbox.e2e import DaemonProc
+
+    run = DaemonRun(DaemonProc(cfg, log_path, env).start(), watcher)
+    failed = True
+    try:
+        yield run
+        failed = False
+    finally:
+        if watcher is not None and watcher.ident is not None:  # a thread never started cannot be joined
+            watcher.close()
+        run.rc = run.daemon.stop()
+        if failed and explain is not None:
+            explain()
+        if run.rc or failed:
+            print(log_path.read_text()[-3000:])
+    assert run.rc == 0, f"the daemon must exit 0 on SIGTERM, it exited {run.rc}"
+    if watcher is not None:
+        assert watcher.violations == [], watcher.violations[:5]
+        if samples_over is not None:
+            assert watcher.samples > samples_over, watcher.samples
+        if min_ready is not None:
+            assert watcher.min_ready >= min_ready, watcher.min_ready
+        if saw_warm:
+            assert watcher.warm_samples > 0  # it did see research jobs beside sleeping pods
+            assert watcher.mem_hold_samples > 0  # ... each on a node lent warm with its memory hold running
+
+
+def assert_requeued(w: World, job_ids: Iterable[str], states: Iterable[str] | None = None, *,
+                    squeue: list[dict[str, Any]] | None = None) -> None:
+    """Every research job is still in Slurm (not lost) and was requeued at least once
+    (preempted, never cancelled); ``states``: the job states each may be in; ``squeue``: the
+    jobs already read (``w.jobs()``), else read now."""
+    jobs = {str(j["job_id"]): j for j in (w.jobs() if squeue is None else squeue)}
+    for jid in job_ids:
+        assert jid in jobs, f"job {jid} vanished from squeue (lost?)"
+        if states is not None:
+            assert jobs[jid]["job_state"] in set(states), (jid, jobs[jid]["job_state"])
+        assert jobs[jid]["restart_cnt"] >= 1, jobs[jid]

@@ -22,7 +22,6 @@ import pytest
 
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.e2e import (
-    DaemonProc,
     Watcher,
     World,
     event_time,
@@ -32,6 +31,7 @@ from gpu_bridge_lab.sandbox.e2e import (
     wait_until,
 )
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
+from sandbox_fixtures import QUIET_START_RPS, assert_requeued, daemon_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -47,7 +47,7 @@ MIN_SERVING = 1
 def world() -> Iterator[tuple[Any, World, Path]]:
     d = Path(tempfile.mkdtemp(prefix="gb-e2e-fast-", dir="/tmp"))
     sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, fast_grace_s=FAST_GRACE_S, pod_start_delay_s=POD_START_S,
-                         pod_grace_s=3, shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"))
+                         pod_grace_s=3, shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), peak_rps=QUIET_START_RPS)
     sb.up()
     w = World(sb)
     try:
@@ -76,10 +76,10 @@ def test_the_daemon_lends_to_the_fast_tier_and_reclaims_within_the_fast_grace(wo
     doc["slurm"].update(fast_partition=FAST, fast_grace_s=FAST_GRACE_S)
     cfg = write_config(d / "gpu-bridge.yaml", doc)
     log_path = d / "daemon.log"
-    daemon = DaemonProc(cfg, log_path, sb.env).start()
     watcher = Watcher(w, min_serving=MIN_SERVING)
-    watcher.start()
-    try:
+    with daemon_run(cfg, log_path, sb.env, watcher=watcher):
+        watcher.start()
+
         def fast_jobs_running() -> bool:
             running = w.research_running_by_node()
             return sum(len(v) for v in running.values()) == len(job_ids)
@@ -97,17 +97,7 @@ def test_the_daemon_lends_to_the_fast_tier_and_reclaims_within_the_fast_grace(wo
         put_load(sb.vllm_url, {"rate": 75.0, "cv": 1.0})
         wait_until(lambda: all(w.phases().get(n) == "serving" for n in running)
                    and all(n in w.ready_pods_by_node() for n in running), 90, "the fast-tier nodes back to serving")
-        jobs = {str(j["job_id"]): j for j in w.jobs()}
-        for jid in job_ids:
-            assert jid in jobs, f"job {jid} vanished from squeue (lost?)"
-            assert jobs[jid]["job_state"] in ("PENDING", "REQUEUED", "CONFIGURING"), jobs[jid]["job_state"]
-            assert jobs[jid]["restart_cnt"] >= 1  # requeued, never cancelled
-    finally:
-        watcher.close()
-        rc = daemon.stop()
-        print(log_path.read_text()[-3000:] if rc else "")
-    assert rc == 0
-    assert watcher.violations == [], watcher.violations[:5]
+        assert_requeued(w, job_ids, ("PENDING", "REQUEUED", "CONFIGURING"))  # requeued, never cancelled
 
     ts = event_time
     decisions = [e for e in read_events(log_path, "decision") if e["action"] == "reclaim" and ts(e) >= spike_at]

@@ -12,27 +12,34 @@ lost). Prometheus is started again at the end."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from test_e2e_warm import (  # world: this module's sandbox
-    MIN_SERVING, NODES, _pods, assert_requeued, lent_warm, warm_config, warm_watcher, world,  # noqa: F401
-)
+from sandbox_fixtures import assert_requeued, daemon_run
+from test_e2e_warm import MIN_SERVING, NODES, _pods, lent_warm, warm_config, warm_watcher, warm_world
 
 from bridge import wellknown as wk
 from gpu_bridge_lab.sandbox.daemon_config import write_config
-from gpu_bridge_lab.sandbox.e2e import DaemonProc, World, event_time, put_load, read_events, submit_backlog, wait_until
+from gpu_bridge_lab.sandbox.e2e import World, event_time, put_load, read_events, submit_backlog, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
 
 BLIND_AFTER_S = 10.0
 DOWN_S = 40.0  # Prometheus down this long before the load rises: four times the blind timer
+POD_START_S = 3.0  # no cold start is timed here: the pods start sooner than test_e2e_warm's
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[tuple[Any, World, Path, int]]:
+    """test_e2e_warm's sandbox, its pods starting in POD_START_S."""
+    yield from warm_world("gb-e2e-promdown-", pod_start_delay_s=POD_START_S)
 
 
 def test_with_prometheus_down_the_daemon_reads_the_pods_keeps_lending_and_still_reclaims_on_load(
-    world: tuple[Any, World, Path, int],  # noqa: F811
+    world: tuple[Any, World, Path, int],
 ) -> None:
     sb, w, d, port = world
     out = d / "jobs"
@@ -46,38 +53,33 @@ def test_with_prometheus_down_the_daemon_reads_the_pods_keeps_lending_and_still_
     doc["policy"]["blind_after_s"] = BLIND_AFTER_S
     write_config(cfg, doc)
     log_path = d / "daemon.log"
-    daemon = DaemonProc(cfg, log_path, sb.env).start()
     watcher = warm_watcher(sb, w)
     prom = next(c for c in sb.components if c.name == "prometheus")
     restarted = False
     try:
-        lent = lent_warm(w, watcher, len(job_ids))
-        assert len(lent) == NODES - MIN_SERVING, lent
+        with daemon_run(cfg, log_path, sb.env, watcher=watcher):
+            lent = lent_warm(w, watcher, len(job_ids))
+            assert len(lent) == NODES - MIN_SERVING, lent
 
-        down_at = time.time()
-        sb.stop_process("prometheus")
-        time.sleep(DOWN_S)
-        phases = w.phases()
-        assert all(phases[n] == "lent" for n in lent), phases  # not blind: no node taken back
-        assert sorted(w.research_running_by_node()) == lent
+            down_at = time.time()
+            sb.stop_process("prometheus")
+            time.sleep(DOWN_S)
+            phases = w.phases()
+            assert all(phases[n] == "lent" for n in lent), phases  # not blind: no node taken back
+            assert sorted(w.research_running_by_node()) == lent
 
-        spike_at = time.time()
-        put_load(sb.vllm_url, {"rate": 75.0, "cv": 1.0})
-        wait_until(lambda: all(w.phases().get(n) == "serving" and _pods(w).get(n, ("", "", "", False))[3] for n in lent),
-                   120, "both lent nodes reclaimed on the load read from the pods, Prometheus still down")
-        prom.start(sb)
-        prom.wait_ready(sb, 30)
-        restarted = True
-        assert_requeued(w, job_ids)
-    finally:
-        watcher.close()
-        rc = daemon.stop()
+            spike_at = time.time()
+            put_load(sb.vllm_url, {"rate": 75.0, "cv": 1.0})
+            wait_until(lambda: all(w.phases().get(n) == "serving" and _pods(w).get(n, ("", "", "", False))[3] for n in lent),
+                       120, "both lent nodes reclaimed on the load read from the pods, Prometheus still down")
+            prom.start(sb)
+            prom.wait_ready(sb, 30)
+            restarted = True
+            assert_requeued(w, job_ids)
+    finally:  # after the daemon's stop: Prometheus back whatever happened
         if not restarted:
             prom.start(sb)
             prom.wait_ready(sb, 30)
-        print(log_path.read_text()[-3000:] if rc else "")
-    assert rc == 0
-    assert watcher.violations == [], watcher.violations[:5]
 
     ts = event_time
     unavailable = [e for e in read_events(log_path, "prometheus_unavailable") if ts(e) >= down_at]

@@ -26,8 +26,9 @@ from prometheus_api_client import PrometheusConnect
 from bridge import wellknown as wk
 from gpu_bridge_lab.sandbox import serving
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
-from gpu_bridge_lab.sandbox.e2e import DaemonProc, World, put_load, read_events, wait_until
+from gpu_bridge_lab.sandbox.e2e import World, put_load, read_events, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox, split_pool
+from sandbox_fixtures import QUIET_START_RPS, daemon_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -44,7 +45,8 @@ PROBLEM = "gpu-node-04"
 def world() -> Iterator[tuple[Any, World, Path]]:
     d = Path(tempfile.mkdtemp(prefix="gb-2p-", dir="/tmp"))
     sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
-                         shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), pool_b_nodes=2)
+                         shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), pool_b_nodes=2,
+                         peak_rps=QUIET_START_RPS)
     try:
         sb.up()
         assert split_pool(sb, 2) == ["gpu-node-03", "gpu-node-04"]
@@ -92,11 +94,16 @@ def test_pool_a_lends_its_least_busy_node_while_pool_b_has_a_problem_node(world:
                          min_lend_s=5, pool_b=True)
     cfg = write_config(d / "gpu-bridge.yaml", doc)
     log_path = d / "daemon.log"
-    daemon = DaemonProc(cfg, log_path, sb.env).start()
-    t0 = time.monotonic()
+
+    def explain() -> None:
+        print("\n".join(f"{e.get('event')} node={e.get('node')} step={e.get('step')} action={e.get('action')} "
+                        f"reason={e.get('reason')}" for e in read_events(log_path)
+                        if e.get("event") in ("decision", "node_step", "step_failed", "pool_scaled", "node_problem"))[-6000:])
+
     samples: list[dict[str, float]] = []
-    rc = None
-    try:
+    with daemon_run(cfg, log_path, sb.env, explain=explain):
+        t0 = time.monotonic()
+
         def a_lent() -> str | None:
             samples.append(inflight_by_node(sb, w, serving.MODEL))
             phases = w.phases()
@@ -107,19 +114,8 @@ def test_pool_a_lends_its_least_busy_node_while_pool_b_has_a_problem_node(world:
         phases = w.phases()
         time.sleep(1.0)
         decisions = [e for e in read_events(log_path, "decision") if e.get("action") == "lend"]
-    except AssertionError:
-        rc = daemon.stop()
-        print("\n".join(f"{e.get('event')} node={e.get('node')} step={e.get('step')} action={e.get('action')} "
-                        f"reason={e.get('reason')}" for e in read_events(log_path)
-                        if e.get("event") in ("decision", "node_step", "step_failed", "pool_scaled", "node_problem"))[-6000:])
-        print(log_path.read_text()[-3000:])
-        raise
-    finally:
-        if rc is None:
-            rc = daemon.stop()
     print(f"\nin-flight before the daemon: {before}; pool A lent {lent} after {lend_s:.1f} s; "
           f"in-flight while it decided (last samples): {samples[-3:]}")
-    assert rc == 0
     # The per-pool scale guard: pool A's lend went through although pool B has a problem node.
     assert phases[PROBLEM] == "bogus"  # held, never guessed
     assert phases["gpu-node-03"] == "serving"

@@ -37,7 +37,6 @@ from bridge import wellknown as wk
 from bridge.config import SlurmConfig
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
 from gpu_bridge_lab.sandbox.e2e import (
-    DaemonProc,
     Watcher,
     World,
     event_time,
@@ -48,6 +47,7 @@ from gpu_bridge_lab.sandbox.e2e import (
     wait_until,
 )
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
+from sandbox_fixtures import QUIET_START_RPS, assert_requeued, daemon_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -78,13 +78,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def world() -> Iterator[tuple[Any, World, Path, int]]:
-    d = Path(tempfile.mkdtemp(prefix="gb-e2e-warm-", dir="/tmp"))
+def warm_world(prefix: str, pod_start_delay_s: float = POD_START_S) -> Iterator[tuple[Any, World, Path, int]]:
+    """This module's sandbox, up for a module fixture (``yield from``); ``pod_start_delay_s``:
+    the pods' cold start (a test that times none may start them sooner)."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     port = _free_port()
-    sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=POD_START_S, pod_grace_s=3,
+    sb = serving_sandbox(d, nodes=NODES, grace_s=GRACE_S, pod_start_delay_s=pod_start_delay_s, pod_grace_s=3,
                          shutdown_timeout_s=2, vllm_extra=("--max-cv", "1.5"), warm_port=port, timeout_s=90.0,
-                         extra_slurm_conf=WARM_SLURM_CONF)
+                         extra_slurm_conf=WARM_SLURM_CONF, peak_rps=QUIET_START_RPS)
     sb.up()
     w = World(sb)
     try:
@@ -92,6 +93,11 @@ def world() -> Iterator[tuple[Any, World, Path, int]]:
     finally:
         w.close()
         sb.down()
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[tuple[Any, World, Path, int]]:
+    yield from warm_world("gb-e2e-warm-")
 
 
 def _pods(w: World) -> dict[str, tuple[str, str, str, bool]]:
@@ -148,13 +154,6 @@ def lent_warm(w: World, watcher: Watcher, jobs: int) -> list[str]:
     return sorted(w.research_running_by_node())
 
 
-def assert_requeued(w: World, job_ids: list[str]) -> None:
-    """Every research job is still in Slurm and was requeued at least once: preempted, never lost."""
-    jobs = {str(j["job_id"]): j for j in w.jobs()}
-    for jid in job_ids:
-        assert jid in jobs and jobs[jid]["restart_cnt"] >= 1, jobs.get(jid)
-
-
 def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tuple[Any, World, Path, int]) -> None:
     sb, w, d, port = world
     out = d / "jobs"
@@ -167,9 +166,8 @@ def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tu
     put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})
     cfg = warm_config(sb, d, port)
     log_path = d / "daemon.log"
-    daemon = DaemonProc(cfg, log_path, sb.env).start()
     watcher = warm_watcher(sb, w)
-    try:
+    with daemon_run(cfg, log_path, sb.env, watcher=watcher, saw_warm=True):
         # the daemon opens the gates of the pods it serves with: Ready, the same pods
         wait_until(lambda: all(r for *_, r in _pods(w).values()), 60, "the daemon to open every pod's gate (Ready)")
         assert {n: p[:2] for n, p in _pods(w).items()} == {n: p[:2] for n, p in before.items()}
@@ -206,19 +204,7 @@ def test_the_daemon_lends_warm_and_reclaims_by_waking_the_same_replica(world: tu
             name, uid, ip, ready = after[node]
             assert (name, uid) == before[node][:2] and ready, (node, after[node], before[node])  # woken, not cold-started
             assert _is_sleeping_at(ip, port) is False
-        jobs = {str(j["job_id"]): j for j in w.jobs()}
-        for jid in job_ids:
-            assert jid in jobs, f"job {jid} vanished from squeue (lost?)"
-            assert jobs[jid]["job_state"] in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING"), jobs[jid]["job_state"]
-            assert jobs[jid]["restart_cnt"] >= 1  # requeued, never cancelled
-    finally:
-        watcher.close()
-        rc = daemon.stop()
-        print(log_path.read_text()[-3000:] if rc else "")
-    assert rc == 0
-    assert watcher.violations == [], watcher.violations[:5]
-    assert watcher.warm_samples > 0  # it did see research jobs beside sleeping pods
-    assert watcher.mem_hold_samples > 0  # ... each on a node lent warm with its memory hold running
+        assert_requeued(w, job_ids, ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING"))  # requeued, never cancelled
 
     ts = event_time
     submitted = {e["node"]: ts(e) for e in read_events(log_path, "node_step") if e.get("step") == "submit_mem_hold"}

@@ -26,9 +26,10 @@ from kubernetes import config as k8s_config
 
 from gpu_bridge_lab.sandbox.cluster import procs
 from gpu_bridge_lab.sandbox.daemon_config import daemon_identity, sandbox_config, write_config
-from gpu_bridge_lab.sandbox.e2e import DaemonProc, put_load, read_events, wait_until
+from gpu_bridge_lab.sandbox.e2e import put_load, read_events, wait_until
 from gpu_bridge_lab.sandbox.realkube import find_binaries
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
+from sandbox_fixtures import QUIET_START_RPS, daemon_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -45,7 +46,7 @@ def _ts(t: Any) -> float:
 def real() -> Iterator[tuple[Any, Path]]:
     d = Path(tempfile.mkdtemp(prefix="gbrk-", dir="/tmp"))
     sb = serving_sandbox(d, nodes=NODES, grace_s=5, pod_start_delay_s=COLD_START_S, pod_grace_s=POD_GRACE_S,
-                         shutdown_timeout_s=2)
+                         shutdown_timeout_s=2, peak_rps=QUIET_START_RPS)
     sb.up()
     try:
         yield sb, d
@@ -163,19 +164,15 @@ def test_a_rule_removed_from_the_manifest_fails_that_step_with_a_logged_403_and_
             prometheus_url=sb.prometheus_url, **daemon_identity(sb), slurm_conf=sb.slurm.slurm_conf, grace_s=5,
             cold_start_s=COLD_START_S, min_serving=1, scale_down_window_s=4, min_lend_s=5))
         log_path = d / "rbac-daemon.log"
-        daemon = DaemonProc(cfg, log_path, sb.env).start()
-        try:
+        with daemon_run(cfg, log_path, sb.env):
             def refused() -> list[dict[str, Any]]:
                 return [e for e in read_events(log_path, "step_failed") if "HTTP 403" in str(e.get("error"))]
 
             events = wait_until(refused, 150, "a step refused with 403 in the daemon's log")
             time.sleep(5)  # a few more ticks: it must keep not going further
-        finally:
-            rc = daemon.stop()
         err = str(events[0]["error"])
         assert "patch pods" in err and "forbidden" in err.lower() and "system:serviceaccount:gpu-bridge:gpu-bridge" in err
         assert events[0]["node"] in sb.node_names
-        assert rc == 0
         # no damage: every replica still there and Ready, no node handed to Slurm
         dep = apps.read_namespaced_deployment("vllm", "serving")
         assert dep.spec.replicas == NODES

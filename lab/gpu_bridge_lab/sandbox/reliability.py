@@ -617,9 +617,10 @@ class Harness:
             return f"{pod}'s wake hangs {WAKE_HANG_S:g} s{more}; load high"
         if failure == "gpu_memory_held":
             assert self.dcgm is not None, "gpu_memory_held needs Harness(gpu_check=True)"
-            self.dcgm.hold({n: GPU_HELD_MIB for n in self.warm_lent()})
+            held = sorted(self.warm_lent())  # read once: the message names the nodes held
+            self.dcgm.hold({n: GPU_HELD_MIB for n in held})
             self.load(HIGH)
-            return f"{GPU_HELD_MIB} MiB held on each GPU of {', '.join(sorted(self.warm_lent()))}; load high"
+            return f"{GPU_HELD_MIB} MiB held on each GPU of {', '.join(held)}; load high"
         if failure == "sleep_fails":
             pods = sorted(str(p.metadata.name) for p in self.w._pods() if p.metadata.deletion_timestamp is None)
             self.set_sim_faults(sleep_fails=pods)

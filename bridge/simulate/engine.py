@@ -53,7 +53,7 @@ from bridge.model import (
     SlurmJob,
     Tier,
 )
-from bridge.policy.forecast import measured_horizon
+from bridge.policy.forecast import lends_warm, measured_horizon
 from bridge.simulate.research import JobMix, Research
 from bridge.simulate.workload import Workload, signals
 
@@ -139,9 +139,9 @@ class Setup:
 
     @property
     def warm(self) -> bool:
-        """The pool lends warm: a reclaimed node wakes its sleeping replica (``wake_s``); the
-        lifecycle keeps a replica only when it is the node's one pod."""
-        return self.pool.warm_lending and self.pool.replicas_per_node == 1
+        """The pool lends warm (``forecast.lends_warm``, as the plan reads it): a reclaimed node wakes
+        its sleeping replica (``wake_s``); the lifecycle keeps a replica only when it is the node's one pod."""
+        return lends_warm(self.pool)
 
     def cold_start_quantile(self, q: float) -> float:
         """The ``q``-quantile of the drawn cold starts (the oracle plans with a high one); the

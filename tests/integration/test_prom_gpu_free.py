@@ -41,7 +41,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, FakeD
     sim = Simulation(Trace((0.0, 600.0), (1.0, 1.0), (1.0, 1.0), 600.0, "flat"), ["m"], seed=1)
     sim.add_replica("m-0", "m", "gpu-node-02", warmup_s=0.0)  # its metrics (no sleep mode: no DCGM series of its own)
     server = SimServer(sim, "127.0.0.1", 0, tick_s=0.05).start()
-    vllm = sandbox_prom.ScrapeTarget("vllm", (f"127.0.0.1:{server.port}",), labels={"namespace": "serving"})
+    vllm = sandbox_prom.ScrapeTarget("vllm", (f"127.0.0.1:{server.port}",), labels={"namespace": "serving", "cluster": "a"})
     prom = RunningPrometheus(tmp, [], config=sandbox_prom.render_config([dcgm.scrape_target(), vllm], interval_s=1.0))
     try:
         prom.wait_until(lambda: sandbox_prom.scraped_once(prom.url, ["dcgm", "vllm"], ["dcgm", "vllm"]), timeout=60)
@@ -92,5 +92,10 @@ def test_auto_reads_the_engine_s_share_and_each_gpu_s_total_in_the_same_one_quer
     assert adapter.gpu_free(in_ns, ["gpu-node-02"], node_label="Hostname", gpus=4, pods=pods)["gpu-node-02"] is not None
     other_ns = PromPool("default", "m", namespace="other")  # the pod's series is not in that namespace: unknown
     assert adapter.gpu_free(other_ns, ["gpu-node-02"], node_label="Hostname", gpus=4, pods=pods) == {"gpu-node-02": None}
+    # the pool's prometheus_matchers select the info gauge too (it is scraped with the same target labels)
+    same = PromPool("default", "m", namespace="serving", matchers={"cluster": "a"})
+    assert adapter.gpu_free(same, ["gpu-node-02"], node_label="Hostname", gpus=4, pods=pods)["gpu-node-02"] is not None
+    other = PromPool("default", "m", namespace="serving", matchers={"cluster": "b"})
+    assert adapter.gpu_free(other, ["gpu-node-02"], node_label="Hostname", gpus=4, pods=pods) == {"gpu-node-02": None}
     assert adapter.gpu_free(POOL, ["gpu-node-03"], node_label="Hostname", gpus=4, pods={"gpu-node-03": "m-9"}) == {
         "gpu-node-03": None}

@@ -131,9 +131,10 @@ def test_the_auto_query_adds_used_reserved_and_the_pods_cache_config_in_the_same
     plain = build_gpu_query(["gpu-node-01"], node_label="Hostname")
     assert FB_USED not in plain and CACHE_INFO not in plain  # a number configured: the query as before
     q = build_gpu_query(["gpu-node-01"], node_label="Hostname", pods=["llama-0", "llama.1"],
-                        pool=PromPool("default", "m", namespace="serving"))
+                        pool=PromPool("default", "m", namespace="serving", matchers={"job": "vllm", "cluster": "a"}))
     assert f'{FB_USED}{{Hostname=~"gpu\\\\-node\\\\-01"}}' in q and f"{FB_RESERVED}{{" in q
-    assert f'{CACHE_INFO}{{pod=~"llama\\\\-0|llama\\\\.1",namespace="serving"}}' in q  # no model_name: vLLM sets none on it
+    # no model_name (vLLM sets none on it); the namespace and the pool's prometheus_matchers as on its other series
+    assert f'{CACHE_INFO}{{pod=~"llama\\\\-0|llama\\\\.1",namespace="serving",cluster="a",job="vllm"}}' in q
     assert q.count("bridge_q") == 5
 
 

@@ -31,7 +31,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from .types import POD_LABEL, TAG, PromPool, _bad, _describe, _escape, _float, _replica_key, _tag
+from .types import POD_LABEL, TAG, PromPool, _bad, _describe, _escape, _float, _replica_key, _tag, scope_matchers
 
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
 FB_USED = "DCGM_FI_DEV_FB_USED"
@@ -48,13 +48,12 @@ def _any_of(label: str, values: Collection[str]) -> str:
 def build_gpu_query(nodes: Collection[str], *, node_label: str, pods: Collection[str] = (), pool: PromPool | None = None) -> str:
     """The free framebuffer of each GPU of ``nodes`` and its sample time, in one query; with
     ``pods`` (``auto``) also the GPUs' used and reserved memory and the pods' cache config
-    (selected by ``pod`` and the ``pool``'s namespace: the info gauge carries no model name)."""
+    (selected by ``pod`` and the ``pool``'s namespace and ``prometheus_matchers``: the info gauge
+    carries no model name)."""
     sel = _any_of(node_label, nodes)
     parts = [_tag(f"{FB_FREE}{{{sel}}}", "value"), _tag(f"timestamp({FB_FREE}{{{sel}}})", "ts")]
     if pods:
-        info = _any_of(POD_LABEL, pods)
-        if pool is not None and pool.namespace is not None:
-            info += f',{pool.namespace_label}="{_escape(pool.namespace)}"'
+        info = ",".join([_any_of(POD_LABEL, pods), *(scope_matchers(pool) if pool is not None else [])])
         parts += [_tag(f"{FB_USED}{{{sel}}}", "used"), _tag(f"{FB_RESERVED}{{{sel}}}", "reserved"),
                   _tag(f"{CACHE_INFO}{{{info}}}", "util")]
     return "\n  or ".join(parts)

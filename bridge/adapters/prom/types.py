@@ -154,11 +154,14 @@ def _escape(value: str) -> str:
 
 def selector(pool: PromPool) -> str:
     """The label matchers of a pool, e.g. ``model_name="llama",namespace="serving"``."""
-    parts = [f'model_name="{_escape(pool.model)}"']
-    if pool.namespace is not None:
-        parts.append(f'{pool.namespace_label}="{_escape(pool.namespace)}"')
-    parts += [f'{k}="{_escape(v)}"' for k, v in sorted(pool.matchers.items())]
-    return ",".join(parts)
+    return ",".join([f'model_name="{_escape(pool.model)}"', *scope_matchers(pool)])
+
+
+def scope_matchers(pool: PromPool) -> list[str]:
+    """A pool's matchers besides the model name (its namespace, ``prometheus_matchers``): what
+    selects its pods' series that carry no model name, such as ``vllm:cache_config_info``."""
+    parts = [f'{pool.namespace_label}="{_escape(pool.namespace)}"'] if pool.namespace is not None else []
+    return parts + [f'{k}="{_escape(v)}"' for k, v in sorted(pool.matchers.items())]
 
 
 def _tag(expr: str, tag: str) -> str:

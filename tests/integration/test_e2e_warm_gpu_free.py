@@ -1,6 +1,7 @@
 """The free-GPU check before a warm wake, live: test_e2e_warm's sandbox and daemon (real Slurm,
 a real kube-apiserver with kwok's pods, Prometheus, the vLLM simulator in sleep mode), with the
-lab's fake dcgm-exporter scraped too and the pool's ``wake_gpu_free_mib`` set; the pods start in
+lab's fake dcgm-exporter scraped too and the pool's ``wake_gpu_free_mib: auto`` (the need read from
+the engine's ``vllm:cache_config_info`` and the GPUs' memory); the pods start in
 3 s, not 25 s (no cold start is timed here, only told apart from a wake by the pod's identity).
 
 Two nodes are lent warm. Before the reclaim both get GPU memory held (the fake's knob, as a
@@ -27,13 +28,16 @@ from test_e2e_warm import (
 from bridge import wellknown as wk
 from bridge.adapters.prom.gpu import FB_FREE
 from gpu_bridge_lab.sandbox.cluster.slurm import node_names
-from gpu_bridge_lab.sandbox.dcgm import FakeDcgm
+from gpu_bridge_lab.sandbox.dcgm import FB_BASE_USED_MIB, FB_TOTAL_MIB, FakeDcgm
 from gpu_bridge_lab.sandbox.e2e import World, event_time, put_load, read_events, replica_sleeping, submit_backlog, wait_until
 from gpu_bridge_lab.sandbox.serving import serving_sandbox
+from gpu_bridge_lab.sandbox.vllm.sleep import SleepParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
 
-NEED_MIB = 70_000  # pools[].wake_gpu_free_mib: the fake shows ~81,000 free, ~11,000 with 70,000 held
+HELD_MIB = 70_000  # held per GPU: the fake shows ~81,000 MiB free at rest, ~11,000 with this held
+# auto's need: the simulator's gpu_memory_utilization (0.9) x the GPU's memory (free + used)
+NEED_MIB = SleepParams().gpu_memory_utilization * FB_TOTAL_MIB
 WAIT_S = 45.0  # pools[].wake_gpu_wait_s
 POD_START_S = 3.0  # the pods' cold start: none is timed here, so sooner than test_e2e_warm's
 
@@ -71,14 +75,16 @@ def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any
     job_ids = submit_backlog(sb, NODES, wk.SLURM_PREEMPT_PARTITION, NODES - MIN_SERVING, out, "train")
     before = _pods(w)
     put_load(sb.vllm_url, {"rate": 2.0, "cv": 1.0})
-    cfg = warm_config(sb, d, port, wake_gpu_free_mib=NEED_MIB, wake_gpu_wait_s=WAIT_S)
+    cfg = warm_config(sb, d, port, wake_gpu_free_mib="auto", wake_gpu_wait_s=WAIT_S)
     log_path = d / "daemon.log"
     watcher = warm_watcher(sb, w)
     with daemon_run(cfg, log_path, sb.env, watcher=watcher):
         lent = lent_warm(w, watcher, len(job_ids))
         assert len(lent) == 2, lent
         freed, held = lent
-        dcgm.hold({n: NEED_MIB for n in lent})  # a job stuck in "Kill task failed" on each
+        dcgm.hold({n: HELD_MIB for n in lent})  # a job stuck in "Kill task failed" on each
+        at_rest = FB_TOTAL_MIB - FB_BASE_USED_MIB
+        assert at_rest - HELD_MIB < NEED_MIB <= at_rest  # held: short of auto's need; at rest: not
 
         def held_scraped() -> bool:
             free = _least_free_mib(sb, lent)
@@ -96,7 +102,7 @@ def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any
             assert w.phases()[node] == "returning" and not pods[node][3], (node, w.phases()[node], pods[node])
             assert replica_sleeping(sb.vllm_url, pods[node][0]) is True
         assert not [e for e in read_events(log_path, "node_step") if e.get("step") == "wake_replica" and event_time(e) >= spike_at]
-        dcgm.hold({held: NEED_MIB})  # the first node's memory is released
+        dcgm.hold({held: HELD_MIB})  # the first node's memory is released
         wait_until(lambda: w.phases().get(freed) == "serving" and _pods(w).get(freed, ("", "", "", False))[3], 40,
                    f"{freed} woken and serving")
         assert time.time() - returning_at < WAIT_S  # woken within the wait, not given up
@@ -113,7 +119,8 @@ def test_a_wake_waits_for_held_gpus_then_wakes_or_gives_up_cold(world: tuple[Any
     marked = max(ts(e) for e in read_events(log_path, "node_step") if e.get("step") == "mark_returning" and e["node"] == held)
     assert ts(fallbacks[0]) - marked >= WAIT_S - 1  # given up only after the wait (its phase's time on the node)
     checks = [e for e in read_events(log_path, "wake_gpu_check") if e["node"] in lent]
-    assert any(e["free_mib"] is not None and e["free_mib"] < NEED_MIB for e in checks), checks[:3]
+    assert any(e["margin_mib"] is not None and e["margin_mib"] < 0 for e in checks), checks[:3]  # read, short
+    assert all(e["need_mib"] == "auto" for e in checks), checks[:3]
     reclaimed = {e["node"]: e for e in read_events(log_path, "node_reclaimed") if ts(e) >= spike_at}
     assert reclaimed[freed].get("mode") == "warm" and reclaimed[held].get("mode") == "cold", reclaimed
     print(f"\nheld then freed: {freed} {reclaimed[freed].get('kubernetes_ready_s', -1):.1f} s from release to serving "

@@ -6,6 +6,8 @@ fallback did not happen, fails."""
 
 from __future__ import annotations
 
+import pytest
+
 from bridge import actuate
 from bridge.lifecycle import WAITS, Step
 from gpu_bridge_lab.sandbox import dcgm
@@ -102,3 +104,9 @@ def test_a_fallback_row_fails_unless_the_fallback_happened() -> None:
     assert good.ok  # the failure's own two-pool samples are reported apart, not violations
     assert not rel.Row("lent", "warm_lost", crashed=True, converged=True, fell_back=False).ok
     assert not rel.Row("lent", "warm_lost", crashed=False, converged=True, fell_back=True).ok
+
+
+def test_a_harness_asked_for_the_free_gpu_check_without_warm_lending_refuses() -> None:
+    """The check guards a warm wake only: asked for without warm lending it would silently test nothing."""
+    with pytest.raises(ValueError, match="gpu_check: .* needs warm=True"):
+        rel.Harness(3, gpu_check=True)

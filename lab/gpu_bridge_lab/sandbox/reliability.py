@@ -237,6 +237,8 @@ class Harness:
     def __init__(self, nodes: int = 3, *, min_serving: int = 1, dir: Path | None = None,
                  policy: dict[str, Any] | None = None, warm: bool = False, fast_tier: bool = False,
                  gpu_check: bool = False) -> None:
+        if gpu_check and not warm:
+            raise ValueError("gpu_check: the free-GPU check guards a warm wake; it needs warm=True")
         self.dir = Path(dir) if dir else Path(tempfile.mkdtemp(prefix="gb-rel-", dir="/tmp"))
         self.n = nodes
         self.min_serving = min_serving
@@ -246,7 +248,7 @@ class Harness:
         self.fast_tier = fast_tier  # preempt-fast (test_e2e_fast_tier.py's sandbox); research jobs go there
         self.research_partition = FAST_PARTITION if fast_tier else wk.SLURM_PREEMPT_PARTITION
         # gpu_check (warm): the fake dcgm-exporter scraped and the pool's free-GPU check before a wake on
-        self.dcgm = FakeDcgm(node_names(nodes)).start() if gpu_check and warm else None
+        self.dcgm = FakeDcgm(node_names(nodes)).start() if gpu_check else None
         self.sb = serving_sandbox(self.dir / "sb", nodes=nodes, grace_s=GRACE_S, pod_start_delay_s=POD_START_S,
                                   pod_grace_s=2, shutdown_timeout_s=1, vllm_extra=("--max-cv", "1.5"),
                                   warm_port=self.warm_port, fast_grace_s=FAST_GRACE_S if fast_tier else None,

@@ -34,8 +34,16 @@ MAX_DAYS = 90.0
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
 
 
+def _param(request: Request, name: str) -> str | None:
+    """One query parameter; given more than once it is refused (which one would be meant?)."""
+    got = request.query_params.getlist(name)
+    if len(got) > 1:
+        raise BadInput(400, f"{name}: given {len(got)} times, expected once")
+    return got[0] if got else None
+
+
 def _pool_param(request: Request, config: Config) -> str:
-    raw = request.query_params.get("pool")
+    raw = _param(request, "pool")
     names = [p.name for p in config.pools]
     if raw is None or raw == "":
         return names[0]
@@ -45,7 +53,7 @@ def _pool_param(request: Request, config: Config) -> str:
 
 
 def _days_param(request: Request, default: float) -> float:
-    raw = request.query_params.get("days")
+    raw = _param(request, "days")
     if raw is None or raw == "":
         return default
     if not _DECIMAL.fullmatch(raw):  # not float()'s wider grammar: "1_0", " 7", "1e3", "nan"
@@ -153,9 +161,8 @@ def build_app(source: WebSource) -> Starlette:
 
     async def job_lookup(request: Request) -> Response:
         """The job form (GET ?id=): a redirect to the job's page, or a 400 page."""
-        raw = request.query_params.get("id", "").strip()
         try:
-            job_id = pages.check_job_id(raw)
+            job_id = pages.check_job_id((_param(request, "id") or "").strip())
         except BadInput as exc:
             return error(request, exc.status, exc.message, as_json=False)
         return RedirectResponse(f"{request.scope.get('root_path', '')}/job/{job_id}", status_code=303)

@@ -144,9 +144,12 @@ def test_a_job_known_only_from_its_preemption_events_is_shown_as_ended(s: Site, 
         ("/history?days=0", 400, "days: must be > 0 and <= 90, got '0'"),
         ("/outlook?pool=nope", 404, "pool: no pool named 'nope' (pools: default)"),
         ("/no/such/page", 404, "no page at /no/such/page"),
+        ("/history?days=7&days=8", 400, "days: given 2 times, expected once"),
+        ("/outlook?pool=default&pool=default", 400, "pool: given 2 times, expected once"),
+        ("/job?id=1&id=2", 400, "id: given 2 times, expected once"),
     ],
     ids=["malformed-job", "unknown-job", "malformed-form", "days-not-a-number", "days-negative", "days-underscore", "days-nan",
-         "days-too-many", "days-zero", "unknown-pool", "no-route"],
+         "days-too-many", "days-zero", "unknown-pool", "no-route", "days-twice", "pool-twice", "id-twice"],
 )
 def test_bad_input_gets_a_clear_4xx_page_and_json(client: TestClient, path: str, status: int, says: str) -> None:
     page = client.get(path)

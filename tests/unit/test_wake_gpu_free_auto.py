@@ -49,6 +49,7 @@ def gpu(gpu: int, free: float, used: float, *, reserved: float | None = None, no
         {"metric": {"__name__": FB_FREE, **labels, "bridge_q": "value"}, "value": [T, str(free)]},
         {"metric": {**labels, "bridge_q": "ts"}, "value": [T, str(T - 5)]},
         {"metric": {"__name__": FB_USED, **labels, "bridge_q": "used"}, "value": [T, str(used)]},
+        {"metric": {**labels, "bridge_q": "used_ts"}, "value": [T, str(T - 5)]},
     ]
     if reserved is not None:
         out.append({"metric": {"__name__": FB_RESERVED, **labels, "bridge_q": "reserved"}, "value": [T, str(reserved)]})
@@ -116,6 +117,19 @@ def test_bad_or_missing_data_is_unknown_naming_the_series_and_the_label(
     assert problem[0] == series and why in problem[1], problem
 
 
+def test_used_memory_is_aged_on_its_own_sample_times() -> None:
+    """FB_USED may come from another job than FB_FREE: an old sample of it is unknown, not total memory."""
+    def aged(age: float) -> list[dict[str, object]]:
+        return [{**s, "value": [T, str(T - age)]} if s["metric"].get("bridge_q") == "used_ts" else s  # type: ignore[union-attr]
+                for s in asleep()]
+    margin, problem = parse([*aged(600), info()])
+    assert margin is None and problem is not None and problem[0] == FB_USED and "is stale (sample 600 s old" in problem[1]
+    no_ts = [s for s in asleep() if s["metric"].get("bridge_q") != "used_ts"]  # type: ignore[union-attr]
+    margin, problem = parse([*no_ts, info()])
+    assert margin is None and problem is not None and problem[0] == FB_USED and "sample time missing" in problem[1]
+    assert parse([*aged(30), info()])[0] is not None  # within the limit (60 s): read
+
+
 def test_the_free_memory_checks_still_come_first() -> None:
     stale = [{**s, "value": [T, str(T - 600)]} if s["metric"].get("bridge_q") == "ts" else s for s in asleep()]  # type: ignore[union-attr]
     margin, problem = parse([*stale, info()])
@@ -135,7 +149,8 @@ def test_the_auto_query_adds_used_reserved_and_the_pods_cache_config_in_the_same
     assert f'{FB_USED}{{Hostname=~"gpu\\\\-node\\\\-01"}}' in q and f"{FB_RESERVED}{{" in q
     # no model_name (vLLM sets none on it); the namespace and the pool's prometheus_matchers as on its other series
     assert f'{CACHE_INFO}{{pod=~"llama\\\\-0|llama\\\\.1",namespace="serving",cluster="a",job="vllm"}}' in q
-    assert q.count("bridge_q") == 5
+    assert f'timestamp({FB_USED}{{Hostname=~"gpu\\\\-node\\\\-01"}})' in q  # aged on its own
+    assert q.count("bridge_q") == 6
 
 
 # --- the decision: the lifecycle compares the margin with 0 ------------------------------------

@@ -23,6 +23,7 @@ would have fitted makes it wait (then cold start) instead. The total is FB_FREE 
 with it the board's, larger still. Not conservative: the check reads one instant (memory taken
 after it is not seen), and an engine sized by ``kv_cache_memory_bytes`` ignores the utilization
 (that label set makes the node unknown, with why).
+``FB_USED`` is aged like ``FB_FREE`` (its own sample times): a site may export it from another job.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def build_gpu_query(nodes: Collection[str], *, node_label: str, pods: Collection
     parts = [_tag(f"{FB_FREE}{{{sel}}}", "value"), _tag(f"timestamp({FB_FREE}{{{sel}}})", "ts")]
     if pods:
         info = ",".join([_any_of(POD_LABEL, pods), *(scope_matchers(pool) if pool is not None else [])])
-        parts += [_tag(f"{FB_USED}{{{sel}}}", "used"), _tag(f"{FB_RESERVED}{{{sel}}}", "reserved"),
-                  _tag(f"{CACHE_INFO}{{{info}}}", "util")]
+        parts += [_tag(f"{FB_USED}{{{sel}}}", "used"), _tag(f"timestamp({FB_USED}{{{sel}}})", "used_ts"),
+                  _tag(f"{FB_RESERVED}{{{sel}}}", "reserved"), _tag(f"{CACHE_INFO}{{{info}}}", "util")]
     return "\n  or ".join(parts)
 
 
@@ -99,6 +100,21 @@ def _margin(
     return min(margins), None
 
 
+def _first_bad(name: str, values: Mapping[frozenset[tuple[str, str]], float],
+               stamps: Mapping[frozenset[tuple[str, str]], float], t: float, staleness_s: float,
+               so: str = "") -> tuple[str, str] | None:
+    """The first of ``name``'s series (by labels) that is bad or older than ``staleness_s`` at
+    ``t``: (its name, why and ``so``), or None."""
+    for key, v in sorted(values.items(), key=lambda kv: sorted(kv[0])):
+        bad = _bad(v)
+        ts = stamps.get(key)
+        if bad is None and (ts is None or t - ts > staleness_s):
+            bad = f"is stale (sample {'time missing' if ts is None else f'{t - ts:.0f} s old'}, limit {staleness_s:g} s)"
+        if bad is not None:
+            return name, f"{name}{_describe(key)} {bad}{so}"
+    return None
+
+
 def parse_gpu_free(
     result: Sequence[Mapping[str, Any]], *, nodes: Collection[str], node_label: str, gpus: int, now: float, staleness_s: float,
     pods: Mapping[str, str] | None = None,
@@ -108,7 +124,7 @@ def parse_gpu_free(
     (the series at fault, why it is unknown) (pure). Samples are aged against the answer's
     evaluation time (``now`` when it is empty); ``gpus``: the series each node must show."""
     t = float(result[0]["value"][0]) if result else now
-    # node -> tag (value, ts, used, reserved) -> GPU -> value
+    # node -> tag (value, ts, used, used_ts, reserved) -> GPU -> value
     by_node: dict[str, dict[str, dict[frozenset[tuple[str, str]], float]]] = {n: {} for n in nodes}
     infos: dict[str, list[Mapping[str, str]]] = {}
     unlabelled: tuple[str, str] | None = None  # the first series without the node label: its name, why
@@ -126,15 +142,11 @@ def parse_gpu_free(
     problems: dict[str, tuple[str, str]] = {}
     for node in sorted(nodes):
         got = by_node[node]
-        values, stamps = got.get("value", {}), got.get("ts", {})
-        why = unlabelled
-        for key, v in sorted(values.items(), key=lambda kv: sorted(kv[0])):
-            bad = _bad(v)
-            ts = stamps.get(key)
-            if bad is None and (ts is None or t - ts > staleness_s):
-                bad = f"is stale (sample {'time missing' if ts is None else f'{t - ts:.0f} s old'}, limit {staleness_s:g} s)"
-            if bad is not None:
-                why = why or (FB_FREE, f"{FB_FREE}{_describe(key)} {bad}")
+        values = got.get("value", {})
+        why = unlabelled or _first_bad(FB_FREE, values, got.get("ts", {}), t, staleness_s)
+        if why is None and pods is not None:  # used memory aged on its own (another job may export it)
+            why = _first_bad(FB_USED, got.get("used", {}), got.get("used_ts", {}), t, staleness_s,
+                             ": the GPU's total memory is unknown")
         if why is None and len(values) < gpus:
             why = (FB_FREE, f"{FB_FREE}: {len(values)} series for {node_label}={node!r}, expected one per GPU ({gpus})")
         value = min(values.values()) if why is None else None

@@ -7,8 +7,11 @@ reason naming the series and the label."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.adapters.prom.gpu import (
     CACHE_INFO,
@@ -19,9 +22,10 @@ from bridge.adapters.prom.gpu import (
     engine_utilization,
     parse_gpu_free,
 )
+from bridge.adapters.prom.signals import _parsed
 from bridge.adapters.prom.types import PromPool
 from bridge.config import parse_config
-from bridge.errors import ConfigError
+from bridge.errors import AdapterError, ConfigError
 from bridge.lifecycle import Step, next_step
 from bridge.model import Phase, WarmRecord, WarmState
 from gpu_bridge_lab.fakes.kube import FakeProm
@@ -208,3 +212,41 @@ def test_auto_reads_each_node_with_its_sleeping_pod_and_logs_the_margin() -> Non
     steady = FakeProm()
     observer([Node("c", Phase.LENT, ASLEEP)], steady, wake_gpu_free_mib="auto").read(NOW)
     assert steady.gpu_queries == []  # nothing returning asleep: no query
+
+
+# --- any answer: unknown or a number, never a crash ---------------------------------------------
+
+_TEXT = st.sampled_from(["0.9", "1", "0", "NaN", "+Inf", "-5", "8e4", "", "None", "x", "1e400"])
+_LABEL = st.sampled_from(["Hostname", "gpu", "UUID", "bridge_q", "pod", "gpu_memory_utilization", "kv_cache_memory_bytes",
+                          "engine", "__name__"])
+_VALUE = st.sampled_from([NODE, POD, "value", "ts", "used", "used_ts", "reserved", "util", "0", "1", "2", "3", "gpu-node-02"])
+_METRIC = st.one_of(st.none(), st.integers(), st.lists(_VALUE))
+_SAMPLE = st.one_of(st.lists(st.one_of(st.floats(allow_nan=True), _TEXT, st.none()), max_size=3), st.none(), _TEXT)
+_SERIES = st.fixed_dictionaries({"metric": st.dictionaries(_LABEL, st.one_of(_VALUE, _TEXT), max_size=6),
+                                  "value": st.tuples(st.just(T), _TEXT).map(list)})
+_MALFORMED = st.one_of(st.fixed_dictionaries({"metric": _METRIC, "value": _SAMPLE}),
+                       st.dictionaries(st.sampled_from(["metric", "value"]), _SAMPLE), st.none(), _TEXT)
+
+
+@settings(max_examples=400, deadline=None)
+@given(noise=st.lists(_SERIES, max_size=6), malformed=st.lists(_MALFORMED, max_size=1),
+       keep=st.one_of(st.just(21), st.integers(0, 21)), spoil=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), _TEXT), max_size=3))
+def test_any_answer_is_unknown_or_a_finite_margin_or_an_adapter_error(
+        noise: list[object], malformed: list[object], keep: int, spoil: list[tuple[int, int, str]]) -> None:
+    """Whatever Prometheus answers (a good node's series partly kept, some of their values
+    replaced by garbage, garbage items mixed in), the read gives each node a finite number or None
+    (unknown, with why), or one AdapterError: never another exception, never NaN or infinity."""
+    good: list[dict[str, object]] = [*asleep(), info()][:keep]
+    for gpu_i, part, text in spoil:  # asleep(): per GPU, its free value, ts, used, used_ts in that order
+        if (i := 4 * gpu_i + part) < len(good):
+            good[i] = {**good[i], "value": [T, text]}
+    result = [*good, *noise, *malformed]
+    try:
+        free, problems = _parsed("query", PromPool("default", "m"), lambda: parse_gpu_free(
+            result, nodes=[NODE], node_label="Hostname", gpus=4, now=T, staleness_s=60.0, pods={NODE: POD}))  # type: ignore[arg-type]
+    except AdapterError:
+        return
+    assert set(free) == {NODE}
+    value = free[NODE]
+    assert (value is None) == (NODE in problems)
+    assert value is None or math.isfinite(value)

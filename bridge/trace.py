@@ -74,6 +74,8 @@ def load_trace(path: str | Path | None = None) -> Trace:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read trace: {exc.strerror or exc}"]) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{p}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected a CSV trace"]) from None
     reader = csv.DictReader(text.splitlines())
     missing = [c for c in COLUMNS[:2] if c not in (reader.fieldnames or [])]
     if missing:

@@ -155,8 +155,11 @@ def run(args: argparse.Namespace) -> int:
         _check_number("--history-days", args.history_days, zero_ok=True)
         _check_number("--max-cv", args.max_cv)
         trace = load_trace(args.trace)
-        workload = build_workload(trace, peak_replicas=peak, replica_rps=args.replica_rps, days=args.days,
-                                  seed=args.seed, max_cv=args.max_cv)
+        try:  # what the trace's rows passed but the simulator cannot use (all rates 0, odd windows)
+            workload = build_workload(trace, peak_replicas=peak, replica_rps=args.replica_rps, days=args.days,
+                                      seed=args.seed, max_cv=args.max_cv)
+        except ValueError as exc:
+            raise ConfigError([str(exc)]) from None
         try:
             history, workload = split_history(workload, args.history_days)
         except ValueError as exc:

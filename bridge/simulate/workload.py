@@ -97,7 +97,7 @@ def build_workload(
     w_s = trace.window_s
     per_window = w_s / MINUTE_S
     if abs(per_window - round(per_window)) > 1e-9 or per_window < 1:
-        raise ValueError(f"trace window must be a whole number of minutes, got {w_s:g} s")
+        raise ValueError(f"{trace.source or 'trace'}: window must be a whole number of minutes, got {w_s:g} s")
     k = int(round(per_window))
     rates = np.asarray(trace.rates, dtype=float)
     cvs = np.asarray(trace.cvs, dtype=float)

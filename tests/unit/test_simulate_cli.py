@@ -135,6 +135,29 @@ def test_bad_flags_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "classes: must be a non-empty list" in capsys.readouterr().err
 
 
+HEADER = b"window_start_s,rate_req_per_s,cv,clients_active\n"
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (b"", "missing column(s) window_start_s, rate_req_per_s"),
+    (b"\xff\xfe\x00binary", "not a UTF-8 text file (byte 0: invalid start byte)"),
+    (HEADER, "need at least 2 windows, got 0"),
+    (HEADER + b"0,1,1,1\n600,abc,1,1\n", ":3: rate_req_per_s: expected a number, got 'abc'"),
+    (HEADER + b"0,1,1,1\n600,nan,1,1\n", ":3: rate_req_per_s: expected a finite number >= 0, got 'nan'"),
+    (HEADER + b"0,1,1,1\n0,1,1,1\n", "window_start_s must increase, got 0.0 then 0.0"),
+    (HEADER + b"0,0,1,1\n600,0,1,1\n", "every rate is 0, nothing to scale"),
+    (HEADER + b"0,1,1,1\n90,2,1,1\n180,2,1,1\n", "window must be a whole number of minutes, got 90 s"),
+], ids=["empty", "binary", "header-only", "text", "nan", "duplicate-window", "all-zero", "90-s-windows"])
+def test_a_bad_trace_file_is_one_clear_error_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       content: bytes, says: str) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_bytes(content)
+    assert main(["simulate", "--trace", str(trace), "--days", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu-bridge simulate: ") and str(trace) in err and says in err, err
+    assert "Traceback" not in err
+
+
 def test_trace_window_must_be_whole_minutes() -> None:
     t = Trace((0.0, 90.0), (1.0, 2.0), (1.0, 1.0), 90.0)
     with pytest.raises(ValueError, match="whole number of minutes"):

@@ -111,7 +111,7 @@ def _bad_number(flag: str, value: float | None, *, zero_ok: bool = False) -> str
     """Why a flag that must be finite and > 0 (>= 0 with ``zero_ok``) is not; None if it is or is absent."""
     if value is None or (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
         return None
-    return f"{flag}: must be {'>= 0' if zero_ok else '> 0'}, got {value:g}"
+    return f"{flag}: must be a finite number {'>= 0' if zero_ok else '> 0'}, got {value:g}"
 
 
 def _check_number(flag: str, value: float | None, *, zero_ok: bool = False) -> None:
@@ -147,8 +147,7 @@ def run(args: argparse.Namespace) -> int:
         _check_number("--replica-rps", args.replica_rps)
         if args.fixed_floor is not None and not 0 <= args.fixed_floor <= args.nodes:
             raise ConfigError([f"--fixed-floor: must be 0..{args.nodes} (--nodes), got {args.fixed_floor}"])
-        if args.days is not None and not args.days > 0:
-            raise ConfigError([f"--days: must be > 0, got {args.days:g}"])
+        _check_number("--days", args.days)
         if args.plot and importlib.util.find_spec("matplotlib") is None:
             raise ConfigError(["--plot: needs matplotlib, the [plot] extra: pip install 'gpu-bridge[plot]'"])
         _check_number("--cold-start-cv", args.cold_start_cv, zero_ok=True)

@@ -124,7 +124,9 @@ def test_table_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 def test_bad_flags_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--tick-s", "0"]) == 2
-    assert "--tick-s: must be > 0, got 0" in capsys.readouterr().err
+    assert "--tick-s: must be a finite number > 0, got 0" in capsys.readouterr().err
+    assert main(["simulate", "--days", "inf"]) == 2
+    assert "--days: must be a finite number > 0, got inf" in capsys.readouterr().err
     assert main(["simulate", "--fixed-floor", "30"]) == 2
     assert "--fixed-floor: must be 0..24 (--nodes), got 30" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(tmp_path / "missing.csv")]) == 2

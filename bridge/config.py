@@ -772,6 +772,8 @@ def load_config(path: str | Path) -> Config:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{src}: cannot read: {exc.strerror or exc}"]) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{src}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected a YAML config"]) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
     except _DuplicateKey as exc:

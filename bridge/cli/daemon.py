@@ -21,7 +21,7 @@ from bridge.adapters.kube.objects import NodeInfo
 from bridge.adapters.protocols import Leader
 from bridge.daemon import Daemon, with_slurm_grace
 from bridge.ledger import TickResult
-from bridge.errors import BridgeError, ConfigError
+from bridge.errors import AdapterError, BridgeError, ConfigError
 from bridge.adapters.kube.lease import LeaderElector, LeaseKeeper
 from bridge.metrics import BridgeMetrics, serve
 from bridge.model import Phase, Pin, PoolState
@@ -339,7 +339,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _writer(args: argparse.Namespace) -> Iterator[tuple[Config, Adapters]]:
-    """The operator commands' config and adapters (no Lease, no watches), closed after use."""
+    """The operator commands' config and adapters (no Lease, no watches), closed after use; a
+    bad NODE argument is refused before anything is read or connected."""
+    from bridge.names import validate_node_name
+
+    if (node := getattr(args, "node", None)) is not None:
+        try:
+            validate_node_name(node)
+        except AdapterError as exc:
+            raise ConfigError([f"NODE: {str(exc).removeprefix(exc.system + ': ')}"]) from None
     config = _load(args.config)
     adapters = build_adapters(config, leader=False, start_watches=False)
     try:
@@ -349,9 +357,6 @@ def _writer(args: argparse.Namespace) -> Iterator[tuple[Config, Adapters]]:
 
 
 def _pool_node(adapters: Adapters, config: Config, name: str) -> NodeInfo:
-    from bridge.names import validate_node_name
-
-    validate_node_name(name)
     node = adapters.kube.read_node(name)
     if node.pool not in {p.name for p in config.pools}:
         raise ConfigError([f"{name}: not a node of a configured pool (label {wellknown.LABEL_POOL}={node.pool!r})"])

@@ -78,3 +78,25 @@ def test_a_bad_config_names_the_key_and_opens_nothing(
     assert cli.main(["plan", "--config", str(cfg)]) == 1
     assert "policy.tick_s" in capsys.readouterr().err
     assert closed == []
+
+
+@pytest.mark.parametrize("argv", [["lend", "bad node!"], ["reclaim", "../x"], ["pin", "a/b", "serving"], ["unpin", ""],
+                                  ["lend", "n" * 64]])
+def test_a_bad_node_argument_is_refused_before_anything_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    cfg = write_config(tmp_path / "gpu-bridge.yaml", to_dict(default_config()))
+    opened: list[str] = []
+    monkeypatch.setattr(daemon_cli, "build_adapters", lambda *a, **k: opened.append("opened"))
+    assert cli.main([*argv, "--config", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("NODE: node name ") and "invalid (letters, digits" in err and err.count("\n") == 1, err
+    assert opened == []
+
+
+def test_a_config_that_is_not_utf8_is_one_error_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "gpu-bridge.yaml"
+    cfg.write_bytes(b"pools:\n  - name: \xff\xfe\n")
+    assert cli.main(["check-config", str(cfg)]) == 1
+    err = capsys.readouterr()
+    assert f"{cfg}: not UTF-8 text (byte 17: invalid start byte); expected a YAML config" in err.out + err.err

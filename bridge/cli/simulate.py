@@ -223,6 +223,8 @@ def _config_and_mix(args: argparse.Namespace) -> tuple[Config, Any]:
                 data = yaml.safe_load(fh)
         except OSError as exc:
             raise ConfigError([f"{args.job_mix}: cannot read: {exc.strerror or exc}"]) from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError([f"{args.job_mix}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected a YAML job mix"]) from None
         except yaml.YAMLError as exc:
             raise ConfigError([f"{args.job_mix}: invalid YAML: {exc}"]) from exc
         mix = parse_job_mix(data, args.job_mix)
@@ -247,19 +249,24 @@ def parse_duration(text: str, flag: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+_LAST_UNIX_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last time datetime can show
+
+
 def parse_time(text: str, flag: str) -> float:
     """ISO 8601 (UTC unless an offset is given) or unix seconds -> unix seconds."""
     try:
-        return float(text)
+        seconds = float(text)  # also nan, inf and 1e30: none is a time (the range below)
     except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError([f"{flag}: expected ISO 8601 (2026-11-02T00:00, UTC unless it says) or unix seconds, got {text!r}"]) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+        try:
+            dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError([f"{flag}: expected ISO 8601 (2026-11-02T00:00, UTC unless it says) or unix seconds, "
+                               f"got {text!r}"]) from None
+        seconds = (dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)).timestamp()
+    if not 0 <= seconds <= _LAST_UNIX_S:
+        raise ConfigError([f"{flag}: must be between 1970-01-01 and 9999-12-31 (unix seconds 0 to {_LAST_UNIX_S:.0f}), "
+                           f"got {text!r}"])
+    return seconds
 
 
 def history_range(args: argparse.Namespace, now: float) -> tuple[float, float]:

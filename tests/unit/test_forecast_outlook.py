@@ -154,6 +154,9 @@ def test_forecast_cli_unreachable_prometheus_exits_3() -> None:
         (("--nodes", "2", "--for", "30h"), "longer than the outlook"),
         (("--pool", "nosuch"), "--pool: no pool named 'nosuch'"),
         (("--at", "tomorrow"), "--at: expected ISO 8601"),
+        (("--at", "1e30"), "--at: must be between 1970-01-01 and 9999-12-31"),  # was an OverflowError traceback
+        (("--at", "nan"), "--at: must be between 1970-01-01 and 9999-12-31"),
+        (("--at", "1900-01-01"), "--at: must be between 1970-01-01 and 9999-12-31"),
     ],
 )
 def test_forecast_cli_bad_input_exits_2(args: tuple[str, ...], msg: str) -> None:

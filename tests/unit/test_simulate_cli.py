@@ -135,6 +135,9 @@ def test_bad_flags_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     bad.write_text("classes: []\n")
     assert main(["simulate", "--job-mix", str(bad)]) == 2
     assert "classes: must be a non-empty list" in capsys.readouterr().err
+    bad.write_bytes(b"classes:\n  - name: \xff\n")
+    assert main(["simulate", "--job-mix", str(bad)]) == 2
+    assert f"{bad}: not UTF-8 text (byte 19: invalid start byte)" in capsys.readouterr().err
 
 
 HEADER = b"window_start_s,rate_req_per_s,cv,clients_active\n"

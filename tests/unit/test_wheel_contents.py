@@ -5,6 +5,7 @@ dependencies), listing no lab command."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -51,15 +52,18 @@ def test_the_wheel_holds_only_the_product(wheel: Path) -> None:
 def test_help_works_from_the_wheel_alone_and_lists_no_lab_command(wheel: Path, tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
+    # without PYTHONPATH: a checkout on it (its egg-info) makes pip see the project installed already
+    alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     pip = subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, env=alone)
     assert pip.returncode == 0, pip.stderr[-2000:]
-    r = subprocess.run([str(env_dir / "bin" / "gpu-bridge"), "--help"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([str(env_dir / "bin" / "gpu-bridge"), "--help"], capture_output=True, text=True, timeout=60, env=alone)
     assert r.returncode == 0, r.stderr
     commands = r.stdout.split("positional arguments:")[1].split("options:")[0]
     for cmd in ("run", "status", "simulate", "check-config", "plan"):
         assert f"\n    {cmd} " in commands or f"\n    {cmd}\n" in commands, cmd
     assert "sandbox" not in commands and "demo" not in commands
     # the lab's modules are not importable there
-    probe = subprocess.run([str(env_dir / "bin" / "python"), "-c", "import gpu_bridge_lab"], capture_output=True, text=True, timeout=60)
+    probe = subprocess.run([str(env_dir / "bin" / "python"), "-c", "import gpu_bridge_lab"], capture_output=True, text=True,
+                           timeout=60, env=alone)
     assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr

@@ -565,7 +565,20 @@ def _gpu_held(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: floa
     free = "unknown" if f.gpu_free_mib is None else f"{f.gpu_free_mib:g} MiB"
     return _fall_back_cold(a, step, f, pool, pod, f"gpu_memory_held: lowest free GPU memory {free} (less the engine's "
                                                   f"need with auto) {now - f.phase_since:.0f} s into returning "
-                                                  f"(pools[].wake_gpu_free_mib): {pod} not woken, reclaimed cold")
+                                                  f"(pools[].wake_gpu_free_mib): {pod} not woken, reclaimed cold; "
+                                                  f"{gpu_holders(f)}")
+
+
+def gpu_holders(f: NodeFacts) -> str:
+    """What Slurm says may still hold a node's GPU memory, for the operator who must free it
+    (the bridge only waits, it never kills): research jobs still on it, an administrator's or
+    Slurm's drain (``Kill task failed``), or nothing Slurm knows of."""
+    jobs = sorted({*f.research_jobs, *(j.job_id for j in f.research_preempted)})
+    said = [f"research job(s) still on it in Slurm: {', '.join(jobs[:5])}{' ...' if len(jobs) > 5 else ''}"] if jobs else []
+    if f.slurm_drained_by_other:
+        said.append("drained in Slurm, not by gpu-bridge (Slurm drains a node 'Kill task failed' when a job's processes "
+                    "outlive it)")
+    return "; ".join(said) or "Slurm shows no research job on it: look for a process outside Slurm (nvidia-smi on the node)"
 
 
 def _delete_asleep(a: Actuator, step: Step, f: NodeFacts, pool: PoolTarget, now: float) -> tuple[bool, str]:

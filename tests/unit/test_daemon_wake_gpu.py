@@ -75,6 +75,7 @@ def test_gpus_held_past_the_give_up_fall_back_cold_like_a_failed_wake(crash_at: 
     assert {e["node"] for e in fallbacks} == set(lent)
     assert all(e["reason"].startswith("gpu_memory_held:") and e["phase"] == "returning" and e["step"] == "gpu_held"
                for e in fallbacks)
+    assert all("Slurm shows no research job on it" in e["reason"] for e in fallbacks)  # requeued: held from outside
     assert sum(1 for e in w.kube.events if e.reason == "GpuBridgeWarmFailed" and "gpu_memory_held" in e.message) >= 3
     assert all(v is None for v in w.warm().values())
     assert not w.violations

@@ -35,6 +35,22 @@ def step(f: NodeFacts, *, now: float = NOW, need: float | None = NEED) -> Step |
     return next_step(f, now=now, scaled_down=True, warm=True, wake_gpu_free_mib=need, wake_gpu_wait_s=WAIT)
 
 
+# --- the give-up says what Slurm still has on the node -----------------------------------------
+
+def test_the_give_up_names_what_slurm_still_has_on_the_node() -> None:
+    """The bridge never kills what holds the GPUs: its message points the operator at it."""
+    from bridge.actuate import gpu_holders
+    from bridge.lifecycle import PreemptedJob
+
+    assert "Slurm shows no research job on it" in gpu_holders(BACK)
+    stuck = dataclasses.replace(BACK, research_jobs=("1234",), research_preempted=(PreemptedJob("1230", NOW - 300, 0),),
+                                slurm_drained_by_other=True)
+    said = gpu_holders(stuck)
+    assert "research job(s) still on it in Slurm: 1230, 1234" in said and "drained in Slurm, not by gpu-bridge" in said
+    many = dataclasses.replace(BACK, research_jobs=tuple(str(1000 + i) for i in range(9)))
+    assert gpu_holders(many).endswith("1000, 1001, 1002, 1003, 1004 ...")  # capped
+
+
 # --- the decision (pure) -----------------------------------------------------------------------
 
 @pytest.mark.parametrize(("free", "now", "expected"), [

@@ -164,6 +164,12 @@ class NodeFacts:
     gpu_free_mib: float | None = None
 
 
+def gpu_short(facts: NodeFacts, need_mib: float | None) -> bool:
+    """The free-GPU check's verdict for a node about to wake (``need_mib``: the pool's
+    ``wake_gpu_need_mib``, None = no check): its reading unknown or below the need."""
+    return need_mib is not None and (facts.gpu_free_mib is None or facts.gpu_free_mib < need_mib)
+
+
 def warm_pod(facts: NodeFacts) -> PodFacts | None:
     """The live (not terminating) pod the warm record names, if any."""
     if facts.warm is None:
@@ -409,7 +415,7 @@ def _returning(facts: NodeFacts, c: _Context) -> Step | None:
             return Step.WARM_LOST
         if drain_young:
             return Step.WAIT_DRAIN_SAVED
-        if c.wake_gpu_free_mib is not None and (facts.gpu_free_mib is None or facts.gpu_free_mib < c.wake_gpu_free_mib):
+        if gpu_short(facts, c.wake_gpu_free_mib):
             # a job stuck in "Kill task failed" may still hold GPU memory: the wake would fail or OOM
             return Step.GPU_HELD if c.now - facts.phase_since >= c.wake_gpu_wait_s else Step.WAIT_GPU_FREE
         return Step.WAKE_REPLICA

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from bridge import logs, sdnotify, wellknown
 from bridge.cli import fail
-from bridge.config import Config, load_config
+from bridge.config import Config, PoolConfig, load_config
 from bridge.adapters.kube.objects import NodeInfo
 from bridge.adapters.protocols import Leader
 from bridge.daemon import Daemon, with_slurm_grace
@@ -24,7 +24,8 @@ from bridge.ledger import TickResult
 from bridge.errors import AdapterError, BridgeError, ConfigError
 from bridge.adapters.kube.lease import LeaderElector, LeaseKeeper
 from bridge.metrics import BridgeMetrics, serve
-from bridge.model import Phase, Pin, PoolState
+from bridge.lifecycle import NodeFacts, gpu_short
+from bridge.model import Phase, Pin, PoolState, WarmState
 from bridge.observe import Observation
 from bridge.wiring import Adapters, build_adapters, check_private_file, policy_memory
 
@@ -231,10 +232,24 @@ def _since(t: float, now: float) -> str:
     return f"{age // 3600}h{(age % 3600) // 60:02d}m"
 
 
-def status_rows(obs: Observation) -> list[dict[str, Any]]:
-    """One row per pool node: who owns it, its phase, since when, why, what runs on it."""
+def _gpu_wait(facts: NodeFacts | None, pool: PoolConfig | None, now: float) -> str | None:
+    """For a node returning asleep whose free-GPU check holds the wake: what it read and when it
+    gives up (the wake then goes cold); None otherwise."""
+    if (facts is None or pool is None or facts.phase is not Phase.RETURNING or facts.warm is None
+            or facts.warm.state is not WarmState.ASLEEP or not gpu_short(facts, pool.wake_gpu_need_mib)):
+        return None
+    read = ("unknown" if facts.gpu_free_mib is None else
+            f"{facts.gpu_free_mib:,.0f} MiB " + ("beyond the engine's need" if pool.wake_gpu_free_mib == "auto" else
+                                                  f"free of {pool.wake_gpu_free_mib:,.0f}"))
+    return f"wake waits for GPU memory ({read}); cold in {max(0.0, pool.wake_gpu_wait_s - (now - facts.phase_since)):.0f} s"
+
+
+def status_rows(obs: Observation, config: Config | None = None) -> list[dict[str, Any]]:
+    """One row per pool node: who owns it, its phase, since when, why, what runs on it (with
+    ``config``: also a wake held by the free-GPU check)."""
     rows = []
     now = obs.view.now
+    pools = {p.name: p for p in config.pools} if config is not None else {}
     for n in obs.view.nodes:
         facts = obs.facts.get(n.name)
         if n.phase in (Phase.SERVING, Phase.RETURNING):
@@ -258,6 +273,7 @@ def status_rows(obs: Observation) -> list[dict[str, Any]]:
                 "serving_pods": pods,
                 "slurm_jobs": list(n.jobs),
                 "hold_job": facts.hold.job_id if facts and facts.hold else None,
+                "gpu_wait": _gpu_wait(facts, pools.get(n.pool or ""), now),
                 "reason": n.reason,
             }
         )
@@ -273,7 +289,8 @@ def status_table(rows: list[dict[str, Any]]) -> str:
     table = []
     for r in rows:
         on_it = ", ".join(r["serving_pods"] + [f"job {j}" for j in r["slurm_jobs"]]) or "-"
-        note = r["problem"] or (f"pinned {r['pin']}" if r["pin"] else "") or (f"hold {r['hold_job']}" if r["hold_job"] else "")
+        note = (r["problem"] or r.get("gpu_wait") or (f"pinned {r['pin']}" if r["pin"] else "")
+                or (f"hold {r['hold_job']}" if r["hold_job"] else ""))
         why = r["reason"] or ""
         if len(why) > WHY_WIDTH:
             why = why[: WHY_WIDTH - 3] + "..."
@@ -286,7 +303,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     got = _one_shot(args, lambda daemon: daemon.observe(time.time()))
     if isinstance(got, int):
         return got
-    rows = status_rows(got[1])
+    rows = status_rows(got[1], got[0].config)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -97,7 +97,7 @@ class WebSource:
 
     def pool_rows(self) -> list[dict[str, Any]]:
         """``gpu-bridge status --json``'s rows."""
-        return self._cached("pool", self.config.web.cache_s, lambda: status_rows(self._daemon.observe(self.clock())))
+        return self._cached("pool", self.config.web.cache_s, lambda: status_rows(self._daemon.observe(self.clock()), self.config))
 
     def jobs(self) -> tuple[SlurmJobInfo, ...]:
         """Active jobs of the preemptible partition (squeue)."""

@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 
+from bridge.cli.daemon import status_rows, status_table
 from bridge.model import Phase, WarmState
 
 try:
@@ -51,6 +52,12 @@ def test_held_gpus_delay_the_wake_until_they_are_freed() -> None:
     assert all(w.phases()[n] is Phase.RETURNING for n in lent)
     assert not any(e.wakes for e in w.engines.values())  # not woken while held
     assert all(set(q) <= set(lent) for q in w.prom.gpu_queries) and w.prom.gpu_queries
+    rows = {r["node"]: r for r in status_rows(w.daemon.observe(w.t), w.config)}  # gpu-bridge status says why
+    said = [rows[n]["gpu_wait"] or "" for n in lent]
+    assert all(t.startswith("wake waits for GPU memory (9,000 MiB free of 70,000); cold in ") for t in said), said
+    assert all(0 < int(t.split("cold in ")[1].removesuffix(" s")) < WAIT for t in said), said  # still waiting
+    assert {r["gpu_wait"] for n, r in rows.items() if n not in lent} == {None}
+    assert "wake waits for GPU memory" in status_table(list(rows.values()))
     w.prom.gpu.update({n: 80_000.0 for n in lent})  # the stuck job's memory is released
     w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 30, "all serving again")
     assert {p.name for p in w.kube.pods("default") if not p.terminating} == before  # woken, no cold start
@@ -112,6 +119,9 @@ def test_auto_waits_while_the_margin_is_negative_and_wakes_at_zero() -> None:
     assert not any(e.wakes for e in w.engines.values())  # not woken short of the need
     asleep = {n.name: n.warm.pod for n in w.kube.nodes() if n.warm is not None and n.name in lent}
     assert w.prom.gpu_pods and all(q is not None and q.items() <= asleep.items() for q in w.prom.gpu_pods)
+    rows = {r["node"]: r for r in status_rows(w.daemon.observe(w.t), w.config)}
+    assert all((rows[n]["gpu_wait"] or "").startswith("wake waits for GPU memory (-9,000 MiB beyond the engine's need)")
+               for n in lent), [rows[n]["gpu_wait"] for n in lent]
     w.prom.gpu.update({n: 0.0 for n in lent})  # exactly the engine's need free
     w.run_until(lambda: w.count(Phase.SERVING) == 4 and w.ready_pods() == 4, 30, "all serving again")
     assert {p.name for p in w.kube.pods("default") if not p.terminating} == before  # woken, no cold start

@@ -32,7 +32,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -48,6 +48,19 @@ from bridge.model import EVICT_AFTER_S
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a user or partition name
 _PROM_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# Kubernetes' own name rules (apimachinery validation): a namespace is a DNS-1123 label, a
+# Deployment or Lease a DNS-1123 subdomain; a label key an optional DNS prefix and a name, a
+# label value at most 63 of [A-Za-z0-9-_.] starting and ending alphanumeric (or empty)
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"({_DNS_SUBDOMAIN.pattern}/)?{_LABEL_NAME}")
+_LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
+
+
+def _kube_name_problems(fields: Iterable[tuple[str, str | None, re.Pattern[str], str]]) -> list[tuple[str, str]]:
+    """(field, problem) for each named value that Kubernetes would refuse (``what`` says which rule)."""
+    return [(f, f"expected {what}, got {_show(v)}") for f, v, rule, what in fields if v is not None and not rule.fullmatch(v)]
 _T = TypeVar("_T")
 
 
@@ -236,6 +249,16 @@ class PoolConfig:
         out: list[tuple[str, str]] = []
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?", self.name or ""):
             out.append(("name", f"expected a label value (lowercase letters, digits, - _ .), got {_show(self.name)}"))
+        out += _kube_name_problems([
+            ("namespace", self.namespace, _DNS_LABEL, "a Kubernetes namespace (lowercase letters, digits, '-'; at most 63)"),
+            ("deployment", self.deployment, _DNS_SUBDOMAIN,
+             "a Kubernetes Deployment name (lowercase letters, digits, '-', '.'; at most 253)"),
+            *((f"node_selector.{_key(k)}", k, _LABEL_KEY, "a Kubernetes label key ([prefix/]name)") for k in self.node_selector),
+            *((f"node_selector.{_key(k)}", v, _LABEL_VALUE, "a Kubernetes label value (at most 63 of letters, digits, - _ .)")
+              for k, v in self.node_selector.items()),
+            *((f"prometheus_matchers.{_key(k)}", k, _PROM_LABEL, "a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+              for k in self.prometheus_matchers),
+        ])
         if self.warm_lending and self.warm_hold_mb is None:
             # without it Slurm would promise research jobs the memory the sleeping weights hold
             out.append(("warm_hold_mb", "required when warm_lending is on (the host memory, in MB, the sleeping "
@@ -634,6 +657,14 @@ class DaemonConfig:
     lease_namespace: Str = Field(default="gpu-bridge", description="namespace of that Lease")
     lease_duration_s: Num = Field(default=15.0, gt=0, description="a leader that has not renewed for this long is replaced")
     log_level: LogLevel = Field(default=LogLevel.INFO, description="debug | info | warning | error")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        return _checked(self, _kube_name_problems([
+            ("lease_name", self.lease_name, _DNS_SUBDOMAIN, "a Kubernetes Lease name (lowercase letters, digits, '-', '.')"),
+            ("lease_namespace", self.lease_namespace, _DNS_LABEL,
+             "a Kubernetes namespace (lowercase letters, digits, '-'; at most 63)"),
+        ]))
 
 
 @dataclass(frozen=True, slots=True, config=_SECTION)

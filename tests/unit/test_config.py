@@ -512,3 +512,32 @@ def test_warm_lending_is_off_by_default_and_validated() -> None:
 )
 def test_the_memory_hold_keys_are_validated(doc: dict[str, object], expected: list[str]) -> None:
     assert problems(doc) == expected
+
+
+@pytest.mark.parametrize(("pool", "daemon", "said"), [
+    ({"namespace": "Serving_NS"}, {}, 'pools[0].namespace: expected a Kubernetes namespace (lowercase letters, digits, '
+                                      "'-'; at most 63), got \"Serving_NS\""),
+    ({"namespace": "n" * 64}, {}, "pools[0].namespace: expected a Kubernetes namespace"),
+    ({"deployment": "vllm/scale"}, {}, 'pools[0].deployment: expected a Kubernetes Deployment name'),
+    ({"node_selector": {"a/b/c": "x"}}, {}, 'pools[0].node_selector.a/b/c: expected a Kubernetes label key'),
+    ({"node_selector": {"k": "bad value!"}}, {}, 'pools[0].node_selector.k: expected a Kubernetes label value'),
+    ({"prometheus_matchers": {"bad label": "x"}}, {},
+     'pools[0].prometheus_matchers."bad label": expected a Prometheus label name'),
+    ({}, {"lease_namespace": "GPU"}, "daemon.lease_namespace: expected a Kubernetes namespace"),
+    ({}, {"lease_name": "a/b"}, "daemon.lease_name: expected a Kubernetes Lease name"),
+], ids=["namespace-case", "namespace-long", "deployment-slash", "selector-key", "selector-value", "matcher-label",
+        "lease-namespace", "lease-name"])
+def test_names_kubernetes_or_prometheus_would_refuse_are_config_errors(
+        pool: dict[str, Any], daemon: dict[str, Any], said: str) -> None:
+    """Caught when the config is read, naming the key, not as a failed API call or PromQL error at run time."""
+    got = problems({"pools": [{"name": "llama", **pool}], "daemon": daemon})
+    assert len(got) == 1 and got[0].startswith(f"bridge.yaml: {said}"), got
+
+
+def test_usual_kubernetes_names_and_selectors_are_accepted() -> None:
+    cfg = parse_config({"pools": [{"name": "llama", "namespace": "serving-1", "deployment": "vllm.llama-70b",
+                                   "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "pool": "",
+                                                     "gpu-bridge.io/pool": "llama"},
+                                   "prometheus_matchers": {"job": "vllm", "__meta_x": "y"}}],
+                        "daemon": {"lease_name": "gpu-bridge.leader", "lease_namespace": "gpu-bridge"}})
+    assert cfg.pools[0].namespace == "serving-1" and cfg.daemon.lease_name == "gpu-bridge.leader"

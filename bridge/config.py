@@ -58,6 +58,21 @@ _LABEL_KEY = re.compile(rf"({_DNS_SUBDOMAIN.pattern}/)?{_LABEL_NAME}")
 _LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
 
 
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown or logged: a password in it (``http://user:secret@host``)
+    replaced by ``<redacted>``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:<redacted>@{host}"))
+
+
 def _kube_name_problems(fields: Iterable[tuple[str, str | None, re.Pattern[str], str]]) -> list[tuple[str, str]]:
     """(field, problem) for each named value that Kubernetes would refuse (``what`` says which rule)."""
     return [(f, f"expected {what}, got {_show(v)}") for f, v, rule, what in fields if v is not None and not rule.fullmatch(v)]
@@ -601,7 +616,7 @@ class PrometheusConfig:
         https = self.url.lower().startswith("https://")
         for key in ("ca_file", "cert_file", "key_file", "bearer_token_file"):
             if getattr(self, key) is not None and not https:
-                out.append((key, f"needs an https:// url (it would protect nothing, or send the secret in clear), got url {_show(self.url)}"))
+                out.append((key, f"needs an https:// url (it would protect nothing, or send the secret in clear), got url {_show(redact_url(self.url))}"))
         if self.key_file is not None and self.cert_file is None:
             out.append(("key_file", "needs cert_file"))
         if self.namespace_label is not None and not _PROM_LABEL.fullmatch(self.namespace_label):

@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from bridge.config import describe_keys, json_schema, load_config, to_dict
+from bridge.config import describe_keys, json_schema, load_config, redact_url, to_dict
 from bridge.errors import ConfigError
 
 
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.file}: {n} problem{'s' if n != 1 else ''}", file=sys.stderr)
         return 1
     data = to_dict(cfg)
+    data["prometheus"]["url"] = redact_url(cfg.prometheus.url)  # printed output gets pasted: never a password
     for pool, resolved in zip(cfg.pools, data["pools"]):
         resolved["node_selector"] = dict(pool.selector)
         resolved["model_name"] = pool.model

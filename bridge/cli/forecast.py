@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bridge.config import Config, PoolConfig, default_config, load_config
+from bridge.config import Config, PoolConfig, default_config, load_config, redact_url
 from bridge.errors import AdapterError, ConfigError
 from bridge.policy.outlook import HourOutlook
 
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         got = read_outlook(cfg, pool, url=url, now=now, hours=args.hours, pool_nodes=args.pool_nodes)
     except AdapterError as exc:
-        return fail(EXIT_PROMETHEUS, [f"Prometheus at {url}: {exc}"], command="forecast")
+        return fail(EXIT_PROMETHEUS, [f"Prometheus at {redact_url(url)}: {exc}"], command="forecast")
     except NoHistoryError as exc:
         return fail(EXIT_NO_DATA, [str(exc)], command="forecast")
     except ConfigError as exc:  # the https settings of prometheus (CA, client cert, token)

@@ -14,7 +14,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from bridge.config import Config, VictimRule, default_config, load_config, replace
+from bridge.config import Config, VictimRule, default_config, load_config, redact_url, replace
 from bridge.errors import AdapterError, BridgeError, ConfigError
 
 if TYPE_CHECKING:
@@ -320,7 +320,7 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
     try:
         hist = adapter.request_history(ppool, start=start, end=end, step_s=60.0)
     except AdapterError as exc:
-        return fail(EXIT_PROMETHEUS, [f"Prometheus at {url}: {exc}"])
+        return fail(EXIT_PROMETHEUS, [f"Prometheus at {redact_url(url)}: {exc}"])
     source = f"prometheus {url}, pool {pool.name} (model_name={pool.model!r})"
     try:
         hl = build_history_load(hist, pool.target, replica_rps=args.replica_rps, source=source)

@@ -181,7 +181,7 @@ def test_a_systemd_credential_is_taken_as_systemd_made_it(
     creds.mkdir()
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
     cfg = _config("https://127.0.0.1:1", creds, certs["server_crt"], token_mode=0o444)
-    assert prom_adapter(cfg)._secret == TOKEN
+    assert prom_adapter(cfg)._secrets == [TOKEN]
 
 
 @pytest.mark.parametrize("key", ["ca_file", "cert_file", "bearer_token_file"])
@@ -202,3 +202,27 @@ def test_a_key_without_its_certificate_is_refused() -> None:
 
 def test_the_token_is_not_in_the_adapters_repr(certs: dict[str, Path]) -> None:
     assert TOKEN not in repr(PromAccess(bearer_token=TOKEN))
+
+
+def test_a_password_in_the_url_is_never_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Basic auth in prometheus.url works, but the password stays out of what is printed or logged."""
+    from bridge import cli
+    from bridge.adapters.prom.signals import PromAdapter
+    from bridge.config import redact_url
+
+    assert redact_url("https://ops:s3cret@prom.example:9090/prom") == "https://ops:<redacted>@prom.example:9090/prom"
+    assert redact_url("http://prom:9090") == "http://prom:9090" and redact_url("http://ops@prom") == "http://ops@prom"
+    assert redact_url("http://[::1") == "http://[::1"  # unparsable: as it is
+    adapter = PromAdapter("http://ops:s3cret@127.0.0.1:1")
+    assert adapter._redact("GET http://ops:s3cret@127.0.0.1:1/api/v1/query failed") == \
+        "GET http://ops:<redacted>@127.0.0.1:1/api/v1/query failed"
+    cfg = tmp_path / "gpu-bridge.yaml"
+    cfg.write_text('pools: [{name: llama}]\nprometheus: {url: "http://ops:s3cret@127.0.0.1:1", ca_file: /x}\n')
+    assert cli.main(["check-config", str(cfg)]) == 1  # an error naming the url
+    cfg.write_text('pools: [{name: llama}]\nprometheus: {url: "http://ops:s3cret@127.0.0.1:1"}\n')
+    assert cli.main(["check-config", str(cfg)]) == 0  # the resolved config printed
+    assert cli.main(["forecast", "--config", str(cfg)]) == 3  # Prometheus unreachable, at its url
+    assert cli.main(["simulate", "--prometheus", "http://ops:s3cret@127.0.0.1:1"]) == 3
+    out = capsys.readouterr()
+    assert "s3cret" not in out.out + out.err and out.out.count("http://ops:<redacted>@127.0.0.1:1") == 1
+    assert out.err.count("ops:<redacted>@127.0.0.1:1") == 3, out.err

@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 from typing import Any, Literal, TypeVar
 
 import requests
@@ -301,7 +302,7 @@ class PromAdapter:
         self.staleness_s = staleness_s
         self.rate_window_s = rate_window_s
         access = access or PromAccess()
-        self._secret = access.bearer_token
+        self._secrets = [x for x in (access.bearer_token, urlsplit(url).password) if x]
         self._client = client or PrometheusConnect(url=url, session=access.session(), timeout=timeout_s, retry=Retry(total=0))
         self._lock = threading.Lock()
         self._queries: Counter[str] = Counter()  # "query" | "query_range" -> count
@@ -446,8 +447,10 @@ class PromAdapter:
         return result
 
     def _redact(self, text: str) -> str:
-        """An error body may echo the request's headers: never the bearer token."""
-        return text.replace(self._secret, "<redacted>") if self._secret else text
+        """An error body may echo the request's headers or URL: never the bearer token or the URL's password."""
+        for secret in self._secrets:
+            text = text.replace(secret, "<redacted>")
+        return text
 
     def _fail(self, kind: str) -> None:
         with self._lock:

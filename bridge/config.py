@@ -48,6 +48,8 @@ from bridge.model import EVICT_AFTER_S
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a user or partition name
 _PROM_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_ROOT_PATH = re.compile(r"(/[A-Za-z0-9._~%-]+)+")
+_HEADER = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")  # an RFC 9110 token
 # Kubernetes' own name rules (apimachinery validation): a namespace is a DNS-1123 label, a
 # Deployment or Lease a DNS-1123 subdomain; a label key an optional DNS prefix and a name, a
 # label value at most 63 of [A-Za-z0-9-_.] starting and ending alphanumeric (or empty)
@@ -701,6 +703,17 @@ class WebConfig:
     root_path: Str = Field(default="", description="URL prefix a reverse proxy that strips it serves the view under (Open OnDemand: /rnode/HOST/PORT)")
     history_days: Num = Field(default=7.0, gt=0, le=90, description="days the history page shows")
     cache_s: Num = Field(default=2.0, ge=0, description="seconds one reading of Slurm, Kubernetes and Prometheus is reused")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        out: list[tuple[str, str]] = []
+        # every redirect and link starts with it: "//host" would send researchers to another site
+        if self.root_path and not _ROOT_PATH.fullmatch(self.root_path):
+            out.append(("root_path", "expected empty or a path such as /rnode/host/8808 (starting with one /, no trailing /, "
+                                     f"letters, digits and - _ . ~ %), got {_show(self.root_path)}"))
+        if self.user_header is not None and not _HEADER.fullmatch(self.user_header):
+            out.append(("user_header", f"expected an HTTP header name such as X-Forwarded-User, got {_show(self.user_header)}"))
+        return _checked(self, out)
 
 
 @dataclass(frozen=True, slots=True, config=_SECTION)

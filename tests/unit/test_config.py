@@ -541,3 +541,21 @@ def test_usual_kubernetes_names_and_selectors_are_accepted() -> None:
                                    "prometheus_matchers": {"job": "vllm", "__meta_x": "y"}}],
                         "daemon": {"lease_name": "gpu-bridge.leader", "lease_namespace": "gpu-bridge"}})
     assert cfg.pools[0].namespace == "serving-1" and cfg.daemon.lease_name == "gpu-bridge.leader"
+
+
+@pytest.mark.parametrize(("web", "said"), [
+    ({"root_path": "//evil.example"}, "web.root_path: expected empty or a path such as /rnode/host/8808"),
+    ({"root_path": "gpu-bridge"}, "web.root_path: expected empty or a path"),
+    ({"root_path": "/gpu-bridge/"}, "web.root_path: expected empty or a path"),
+    ({"root_path": "/a b"}, "web.root_path: expected empty or a path"),
+    ({"user_header": "X Forwarded User"}, "web.user_header: expected an HTTP header name"),
+    ({"user_header": "X-User\r\nInjected: 1"}, "web.user_header: expected an HTTP header name"),
+], ids=["root-path-other-host", "root-path-relative", "root-path-trailing-slash", "root-path-space", "header-spaces",
+        "header-crlf"])
+def test_the_web_view_s_prefix_and_user_header_must_be_what_they_say(web: dict[str, Any], said: str) -> None:
+    """The prefix starts every redirect and link (``//host`` would send researchers elsewhere)."""
+    got = problems({"pools": [{"name": "llama"}], "web": web})
+    assert len(got) == 1 and got[0].startswith(f"bridge.yaml: {said}"), got
+    ok = parse_config({"pools": [{"name": "llama"}], "web": {"root_path": "/rnode/gpu-login-01/8808",
+                                                              "user_header": "X-Forwarded-User"}})
+    assert ok.web.root_path == "/rnode/gpu-login-01/8808"

@@ -15,6 +15,7 @@ from bridge import wellknown
 from bridge.config import DEFAULT_POOL, PoolConfig
 from gpu_bridge_lab.sandbox.cluster.prometheus import ScrapeTarget
 from gpu_bridge_lab.sandbox.cluster.sandbox import DEFAULT_DIR, Sandbox
+from gpu_bridge_lab.sandbox.cluster.slurm import node_names
 from gpu_bridge_lab.sandbox.dcgm import FakeDcgm
 
 # the pool and Deployment names the daemon assumes when a config does not name them
@@ -69,6 +70,7 @@ def serving_sandbox(
 
     ``dcgm``: a started fake dcgm-exporter (``gpu_bridge_lab.sandbox.dcgm``) that Prometheus
     scrapes too (job ``dcgm``), for the free-GPU check before a warm wake."""
+    node_names(nodes)  # the node count's own check first: "nodes: must be between 1 and 999"
     if not 0 <= pool_b_nodes < nodes:
         raise ValueError(f"pool_b_nodes: must be between 0 and nodes - 1 ({nodes - 1}), got {pool_b_nodes}")
     d = Path(dir).absolute()

@@ -174,7 +174,9 @@ def build_app(source: WebSource) -> Starlette:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
         as_json = request.url.path.startswith("/api/")
-        msg = f"no page at {request.url.path[:80]}" if status == 404 else str(detail)
+        path = request.url.path
+        hint = f" (did you mean {path.rstrip('/')[:80]}?)" if status == 404 and len(path) > 1 and path.endswith("/") else ""
+        msg = f"no page at {path[:80]}{hint}" if status == 404 else str(detail)
         return error(request, status, msg, as_json=as_json)
 
     routes: list[BaseRoute] = [Route("/", home)]
@@ -184,11 +186,15 @@ def build_app(source: WebSource) -> Starlette:
         routes.append(Route("/api" + path, endpoint(build, as_json=True)))
     routes.append(Route("/job", job_lookup))
     routes.append(Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"))
-    return Starlette(
+    app = Starlette(
         routes=routes,
         exception_handlers={404: not_found, 405: not_found},
         middleware=[Middleware(BaseHTTPMiddleware, dispatch=_headers)],
     )
+    # no redirect of /pool/ to /pool: Starlette builds it from the request's Host header, which a
+    # client chooses (a redirect to any host); a 404 that names the page instead
+    app.router.redirect_slashes = False
+    return app
 
 
 async def _headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -161,6 +161,15 @@ def test_bad_input_gets_a_clear_4xx_page_and_json(client: TestClient, path: str,
         assert api.status_code == status and says in api.json()["error"]
 
 
+def test_no_redirect_is_built_from_the_host_header(client: TestClient) -> None:
+    """Starlette's slash redirect would send /pool/ to http://<Host header>/pool: a client picks the host."""
+    for path in ("/pool/", "/api/pool/"):
+        r = client.get(path, follow_redirects=False, headers={"Host": "evil.example"})
+        assert r.status_code == 404 and "location" not in r.headers
+        assert f"did you mean {path.rstrip('/')}?" in r.text
+    assert client.get("/", follow_redirects=False, headers={"Host": "evil.example"}).headers["location"] == "/pool"
+
+
 def test_job_form_redirects_to_the_job_page(s: Site, client: TestClient) -> None:
     r = client.get(f"/job?id={s.running}", follow_redirects=False)
     assert (r.status_code, r.headers["location"]) == (303, f"/job/{s.running}")

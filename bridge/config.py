@@ -34,6 +34,7 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 from typing import Annotated, Any, Literal, Self, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -63,8 +64,6 @@ _LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
 def redact_url(url: str) -> str:
     """``url`` as it may be shown or logged: a password in it (``http://user:secret@host``)
     replaced by ``<redacted>``."""
-    from urllib.parse import urlsplit, urlunsplit
-
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -78,6 +77,8 @@ def redact_url(url: str) -> str:
 def _kube_name_problems(fields: Iterable[tuple[str, str | None, re.Pattern[str], str]]) -> list[tuple[str, str]]:
     """(field, problem) for each named value that Kubernetes would refuse (``what`` says which rule)."""
     return [(f, f"expected {what}, got {_show(v)}") for f, v, rule, what in fields if v is not None and not rule.fullmatch(v)]
+
+
 _T = TypeVar("_T")
 
 

@@ -117,7 +117,7 @@ def read_outlook(
     known = [s for s in hist if replicas_needed(s, pool.target) is not None]
     if not known:
         raise NoHistoryError(f"pool {pool.name}: no usable vLLM series selected by {{{selector(ppool)}}} in the last "
-                             f"{(now - start) / 86400:.1f} days at {url}; nothing to forecast from")
+                             f"{(now - start) / 86400:.1f} days at {redact_url(url)}; nothing to forecast from")
     if nodes is None:
         nodes = max(1, math.ceil(max(s.replicas_reporting for s in hist) / pool.replicas_per_node))
         nodes_src = "most replicas seen (no gpu_bridge_nodes in Prometheus; lent nodes are not seen: --pool-nodes)"

@@ -307,8 +307,9 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
         cfg, mix = _config_and_mix(args)
         pool = cfg.pool(args.pool) if args.pool else cfg.pools[0]
         url = args.prometheus or cfg.prometheus.url
+        shown = redact_url(url)  # the url as printed: never its password
         if not re.match(r"^https?://[^\s/]+", url):
-            raise ConfigError([f"--prometheus: expected an http(s) URL, got {url!r}"])
+            raise ConfigError([f"--prometheus: expected an http(s) URL, got {shown!r}"])
         start, end = history_range(args, _time.time())
     except ConfigError as exc:
         return fail(EXIT_BAD_INPUT, exc.problems)
@@ -320,12 +321,12 @@ def run_history(args: argparse.Namespace, out: Any, info: Any) -> int:
     try:
         hist = adapter.request_history(ppool, start=start, end=end, step_s=60.0)
     except AdapterError as exc:
-        return fail(EXIT_PROMETHEUS, [f"Prometheus at {redact_url(url)}: {exc}"])
-    source = f"prometheus {url}, pool {pool.name} (model_name={pool.model!r})"
+        return fail(EXIT_PROMETHEUS, [f"Prometheus at {shown}: {exc}"])
+    source = f"prometheus {shown}, pool {pool.name} (model_name={pool.model!r})"
     try:
         hl = build_history_load(hist, pool.target, replica_rps=args.replica_rps, source=source)
     except HistoryError as exc:
-        return fail(EXIT_NO_DATA, [str(exc), f"series selected by {{{selector(ppool)}}} from {url}"])
+        return fail(EXIT_NO_DATA, [str(exc), f"series selected by {{{selector(ppool)}}} from {shown}"])
     nodes = args.nodes
     nodes_src = "--nodes"
     if nodes is None:

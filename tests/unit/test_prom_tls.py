@@ -226,3 +226,40 @@ def test_a_password_in_the_url_is_never_shown(tmp_path: Path, capsys: pytest.Cap
     out = capsys.readouterr()
     assert "s3cret" not in out.out + out.err and out.out.count("http://ops:<redacted>@127.0.0.1:1") == 1
     assert out.err.count("ops:<redacted>@127.0.0.1:1") == 3, out.err
+
+
+class _EmptyProm(BaseHTTPRequestHandler):
+    """A Prometheus that answers every query with no series (no history to read)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+def test_a_password_in_the_url_is_not_shown_when_prometheus_answers_with_no_history(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The other messages that name the url: no usable history (simulate, forecast) and a bad scheme."""
+    from bridge import cli
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _EmptyProm)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://ops:s3cret@127.0.0.1:{server.server_address[1]}"
+        cfg = tmp_path / "gpu-bridge.yaml"
+        cfg.write_text(f'pools: [{{name: llama}}]\nprometheus: {{url: "{url}"}}\n')
+        assert cli.main(["simulate", "--prometheus", url, "--since", "1d"]) == 1  # no usable series
+        assert cli.main(["forecast", "--config", str(cfg)]) == 1  # nothing to forecast from
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert cli.main(["simulate", "--prometheus", "ftp://ops:s3cret@127.0.0.1:1"]) == 2
+    out = capsys.readouterr()
+    assert "s3cret" not in out.out + out.err, out.err
+    assert out.err.count("ops:<redacted>@127.0.0.1:") == 3, out.err

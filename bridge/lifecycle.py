@@ -210,7 +210,8 @@ def _drop_cold_pod(pod: PodFacts, scaled_down: bool) -> Step:
     return Step.DELETE_ASLEEP if scaled_down else Step.WAIT_PODS_GONE
 
 
-def _asleep(facts: NodeFacts) -> bool:
+def asleep(facts: NodeFacts) -> bool:
+    """The node's warm record says its replica sleeps there (lent warm, or returning to wake it)."""
     return facts.warm is not None and facts.warm.state is WarmState.ASLEEP
 
 
@@ -321,7 +322,7 @@ def _lending(facts: NodeFacts, c: _Context) -> Step | None:
     if not facts.fenced:
         return Step.FENCE
     live = [p for p in facts.pods if not p.terminating]
-    if _asleep(facts):
+    if asleep(facts):
         got = _asleep_check(facts)
         if got is None and facts.mem_hold is None:
             if c.lend_timeout_s is not None and c.now - facts.phase_since >= c.lend_timeout_s:
@@ -350,7 +351,7 @@ def _lending(facts: NodeFacts, c: _Context) -> Step | None:
 
 def _lent(facts: NodeFacts, c: _Context) -> Step | None:
     """Lent: the sleeping replica (warm) still asleep and its memory held, the release re-asserted."""
-    if _asleep(facts):
+    if asleep(facts):
         got = _asleep_check(facts)
         if got is not None:
             return got
@@ -367,12 +368,12 @@ def _lent(facts: NodeFacts, c: _Context) -> Step | None:
     release = _release(facts)
     if release is not Step.MARK_LENT:
         return release
-    return Step.CHECK_ASLEEP if _asleep(facts) else None
+    return Step.CHECK_ASLEEP if asleep(facts) else None
 
 
 def _reclaiming(facts: NodeFacts, c: _Context) -> Step | None:
     """Reclaiming: the research jobs preempted by our hold job (requeued after their grace), then drained."""
-    if _asleep(facts) and warm_pod(facts) is None:
+    if asleep(facts) and warm_pod(facts) is None:
         return Step.WARM_LOST  # noticed now, not after the preemption: the plan counts it cold
     if facts.slurm_own_drain is not None:
         return Step.TAKE_OVER_DRAIN  # empty and drained: ours from now on, the reclaim goes on
@@ -410,7 +411,7 @@ def _returning(facts: NodeFacts, c: _Context) -> Step | None:
     slurm_now = facts.slurm_now if facts.slurm_now is not None else c.now
     drain_young = (facts.slurm_drained_by_us and facts.slurm_drained_at is not None
                    and slurm_now - facts.slurm_drained_at < c.drain_saved_after_s)
-    if _asleep(facts):
+    if asleep(facts):
         if warm_pod(facts) is None:
             return Step.WARM_LOST
         if drain_young:
@@ -454,7 +455,7 @@ def counts_for_serving(facts: NodeFacts) -> bool:
     its sleeping replica counted (else the ReplicaSet would remove it, or another pod)."""
     if facts.phase is None:  # not adopted yet: serving unless Slurm is using it
         return bool(facts.pods) or not facts.research_jobs
-    if facts.phase in (Phase.LENDING, Phase.LENT, Phase.RECLAIMING) and _asleep(facts):
+    if facts.phase in (Phase.LENDING, Phase.LENT, Phase.RECLAIMING) and asleep(facts):
         return warm_pod(facts) is not None
     return facts.phase in (Phase.SERVING, Phase.RETURNING)
 

@@ -24,8 +24,8 @@ from bridge.ledger import TickResult
 from bridge.errors import AdapterError, BridgeError, ConfigError
 from bridge.adapters.kube.lease import LeaderElector, LeaseKeeper
 from bridge.metrics import BridgeMetrics, serve
-from bridge.lifecycle import NodeFacts, gpu_short
-from bridge.model import Phase, Pin, PoolState, WarmState
+from bridge.lifecycle import NodeFacts, asleep, gpu_short
+from bridge.model import Phase, Pin, PoolState
 from bridge.observe import Observation
 from bridge.wiring import Adapters, build_adapters, check_private_file, policy_memory
 
@@ -235,8 +235,8 @@ def _since(t: float, now: float) -> str:
 def _gpu_wait(facts: NodeFacts | None, pool: PoolConfig | None, now: float) -> str | None:
     """For a node returning asleep whose free-GPU check holds the wake: what it read and when it
     gives up (the wake then goes cold); None otherwise."""
-    if (facts is None or pool is None or facts.phase is not Phase.RETURNING or facts.warm is None
-            or facts.warm.state is not WarmState.ASLEEP or not gpu_short(facts, pool.wake_gpu_need_mib)):
+    if (facts is None or pool is None or facts.phase is not Phase.RETURNING or not asleep(facts)
+            or not gpu_short(facts, pool.wake_gpu_need_mib)):
         return None
     read = ("unknown" if facts.gpu_free_mib is None else
             f"{facts.gpu_free_mib:,.0f} MiB " + ("beyond the engine's need" if pool.wake_gpu_free_mib == "auto" else

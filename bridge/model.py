@@ -10,6 +10,7 @@ offline simulator builds the same types from its model, so the daemon, ``--dry-r
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -197,6 +198,9 @@ class Governor:
     # or nothing, by ``incident_min``)
     keep_max: int | None = None
     lend_max: int | None = None
+    # when held (no node may be lent): when one node's incident fits again as old violation
+    # minutes leave the window, if no new one is counted (unix s; None: not held, or unknown yet)
+    resume_t: float | None = None
 
     @property
     def left_min(self) -> float:
@@ -222,9 +226,14 @@ class Governor:
             return f"{head}; one incident would cost {self.incident_min} min"
         keep, lend = self.cap(lending=False), self.cap(lending=True)
         if keep:
-            return (f"{head}; lending capped: an incident of every node would cost {self.incident_min} min, "
+            text = (f"{head}; lending capped: an incident of every node would cost {self.incident_min} min, "
                     f"so at most {lend} nodes lent while lending, {keep} otherwise")
-        return f"{head}; lending held: one incident would cost {self.incident_min} min"
+        else:
+            text = f"{head}; lending held: one incident would cost {self.incident_min} min"
+        if self.resume_t is None:
+            return text
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.resume_t))
+        return f"{text}; new lends may resume {when}, as old violation minutes leave the window (if no new one)"
 
 
 @dataclass(frozen=True, slots=True)

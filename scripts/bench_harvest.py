@@ -469,6 +469,10 @@ def idle_stretches(rb: Result, ro: Result, setup: Setup, bc: Any) -> list[str]:
                           + (f", capped {capped / total:.0%}" if capped else "")
                           + f" (budget left {min(left):.1f}-{max(left):.1f} min "
                           f"vs one incident {min(x.incident_min for x in g)}-{max(x.incident_min for x in g)} min)")
+                back = [x.resume_t for x in g if x.resume_t is not None]
+                if back:
+                    extra += (f", new lends possible again from day {(back[-1] - setup.start_unix) / 86400:.1f}"
+                              f" as its violation minutes leave the window")
             t0 = setup.start_unix
             cs = [c for c in cals if c.margin is not None and t0 + h * 3600 <= c.at < t0 + e * 3600]
             if cs:

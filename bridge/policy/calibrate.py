@@ -342,13 +342,19 @@ class Calibrator:
         )
         budget = self.budget_steps
         spent = self.ledger.spent(now, capacity=capacity)
+        lend_max = incident.most_nodes(budget - spent, nodes, lending=True)
+        resume = None
+        if lend_max == 0:  # held: when one node's incident fits again, if nothing new is counted
+            short = math.ceil(incident.minutes(1) - (budget - spent) - 1e-9)
+            resume = self.ledger.leave_time(now, capacity=capacity, count=short)
         return govern(
             spent_min=spent,
             budget_min=budget,
             incident_min=incident.minutes(nodes),
             window_s=self.governor_window_s,
             keep_max=incident.most_nodes(budget - spent, nodes, lending=False),
-            lend_max=incident.most_nodes(budget - spent, nodes, lending=True),
+            lend_max=lend_max,
+            resume_t=resume,
         )
 
     def _forget(

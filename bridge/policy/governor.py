@@ -94,14 +94,15 @@ class Incident:
 
 def govern(
     *, spent_min: int, budget_min: float, incident_min: int, window_s: float,
-    keep_max: int | None = None, lend_max: int | None = None,
+    keep_max: int | None = None, lend_max: int | None = None, resume_t: float | None = None,
 ) -> Governor:
     """The governor's state: the whole pool may be lent while ``budget_min - spent_min >=
-    incident_min``, and ``keep_max`` / ``lend_max`` nodes (none lending / one lending) below that."""
+    incident_min``, and ``keep_max`` / ``lend_max`` nodes (none lending / one lending) below that;
+    ``resume_t``: when a held pool may lend again (``ViolationLedger.leave_time``)."""
     if budget_min < 0 or not math.isfinite(budget_min):
         raise ValueError(f"budget_min: expected a finite number >= 0, got {budget_min!r}")
     return Governor(spent_min=spent_min, budget_min=budget_min, incident_min=incident_min, window_s=window_s,
-                    keep_max=keep_max, lend_max=lend_max)
+                    keep_max=keep_max, lend_max=lend_max, resume_t=resume_t)
 
 
 PACE_FROM = 1.0  # share of the usable budget left below which the calibration slows down
@@ -251,6 +252,23 @@ class ViolationLedger:
                 open_step = 1
         pending = self._pending_gap(math.floor(now / self.step_s), lo, capacity, self._counted + open_step)
         return self._counted - self._older(lo) + open_step + pending
+
+    def leave_time(self, now: float, *, capacity: float, count: int) -> float | None:
+        """When ``count`` of the minutes counted in the window ending at ``now`` will have left it,
+        the window rolling on and no new violation counted: the start of the first step whose
+        window no longer holds them. None when the closed steps hold fewer (the newest ones,
+        still being counted, decide)."""
+        if count <= 0:
+            return now
+        self.spent(now, capacity=capacity)  # the flags at this capacity, the marks before the window dropped
+        lo = math.floor(now / self.step_s) - self.window_steps + 1
+        seen = 0
+        for (k, _, _), flag in zip(self._marks, self._flags):
+            if k >= lo and flag:
+                seen += 1
+                if seen == count:
+                    return float((k + self.window_steps) * self.step_s)
+        return None
 
     def _pending_gap(self, now_k: int, lo: int, capacity: float, n: int) -> int:
         """Steps after the last sample up to ``now`` that will count once closed: while no

@@ -229,6 +229,41 @@ def test_ledger_forgets_minutes_that_left_the_window() -> None:
     assert led.spent(60 * 11, capacity=8.0) == 0
 
 
+def test_ledger_says_when_counted_minutes_leave_the_window() -> None:
+    led = ViolationLedger(step_s=60, window_s=600, gap_steps=1)
+    for m in range(8):
+        bad = m in (0, 2, 5)  # counted: demand 5 on 4 Ready (4 nodes lent), else all 8 serve
+        led.add(60 * m + 30, 5.0 if bad else 1.0, 4.0 if bad else 8.0)
+    now = 60 * 7 + 40
+    assert led.spent(now, capacity=8.0) == 3
+    assert led.leave_time(now, capacity=8.0, count=0) == now
+    assert led.leave_time(now, capacity=8.0, count=2) == 60 * 12  # minute 2 leaves the window of minute 12
+    assert led.leave_time(now, capacity=8.0, count=3) == 60 * 15
+    assert led.leave_time(now, capacity=8.0, count=4) is None  # only three are counted
+    assert led.spent(60 * 12 - 1, capacity=8.0) == 2 and led.spent(60 * 12, capacity=8.0) == 1
+
+
+def test_a_held_governor_says_when_it_may_lend_again_and_lends_from_exactly_then() -> None:
+    from bridge.policy.calibrate import Calibrator
+
+    cfg = config(20 / 1440, window_s=86400.0)  # a budget of 20 minutes a day
+    cal = Calibrator(cfg, cfg.pools[0])
+    assert cal.budget_steps == pytest.approx(20.0)
+    for m in range(30):  # 15 violation minutes (demand 5 on 4 Ready), then all 6 serve
+        cal.ledger.add(60 * m + 30, 5.0 if m < 15 else 1.0, 4.0 if m < 15 else 6.0)
+    now = 60 * 31.0
+    g = cal.governor(now, capacity=6.0, nodes=6)
+    assert g is not None and g.spent_min == 15 and g.cap(lending=True) == 0
+    one = g.incident_min  # 6 nodes fit one reclaim round: one node's incident is the whole pool's
+    short = one - 5  # minutes that must leave the window before one incident fits the 5 left
+    assert g.resume_t == 60.0 * (short - 1 + 1440)  # the short-th counted minute (minute short-1) leaves
+    assert "lending held" in g.describe() and "new lends may resume 1970-01-02 " in g.describe()
+    before = cal.governor(g.resume_t - 1, capacity=6.0, nodes=6)
+    after = cal.governor(g.resume_t, capacity=6.0, nodes=6)
+    assert before is not None and before.cap(lending=True) == 0
+    assert after is not None and after.cap(lending=True) != 0 and after.resume_t is None
+
+
 def test_plan_reclaims_every_lent_node_and_lends_nothing_when_the_budget_is_held() -> None:
     from bridge.model import ClusterView, LoadSignals, PoolState
     from bridge.policy import plan

@@ -10,9 +10,9 @@ offline simulator builds the same types from its model, so the daemon, ``--dry-r
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 
 class Phase(enum.StrEnum):
@@ -232,7 +232,7 @@ class Governor:
             text = f"{head}; lending held: one incident would cost {self.incident_min} min"
         if self.resume_t is None:
             return text
-        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.resume_t))
+        when = datetime.fromtimestamp(self.resume_t, UTC).strftime("%Y-%m-%d %H:%M UTC")
         return f"{text}; new lends may resume {when}, as old violation minutes leave the window (if no new one)"
 
 

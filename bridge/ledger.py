@@ -14,7 +14,7 @@ from bridge.actuate import REQUEST_POINT, RELEASE_POINT, START_POINTS, StepRecor
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import Step
 from bridge.metrics import BridgeMetrics, NullMetrics
-from bridge.model import Action, ActionKind, Calibration, Phase, Plan, ReclaimMode, Tier, WarmState
+from bridge.model import Action, ActionKind, Calibration, Governor, Phase, Plan, ReclaimMode, Tier, WarmState
 from bridge.observe import LAUNCH_FAILED_HELD, Observation, Snapshot
 from bridge.policy.forecast import horizon_s
 from bridge.policy.memory import PoolMemory
@@ -22,7 +22,7 @@ from bridge.policy.outlook import OUTLOOK_HOURS, OUTLOOK_STEP_S, HourOutlook
 from bridge.reconcile import RETRIED_STEPS, Intents, LoopState
 
 log = logs.get(__name__)
-Outlook = Callable[[PoolConfig, float, int, Calibration | None], tuple[HourOutlook, ...] | None]
+Outlook = Callable[[PoolConfig, float, int, Calibration | None, Governor | None], tuple[HourOutlook, ...] | None]
 
 
 @dataclass
@@ -180,5 +180,6 @@ class Ledger:
             self._outlook_at[pool.name] = now
             ps = obs.view.pools.get(pool.name)  # the calibration the policy has now
             nodes = sum(1 for n in obs.view.nodes if n.pool == pool.name)
-            outlook = self.outlook(pool, now, nodes, ps.calibration if ps is not None else None)
+            outlook = self.outlook(pool, now, nodes, ps.calibration if ps is not None else None,
+                                   ps.governor if ps is not None else None)
             self.metrics.record_outlook(pool.name, outlook, OUTLOOK_HOURS)

@@ -21,7 +21,7 @@ from bridge.adapters.prom.types import PromPool
 from bridge.adapters.protocols import KubeAdapterProtocol, PromReader, ReplicaReader, SlurmAdapterProtocol
 from bridge.config import Config, PoolConfig
 from bridge.errors import AdapterError
-from bridge.model import Calibration, LoadSignals, Phase, SlurmJob, WarmState
+from bridge.model import Calibration, Governor, LoadSignals, Phase, SlurmJob, WarmState
 from bridge.observe import KubeNode, Readings, Snapshot, SlurmNodeLike
 from bridge.policy.outlook import OUTLOOK_HOURS, OUTLOOK_STEP_S, HourOutlook, lendable_outlook, outlook_span_s
 
@@ -147,12 +147,15 @@ class Observer:
         log.info("gap_history", pool=pool.name, gap_s=round(t - last, 1), samples=len(out))
         return out
 
-    def outlook(self, pool: PoolConfig, now: float, nodes: int, calibration: Calibration | None) -> tuple[HourOutlook, ...] | None:
+    def outlook(
+        self, pool: PoolConfig, now: float, nodes: int, calibration: Calibration | None, governor: Governor | None = None,
+    ) -> tuple[HourOutlook, ...] | None:
         """The pool's lendable capacity ahead, as ``gpu-bridge forecast`` has it; None: unreadable."""
         try:
             start = math.floor((now - outlook_span_s(self.config, OUTLOOK_HOURS)) / OUTLOOK_STEP_S) * OUTLOOK_STEP_S
             hist = self.prom.history(self.prom_pools[pool.name], start=start, end=now, step_s=OUTLOOK_STEP_S)
-            return lendable_outlook(hist, now, config=self.config, pool=pool, nodes=nodes, hours=OUTLOOK_HOURS, calibration=calibration)
+            return lendable_outlook(hist, now, config=self.config, pool=pool, nodes=nodes, hours=OUTLOOK_HOURS,
+                                    calibration=calibration, governor=governor)
         except AdapterError as exc:
             log.warning("outlook_unavailable", pool=pool.name, error=str(exc))
             return None

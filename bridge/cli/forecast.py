@@ -96,6 +96,7 @@ def read_outlook(
     AdapterError (Prometheus) or NoHistoryError."""
     from bridge.adapters.prom.types import PromPool, selector
     from bridge.policy.demand import replicas_needed
+    from bridge.policy.calibrate import Calibrator
     from bridge.policy.outlook import OUTLOOK_STEP_S, lendable_outlook, outlook_calibration, outlook_span_s
 
     from bridge.wiring import prom_adapter
@@ -105,7 +106,7 @@ def read_outlook(
     # the calibration needs policy.calibration.window_s at its own step, as the daemon reads it
     cc = cfg.policy.calibration
     step = cc.step_s if cc.enabled else OUTLOOK_STEP_S
-    span = max(outlook_span_s(cfg, hours), cc.window_s if cc.enabled else 0.0)
+    span = max(outlook_span_s(cfg, hours), Calibrator(cfg, pool).span_s if cc.enabled else 0.0)  # with the governor's window
     start = math.floor((now - span) / step) * step
     hist = adapter.history(ppool, start=start, end=now, step_s=step)
     nodes = pool_nodes
@@ -121,8 +122,8 @@ def read_outlook(
     if nodes is None:
         nodes = max(1, math.ceil(max(s.replicas_reporting for s in hist) / pool.replicas_per_node))
         nodes_src = "most replicas seen (no gpu_bridge_nodes in Prometheus; lent nodes are not seen: --pool-nodes)"
-    calib = outlook_calibration(hist, now, config=cfg, pool=pool, nodes=nodes)
-    outlook = lendable_outlook(hist, now, config=cfg, pool=pool, nodes=nodes, hours=hours, calibration=calib)
+    calib, gov = outlook_calibration(hist, now, config=cfg, pool=pool, nodes=nodes)
+    outlook = lendable_outlook(hist, now, config=cfg, pool=pool, nodes=nodes, hours=hours, calibration=calib, governor=gov)
     if calib is None:
         margin_note = "calibration off: headroom settings only"
     elif calib.margin is None:
@@ -130,6 +131,8 @@ def read_outlook(
                        "the policy lends nothing yet")
     else:
         margin_note = calib.describe()
+    if gov is not None and not gov.lend_allowed:
+        margin_note += f"; {gov.describe()}"
     return PoolOutlook(
         pool=pool.name, now=now, nodes=nodes, nodes_source=nodes_src, history_since=known[0].t, read_from=start,
         step_s=step, margin_note=margin_note, calibrating=calib is not None and calib.margin is None, hours=outlook,
@@ -149,7 +152,7 @@ def outlook_doc(got: PoolOutlook, answer: str | None = None) -> dict[str, Any]:
         "calibrating": got.calibrating,
         "hours": [{"start": h.start, "demand_replicas": None if h.demand is None else round(h.demand, 3),
                    "serving_nodes": h.serving_nodes, "lendable_nodes": h.lendable_nodes, "basis": h.basis or None,
-                   "margin": h.margin} for h in got.hours],
+                   "margin": h.margin, "held": h.held or None} for h in got.hours],
         "answer": answer,
     }
 
@@ -205,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
         if h.demand is None:
             print(f"{_fmt_t(h.start):<11} {'?':>17} {'?':>8} {'?':>9}  no history for this hour yet")
         else:
-            print(f"{_fmt_t(h.start):<11} {h.demand:>17.2f} {h.serving_nodes:>8} {h.lendable_nodes:>9}  {h.basis}")
+            held = f"; {h.held}" if h.held else ""
+            print(f"{_fmt_t(h.start):<11} {h.demand:>17.2f} {h.serving_nodes:>8} {h.lendable_nodes:>9}  {h.basis}{held}")
     if answer:
         print(answer)
     print("A forecast from this pool's own load (same time yesterday and last week, scaled to today) with the "

@@ -13,10 +13,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from bridge.config import Config, PoolConfig
-from bridge.model import Calibration, LoadSignals
+from bridge.model import Calibration, Governor, LoadSignals
 from bridge.policy.calibrate import Calibrator, nodes_with_margin
 from bridge.policy.demand import replicas_needed
 from bridge.policy.forecast import forecast, lend_span_s, recent_span_s
@@ -47,6 +48,7 @@ class HourOutlook:
     lendable_nodes: int | None
     basis: str  # what the demand came from: "now" (the policy's forecast), "1d", "7d"
     margin: float | None = None  # the calibrated margin applied (None: calibrating / not calibrated)
+    held: str = ""  # why the SLO budget's governor lends less than the forecast leaves ("": it does not)
 
 
 def outlook_span_s(config: Config, hours: int) -> float:
@@ -57,22 +59,44 @@ def outlook_span_s(config: Config, hours: int) -> float:
     return max(OUTLOOK_LAGS_S) + f.compare_window_s + max(recent_span_s(config), lend_span_s(config), f.burst_history_s)
 
 
-def outlook_calibration(history: Sequence[LoadSignals], now: float, *, config: Config, pool: PoolConfig, nodes: int) -> Calibration | None:
-    """The pool's calibration as the policy would have it now, built the way the daemon builds
-    it (``Calibrator`` over ``policy.calibration.window_s`` of history); None when calibration
-    is off."""
+def outlook_calibration(
+    history: Sequence[LoadSignals], now: float, *, config: Config, pool: PoolConfig, nodes: int,
+) -> tuple[Calibration | None, Governor | None]:
+    """The pool's calibration and SLO-budget governor as the policy would have them now, built
+    the way the daemon rebuilds them at start-up (``Calibrator`` over ``Calibrator.span_s`` of
+    history, the configured reclaim horizon); (None, None) when calibration is off."""
     if not config.policy.calibration.enabled:
-        return None
+        return None, None
     cal = Calibrator(config, pool)
     for s in history:
         if s.t <= now:
             cal.add(s)
-    return cal.calibration(now, capacity=nodes * pool.replicas_per_node)
+    capacity = nodes * pool.replicas_per_node
+    gov = cal.governor(now, capacity=capacity, nodes=nodes)
+    return cal.calibration(now, capacity=capacity, governor=gov), gov
+
+
+def governed(hour: HourOutlook, governor: Governor | None) -> HourOutlook:
+    """The hour as the governor lets it be lent: nothing before a held pool may lend again
+    (``Governor.resume_t``; unknown: the whole outlook), at most its cap while capped."""
+    if governor is None or hour.lendable_nodes is None:
+        return hour
+    cap = governor.cap(lending=True)
+    if cap is None:
+        return hour
+    if cap == 0:
+        if governor.resume_t is not None and governor.resume_t <= hour.start:
+            return hour
+        until = "" if governor.resume_t is None else f" until {datetime.fromtimestamp(governor.resume_t, UTC):%Y-%m-%d %H:%M UTC}"
+        return replace(hour, lendable_nodes=0, held=f"SLO budget spent: lending held{until}")
+    if hour.lendable_nodes <= cap:
+        return hour
+    return replace(hour, lendable_nodes=cap, held=f"SLO budget low: at most {cap} nodes lent")
 
 
 def lendable_outlook(
     history: Sequence[LoadSignals], now: float, *, config: Config, pool: PoolConfig, nodes: int, hours: int = 24,
-    calibration: Calibration | None = None,
+    calibration: Calibration | None = None, governor: Governor | None = None,
 ) -> tuple[HourOutlook, ...]:
     """Per clock hour ahead (hour 0 holds ``now``), the serving demand the policy's forecast
     expects and the nodes left to lend (pure; read-only callers: ``gpu-bridge forecast`` and
@@ -87,7 +111,8 @@ def lendable_outlook(
     that hour, the headroom settings as floors, then ``min_serving`` and calendar rules over
     the hour; lendable = the rest of ``nodes``, at most ``max_lent``. While the pool is still
     calibrating (``calibration.margin`` None) the policy lends nothing: every known hour says
-    0 lendable and ``margin`` None (callers say why)."""
+    0 lendable and ``margin`` None (callers say why). The SLO budget's ``governor`` (as the
+    policy has it now) holds or caps the hours before it may lend again (``governed``)."""
     from bridge.policy import calendar
 
     if hours < 1:
@@ -130,7 +155,7 @@ def lendable_outlook(
             lendable = min(lendable, pool.max_lent)
         if calibration is not None and calibration.margin is None:
             lendable = 0  # the policy's calibrating state: nothing is lent yet
-        out.append(HourOutlook(lo, demand, serving, max(0, lendable), basis, margin))
+        out.append(governed(HourOutlook(lo, demand, serving, max(0, lendable), basis, margin), governor))
     return tuple(out)
 
 

@@ -80,6 +80,7 @@ def outlook_chart_rows(hours: Sequence[HourOutlook]) -> list[dict[str, Any]]:
             "serving": h.serving_nodes,
             "lendable": h.lendable_nodes,
             "basis": h.basis or None,
+            "held": h.held or None,
         }
         for h in hours
     ]

@@ -47,8 +47,9 @@ def night_low(hour: int) -> float:
 def test_outlook_follows_yesterday_with_the_policys_margin() -> None:
     now = T0 + 8 * DAY - 3 * 3600.0 + 60  # 21:01, seven days of profile behind
     hist = [s for s in daily(8, night_low) if s.t <= now]
-    cal = outlook_calibration(hist, now, config=CFG, pool=POOL, nodes=8)
+    cal, gov = outlook_calibration(hist, now, config=CFG, pool=POOL, nodes=8)
     assert cal is not None and cal.margin is not None and cal.smoothing == 1.0
+    assert gov is not None and gov.lend_allowed and gov.spent_min == 0
     out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24, calibration=cal)
     assert len(out) == 24 and out[0].start == now - 60  # clock hours, hour 0 holds now
     by_hour = {int((h.start % DAY) // 3600): h for h in out}
@@ -89,7 +90,7 @@ def test_young_pool_says_unknown_not_zero() -> None:
     assert all(h.demand is None and h.lendable_nodes is None for h in out[1:])
     # 3 h of 5-minute samples: 36 steps of the 180 the calibration needs -> calibrating, and
     # the policy lends nothing then: the outlook says 0 lendable and no margin, not a guess
-    cal = outlook_calibration(hist, now, config=CFG, pool=POOL, nodes=8)
+    cal, _ = outlook_calibration(hist, now, config=CFG, pool=POOL, nodes=8)
     assert cal is not None and cal.margin is None and cal.samples < cal.needed
     out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24, calibration=cal)
     assert out[0].lendable_nodes == 0 and out[0].margin is None
@@ -112,11 +113,53 @@ def test_max_lent_and_calendar_floor_limit_the_outlook() -> None:
     })
     now = T0 + 8 * DAY + 60
     hist = [s for s in daily(8, night_low) if s.t <= now]
-    cal = outlook_calibration(hist, now, config=cfg, pool=cfg.pools[0], nodes=8)
+    cal, _ = outlook_calibration(hist, now, config=cfg, pool=cfg.pools[0], nodes=8)
     out = lendable_outlook(hist, now, config=cfg, pool=cfg.pools[0], nodes=8, hours=8, calibration=cal)
     by_hour = {int((h.start % DAY) // 3600): h for h in out}
     assert by_hour[2].lendable_nodes == 3  # max_lent
     assert by_hour[4].lendable_nodes == 0  # calendar
+
+
+def _spent(days: int, at: float, minutes: int = 45) -> list[LoadSignals]:
+    """``daily(days, night_low)`` with ``minutes`` violation minutes from ``at``: one sample a
+    minute, 5 replicas of demand on 4 Ready (four of the 8 nodes lent and not back)."""
+    bad = [LoadSignals(at + 60 * k, 50.0, 0.0, None, None, 4) for k in range(minutes)]
+    calm = [s for s in daily(days, night_low) if not at <= s.t < at + 60 * minutes]
+    return sorted(calm + bad, key=lambda s: s.t)
+
+
+def test_a_spent_budget_holds_the_outlook_until_the_governor_may_lend_again() -> None:
+    """The outlook is the policy's: with the SLO budget spent (45 violation minutes yesterday
+    against 40.3 in 28 days) the policy lends nothing, so no hour says it will, and the hours
+    say why and until when; no free window is promised to a waiting job."""
+    now = T0 + 8 * DAY - 3 * 3600.0 + 60
+    hist = [s for s in _spent(8, T0 + 7 * DAY + 12 * 3600) if s.t <= now]
+    cal, gov = outlook_calibration(hist, now, config=CFG, pool=POOL, nodes=8)
+    assert gov is not None and not gov.lend_allowed and gov.cap(lending=True) == 0
+    assert gov.resume_t is not None and gov.resume_t > now + DAY  # the minutes stay 28 days
+    out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24, calibration=cal, governor=gov)
+    night = [h for h in out if int((h.start % DAY) // 3600) < 8]
+    assert night and all(h.lendable_nodes == 0 and h.held.startswith("SLO budget spent: lending held until ") for h in night)
+    assert first_free_window(out, 1, 1.0) is None
+    # the same hours without the governor: the forecast alone would have lent the nights
+    free = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24, calibration=cal)
+    assert all(h.held == "" for h in free) and max(h.lendable_nodes or 0 for h in free) > 0
+
+
+def test_the_outlook_lends_again_from_when_the_spent_minutes_leave_the_window() -> None:
+    at = T0 + 12 * 3600  # 45 violation minutes at noon on day 0
+    now = T0 + 28 * DAY + 5 * 3600 + 60  # 05:01 on day 28: they leave the 28-day window after noon
+    hist = [s for s in _spent(29, at) if s.t <= now]
+    cal, gov = outlook_calibration(hist, now, config=CFG, pool=POOL, nodes=8)
+    assert gov is not None and gov.cap(lending=True) == 0 and gov.resume_t is not None
+    assert at + 28 * DAY < gov.resume_t < at + 28 * DAY + 45 * 60
+    out = lendable_outlook(hist, now, config=CFG, pool=POOL, nodes=8, hours=24, calibration=cal, governor=gov)
+    before = [h for h in out if h.start < gov.resume_t]
+    after = [h for h in out if h.start >= gov.resume_t]
+    assert before and all(h.lendable_nodes == 0 and h.held for h in before)
+    assert after and all(h.held == "" for h in after)
+    tomorrow_night = [h for h in after if int((h.start % DAY) // 3600) < 8]
+    assert tomorrow_night and all((h.lendable_nodes or 0) > 0 for h in tomorrow_night)
 
 
 def _o(lend: list[int | None]) -> list[HourOutlook]:
@@ -195,7 +238,8 @@ def test_daemon_exports_the_outlook_and_nan_when_prometheus_fails() -> None:
     # the metric uses the calibration the policy has (the daemon's Calibrator over Prometheus);
     # it is the one the CLI builds from the same history (outlook_calibration)
     cal = d.ledger.last_observation.view.pools["llama"].calibration  # type: ignore[union-attr]
-    assert cal is not None and cal == outlook_calibration(prom.histories["llama"], now, config=d.config, pool=d.config.pools[0], nodes=4)
+    gov = d.ledger.last_observation.view.pools["llama"].governor  # type: ignore[union-attr]
+    assert cal is not None and (cal, gov) == outlook_calibration(prom.histories["llama"], now, config=d.config, pool=d.config.pools[0], nodes=4)
     # 01:00-02:00: 1 replica; with 4 replicas of capacity the night margin comes out higher than
     # with 8 (the 08:00 jump to 5 exceeds the pool, the window differs): in (2, 2.5] -> serving
     # keeps ceil(m * 2 - 1) = 4 of 4 nodes, 0 lendable (a fixed +20 % + 0.5 headroom would keep 2)

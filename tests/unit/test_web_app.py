@@ -240,3 +240,20 @@ def test_parse_daemon_history_puts_samples_on_the_grid() -> None:
 def test_charts_carry_a_text_alternative() -> None:
     chart = svg.outlook_chart(["Mon 10:00", "Mon 11:00"], [2, None], [1.5, None], nodes=4)
     assert 'role="img"' in chart and "Mon 10:00 2" in chart and "<title" in chart
+
+
+def test_the_outlook_says_when_the_slo_budget_holds_lending(s: Site, client: TestClient) -> None:
+    """Hours the governor holds say 0 lendable and why, on the page and in its JSON, so a
+    researcher is not promised nodes the daemon will not lend."""
+    from bridge.cli.forecast import PoolOutlook
+    from bridge.policy.outlook import HourOutlook
+
+    held = "SLO budget spent: lending held until 2027-01-15 12:46 UTC"
+    hours = (HourOutlook(T0, 1.0, 1, 0, "now", 1.5, held), HourOutlook(T0 + 3600, 1.0, 1, 2, "1d", 1.5))
+    s.source.outlook = lambda pool: PoolOutlook(  # type: ignore[method-assign]
+        pool=pool, now=T0, nodes=3, nodes_source="test", history_since=T0 - 86400, read_from=T0 - 86400, step_s=60.0,
+        margin_note="calibrated margin x1.50", calibrating=False, hours=hours)
+    page = client.get("/outlook")
+    assert page.status_code == 200 and f"now; {held}</td>" in page.text
+    doc = client.get("/api/outlook").json()
+    assert [h["held"] for h in doc["hours"]] == [held, None] and [h["lendable_nodes"] for h in doc["hours"]] == [0, 2]

@@ -241,15 +241,38 @@ def change_point(logs: np.ndarray, mu_hour: np.ndarray | None) -> int | None:
     z = (x - med) / spread - CP_DELTA
     last: int | None = None
     start = 0
+    zs = z.tolist()
     while start < z.size:
-        s = np.cumsum(z[start:])
-        g = s - np.minimum(np.minimum.accumulate(s), 0.0)
-        hit = np.nonzero(g > CP_LAMBDA)[0]
-        if hit.size == 0:
+        hit = _first_alarm(z, zs, start)
+        if hit is None:
             break
-        last = start + int(hit[0])
-        start = last + 1
+        last, start = hit, hit + 1
     return last
+
+
+def _first_alarm(z: np.ndarray, zs: list[float], start: int, near: int = 32) -> int | None:
+    """The first step from ``start`` at which the Page-Hinkley statistic restarted there
+    (the cumulative sum less its running minimum, floored at 0) exceeds ``CP_LAMBDA``.
+    The ``near`` steps one by one (``zs``: ``z`` as floats), then chunks that double, each
+    summed on from the last one's sum in the same order as one whole ``cumsum`` (the same
+    numbers): a trace that alarms often costs linear time, not one pass over the rest of the
+    window per alarm."""
+    s0, m0, pos = 0.0, 0.0, start
+    for v in zs[start : start + near]:
+        s0 += v
+        m0 = min(m0, s0)
+        if s0 - m0 > CP_LAMBDA:
+            return pos
+        pos += 1
+    size = 64
+    while pos < z.size:
+        s = np.cumsum(np.concatenate(([s0], z[pos : pos + size])))[1:]
+        m = np.minimum(np.minimum.accumulate(s), m0)
+        hit = np.nonzero(s - m > CP_LAMBDA)[0]
+        if hit.size:
+            return pos + int(hit[0])
+        s0, m0, pos, size = float(s[-1]), float(m[-1]), pos + size, size * 2
+    return None
 
 
 def level_held(d: np.ndarray, at: int, hours: np.ndarray, steps_per_hour: int) -> bool:

@@ -477,6 +477,43 @@ def test_change_point_alarms_on_a_level_shift_not_on_a_single_burst() -> None:
     assert got is not None and 1000 <= got < 1060  # the last alarm falls inside the change
 
 
+def _last_alarm_by_definition(logs: np.ndarray, mu: np.ndarray | None) -> int | None:
+    """Page-Hinkley as defined: after each alarm, sum again over the whole rest of the window."""
+    from bridge.policy.calibrate import CP_DELTA, CP_LAMBDA
+
+    x = logs - (mu if mu is not None else 0.0)
+    med = float(np.median(x))
+    z = (x - med) / (1.4826 * float(np.median(np.abs(x - med))) + 0.01) - CP_DELTA
+    last, start = None, 0
+    while start < z.size:
+        s = np.cumsum(z[start:])
+        hit = np.nonzero(s - np.minimum(np.minimum.accumulate(s), 0.0) > CP_LAMBDA)[0]
+        if hit.size == 0:
+            break
+        last = start + int(hit[0])
+        start = last + 1
+    return last
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 3000), kind=st.sampled_from(["calm", "bursts", "shift", "heavy"]),
+       hourly=st.booleans())
+def test_change_point_is_its_definition_in_linear_time(seed: int, n: int, kind: str, hourly: bool) -> None:
+    """The chunked read gives the same alarm as the definition on any window (bursts that alarm
+    every few steps included: there the definition costs one pass over the window per alarm)."""
+    from bridge.policy.calibrate import change_point
+
+    rng = np.random.default_rng(seed)
+    logs = {
+        "calm": lambda: rng.normal(0.0, 1.0, n),
+        "bursts": lambda: np.where(rng.random(n) < 0.2, rng.normal(3.0, 1.0, n), rng.normal(0.0, 0.01, n)),
+        "shift": lambda: np.concatenate([rng.normal(0.0, 1.0, n // 2), rng.normal(rng.uniform(0, 5), 1.0, n - n // 2)]),
+        "heavy": lambda: rng.standard_cauchy(n),
+    }[kind]()
+    mu = rng.normal(0.0, 0.5, n) if hourly else None
+    assert change_point(logs, mu) == _last_alarm_by_definition(logs, mu)
+
+
 def test_after_a_level_shift_the_margin_widens_at_once_and_the_old_regime_is_forgotten_within_a_day() -> None:
     from bridge.model import LoadSignals
     from bridge.policy.calibrate import Calibrator

@@ -308,7 +308,9 @@ def parse_nodes(text: str) -> tuple[SlurmNode, ...]:
 def checkpoint_time(comment: str) -> float | None:
     """``gpu-bridge:checkpoint=<unix time>`` anywhere in the comment (comma/space separated);
     a malformed value -> None (a job's comment is user data, never trusted to parse)."""
-    return _comment_number(comment, wellknown.SLURM_CHECKPOINT_COMMENT, lo=0.0)
+    # bounded: the daemon writes it as a date in the preemption Event (checkpoint=1e300 raised
+    # OverflowError out of the reclaim's first step: any researcher could stop the daemon)
+    return _comment_number(comment, wellknown.SLURM_CHECKPOINT_COMMENT, lo=0.0, hi=wellknown.LAST_UNIX_S)
 
 
 def signal_save_s(comment: str) -> float | None:

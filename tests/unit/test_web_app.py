@@ -315,3 +315,12 @@ def test_history_windows_cached_are_bounded(s: Site, client: TestClient) -> None
     for i in range(1, 200):
         assert client.get(f"/api/history?days=0.{i:03d}").status_code == 200
     assert sum(k.startswith("history:") for k in s.source._cache) == HISTORY_CACHED
+
+
+def test_times_no_date_can_show_are_left_out_not_a_500() -> None:
+    """Slurm's numbers are finite but unbounded (a start time of 1e300): ``iso`` raised
+    OverflowError / ValueError, a 500 for the job's page."""
+    from bridge.web import pages
+
+    assert [pages.iso(t) for t in (1e300, 1.8e15, -1.0, float("nan"))] == [None] * 4
+    assert pages.iso(T0) == "2027-01-15 08:00:00 UTC"

@@ -50,16 +50,20 @@ _MESSAGE = re.compile(
 
 
 def parse_preemption(message: str, t: float) -> Preemption | None:
-    """The preemption a ``preemption_message`` text describes (None: not one of ours)."""
+    """The preemption a ``preemption_message`` text describes (None: not one of ours). An Event's
+    text is whatever its writer put there (anyone allowed to create Events can write one with
+    this reason): numbers or a date it cannot read make it not one of ours, never an exception
+    (``GraceTime 1..2 s`` raised ValueError, and every job page of the web view with it)."""
     m = _MESSAGE.match(message)
     if m is None:
         return None
     ckpt = m.group("ckpt")
-    return Preemption(
-        job_id=m.group("job"),
-        node=m.group("node"),
-        t=t,
-        grace_s=float(m.group("grace")),
-        lost_gpu_hours=float(m.group("lost")),
-        checkpoint_time=datetime.strptime(ckpt, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() if ckpt else None,
-    )
+    try:
+        grace_s, lost = float(m.group("grace")), float(m.group("lost"))
+        checkpoint = datetime.strptime(ckpt, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() if ckpt else None
+    except ValueError:
+        return None
+    if not (math.isfinite(grace_s) and math.isfinite(lost)):
+        return None
+    return Preemption(job_id=m.group("job"), node=m.group("node"), t=t, grace_s=grace_s, lost_gpu_hours=lost,
+                      checkpoint_time=checkpoint)

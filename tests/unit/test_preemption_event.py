@@ -57,3 +57,14 @@ def test_the_message_never_raises_on_a_time_out_of_range() -> None:
     for t in (1e300, 1.8e15, -1.0, float("nan"), float("inf")):
         text = preemption_message(job_id="5", node="n", grace_s=1, lost_gpu_hours=0, checkpoint_time=t)
         assert "no checkpoint published" in text
+
+
+def test_an_event_text_that_cannot_be_read_is_not_a_preemption() -> None:
+    """Anyone allowed to create Events can write one with this reason: its numbers are not
+    trusted to parse (``1..2`` raised ValueError, and the web view's job pages with it)."""
+    head = "job 5 preempted to reclaim n for serving: GraceTime {g} s, then requeued; {l} GPU-h of work lost ({c})"
+    for g, l, c in (("1..2", "0.1", "no checkpoint published"), ("1", "0..1", "no checkpoint published"),
+                    ("1e999", "0.1", "no checkpoint published"),
+                    ("1", "0.1", "last checkpoint 2026-13-45T99:99:99Z")):
+        assert parse_preemption(head.format(g=g, l=l, c=c), 1.0) is None
+    assert parse_preemption(head.format(g="1", l="0.1", c="no checkpoint published"), 1.0) is not None

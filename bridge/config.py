@@ -836,7 +836,11 @@ def read_yaml(path: str | Path, *, what: str) -> Any:
     p = Path(path)
     src = str(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:  # bounded: /dev/zero or a log given by mistake was read until memory ran out
+            raw = fh.read(MAX_YAML_BYTES + 1)
+        if len(raw) > MAX_YAML_BYTES:
+            raise ConfigError([f"{src}: larger than {MAX_YAML_BYTES // 1024 // 1024} MiB; expected {what}"])
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise ConfigError([f"{src}: cannot read: {exc.strerror or exc}"]) from exc
     except UnicodeDecodeError as exc:
@@ -858,6 +862,8 @@ def read_yaml(path: str | Path, *, what: str) -> Any:
     return data
 
 
+MAX_YAML_BYTES = 1024 * 1024
+"""Largest YAML file read (the config, a job mix): a real config is a few KiB."""
 MAX_VALUES = 100_000
 """Most values (mappings, lists and scalars, each alias counted as often as it is used) one
 config document may hold: a real config has a few hundred."""

@@ -283,3 +283,17 @@ def test_unquoted_clock_times_and_merge_keys_read_as_written(tmp_path: Path) -> 
     p.write_text("pools:\n  - name: a\n    name: b\n", encoding="utf-8")
     with pytest.raises(ConfigError, match='duplicate key "name" at line 3'):
         load_config(p)
+
+
+def test_a_file_that_never_ends_is_refused_not_read_into_memory(tmp_path: Path) -> None:
+    """``check-config /dev/zero`` (or a log given by mistake) was read whole: MemoryError."""
+    from bridge.config import MAX_YAML_BYTES
+
+    with pytest.raises(ConfigError, match=r"^/dev/zero: larger than 1 MiB; expected a YAML config$"):
+        load_config("/dev/zero")
+    big = tmp_path / SRC
+    big.write_text(POOL_YAML + "#" * MAX_YAML_BYTES, encoding="utf-8")
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        load_config(big)
+    big.write_text(POOL_YAML + "#" * (MAX_YAML_BYTES - len(POOL_YAML)), encoding="utf-8")
+    assert load_config(big).pools[0].name == "a"  # exactly the bound: read

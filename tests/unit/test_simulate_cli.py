@@ -214,3 +214,10 @@ def test_plot_without_matplotlib_says_which_extra(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     assert main(["simulate", "--days", "0.1", "--policy", "reactive", "--plot", str(tmp_path / "p.png")]) == 2
     assert "--plot: needs matplotlib, the [plot] extra: pip install 'gpu-bridge[plot]'" in capsys.readouterr().err
+
+
+def test_a_trace_that_never_ends_is_refused_not_read_into_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    """``simulate --trace /dev/zero`` was read whole: a MemoryError traceback (or the machine's memory)."""
+    assert main(["simulate", "--trace", "/dev/zero", "--days", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "/dev/zero: larger than 256 MiB; expected a CSV trace" in err and "Traceback" not in err

@@ -324,3 +324,35 @@ def test_times_no_date_can_show_are_left_out_not_a_500() -> None:
 
     assert [pages.iso(t) for t in (1e300, 1.8e15, -1.0, float("nan"))] == [None] * 4
     assert pages.iso(T0) == "2027-01-15 08:00:00 UTC"
+
+
+def test_daemon_history_values_that_are_not_counts_are_unknown_steps() -> None:
+    """+Inf, -5, NaN or text from Prometheus: an unknown step (None on the page), not a number
+    the page cannot draw (``ceil(inf)``) or JSON cannot hold; a sample time of NaN or Infinity is
+    a malformed answer: AdapterError, not an OverflowError out of the adapter."""
+    from bridge.adapters.prom.signals import PromAdapter
+    from bridge.errors import AdapterError
+    from tests.unit.test_bad_input_metrics import FakeClient
+
+    result = [{"metric": {"bridge_q": "lent"}, "values": [[100, "+Inf"], [160, "-5"], [220, "NaN"], [280, "two"], [340, "3"]]}]
+    h = parse_daemon_history(result, start=100, end=340, step_s=60)
+    assert [None if math.isnan(v) else v for v in h.series["lent"]] == [None, None, None, None, 3.0]
+    doc = history_doc_of(h)
+    assert doc["steps"][0]["lent"] is None and doc["steps"][4]["lent"] == 3.0
+    for bad_t in ("NaN", "+Inf"):
+        client = FakeClient([], range_result=[{"metric": {"bridge_q": "lent"}, "values": [[bad_t, "1"]]}])
+        adapter = PromAdapter("http://unused", client=client)  # type: ignore[arg-type]
+        with pytest.raises(AdapterError, match="unexpected query_range result"):
+            adapter.daemon_history(PromPool("default", "m"), start=100, end=340, step_s=60)
+
+
+def history_doc_of(h: DaemonHistory) -> dict[str, object]:
+    import json
+
+    from bridge.web import pages
+
+    doc = pages.history_doc("default", h, days=1, now=T0)
+    json.dumps(doc, allow_nan=False)  # what JSONResponse does: no inf, no nan
+    svg.history_chart([r["t"] for r in doc["steps"]], [r["lent"] for r in doc["steps"]], [r["lends"] for r in doc["steps"]],
+                      [r["reclaims"] for r in doc["steps"]], nodes=3)
+    return doc

@@ -296,7 +296,7 @@ def _parsed(kind: str, pool: PromPool, parse: Callable[[], T]) -> T:
     """``parse()`` of a ``kind`` result; a result of an unexpected shape is an AdapterError."""
     try:
         return parse()
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, ArithmeticError) as e:  # OverflowError: int(inf)
         raise AdapterError("prometheus", f"pool {pool.name}: unexpected {kind} result: {str(e)[:ERROR_CAP]}") from None
 
 

@@ -957,13 +957,15 @@ def _build_loader() -> tuple[type[Any], type[Exception]]:
 
 
 _INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-# PyYAML's own resolvers without their base-60 alternatives
+# PyYAML's own resolvers without their base-60 alternatives; a float's exponent as YAML 1.2
+# writes it (1e3, 1e-3, 1e400: YAML 1.1 wanted a dot and a sign, so 1e3 was the string "1e3")
 _YAML_INT = re.compile(r"""^(?:[-+]?0b[0-1_]+
     |[-+]?0[0-7_]+
     |[-+]?(?:0|[1-9][0-9_]*)
     |[-+]?0x[0-9a-fA-F_]+)$""", re.X)
-_YAML_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
-    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+_YAML_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    |\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?\.(?:inf|Inf|INF)
     |\.(?:nan|NaN|NAN))$""", re.X)
 

@@ -297,3 +297,16 @@ def test_a_file_that_never_ends_is_refused_not_read_into_memory(tmp_path: Path) 
         load_config(big)
     big.write_text(POOL_YAML + "#" * (MAX_YAML_BYTES - len(POOL_YAML)), encoding="utf-8")
     assert load_config(big).pools[0].name == "a"  # exactly the bound: read
+
+
+@pytest.mark.parametrize(("written", "read"), [("1e3", 1000.0), ("1E-3", 0.001), ("2.5e+2", 250.0), ("1e400", None)])
+def test_exponents_are_numbers(tmp_path: Path, written: str, read: float | None) -> None:
+    """YAML 1.1 wanted a dot and a signed exponent: ``cold_start_s: 1e3`` was the string "1e3"
+    ('expected a number, got "1e3"') and 1e400 was never infinity; now as YAML 1.2 reads them."""
+    p = tmp_path / SRC
+    p.write_text(POOL_YAML + f"    cold_start_s: {written}\n", encoding="utf-8")
+    if read is None:
+        with pytest.raises(ConfigError, match=r"pools\[0\]\.cold_start_s: expected a finite number, got inf"):
+            load_config(p)
+    else:
+        assert load_config(p).pools[0].cold_start_s == read

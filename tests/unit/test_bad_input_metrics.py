@@ -140,6 +140,15 @@ def test_a_series_given_twice_is_a_missing_signal_not_the_last_value(tag: str) -
         assert lends(r.signals) == []
 
 
+def test_finite_values_whose_sum_overflows_are_a_named_missing_signal() -> None:
+    """Two replicas at 1e308 each: the sum was inf with no problem named (the policy read it as
+    missing without saying why); now the signal's problem says so."""
+    r = read(with_value(clean(), f"value:{RUNNING}", "1e308", n=2))
+    assert r.signals.running is None
+    assert r.problems["running"] == f"the sum over {REPLICAS} replicas is not a finite number (each value finite)"
+    assert lends(r.signals) == []
+
+
 def test_missing_model_label_is_ignored_then_no_series_no_lend() -> None:
     result = [{"metric": {k: v for k, v in it["metric"].items() if k != "model_name"}, "value": it["value"]} for it in clean()]
     r = read(result)

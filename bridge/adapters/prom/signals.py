@@ -145,8 +145,13 @@ class _Signal:
         if self.problem is not None:
             return None
         if mean_per_replica:
-            return sum(sum(v) / len(v) for v in self.by_replica.values())
-        return sum(sum(v) for v in self.by_replica.values())
+            total = sum(sum(v) / len(v) for v in self.by_replica.values())
+        else:
+            total = sum(sum(v) for v in self.by_replica.values())
+        if not math.isfinite(total):  # finite values (1e308 each) whose sum overflows: said, not a bare inf
+            self.problem = f"the sum over {len(self.by_replica)} replicas is not a finite number (each value finite)"
+            return None
+        return total
 
 
 def signals_from_step(step: _Step, *, t: float, staleness_s: float | None, check_timestamps: bool,

@@ -303,3 +303,19 @@ def test_status_rows_and_the_web_view_survive_such_a_node() -> None:
     with TestClient(build_app(s.source)) as c:
         r = c.get("/pool")
         assert r.status_code == 200 and "held: " in r.text
+
+
+def test_a_phase_since_far_in_the_future_holds_the_node_with_the_reason() -> None:
+    """A hand-edited phase-since a year ahead (a wrong year) is a date, so it parses; every
+    timeout of the phase counts from it and would never expire ('lent for -31536000 s'). The
+    node is held, saying why; an hour of clock skew between two daemons is not."""
+    from tests.unit.test_web_app import T0, site
+    from bridge.model import Phase
+
+    s = site()
+    s.kube.set_phase("gpu-node-03", Phase.LENT, "hand-edited", T0 + 365 * 86400)
+    s.kube.set_phase("gpu-node-02", Phase.SERVING, "skewed clock", T0 + 1800)
+    nodes = {n.name: n for n in s.source._daemon.observe(T0).view.nodes}
+    assert nodes["gpu-node-03"].problem == (f"annotation {wk.ANNOTATION_PHASE_SINCE}: {T0 + 365 * 86400:.0f} is "
+                                            f"{365 * 86400} s in the future; the phase's timeouts count from it")
+    assert nodes["gpu-node-02"].problem is None

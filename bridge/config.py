@@ -824,16 +824,27 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
 
 def load_config(path: str | Path) -> Config:
     """Read and validate a YAML file; raises ``ConfigError`` listing every problem."""
+    return parse_config(read_yaml(path, what="a YAML config"), source=str(path))
+
+
+def read_yaml(path: str | Path, *, what: str) -> Any:
+    """A YAML file's document, read as every YAML file of gpu-bridge is (the config, the
+    simulator's job mix): safe tags only, a duplicate key an error, no base-60 numbers, at most
+    ``MAX_VALUES`` values once aliases are expanded; ``ConfigError`` naming the file otherwise."""
     import yaml
 
     p = Path(path)
     src = str(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:  # bounded: /dev/zero or a log given by mistake was read until memory ran out
+            raw = fh.read(MAX_YAML_BYTES + 1)
+        if len(raw) > MAX_YAML_BYTES:
+            raise ConfigError([f"{src}: larger than {MAX_YAML_BYTES // 1024 // 1024} MiB; expected {what}"])
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise ConfigError([f"{src}: cannot read: {exc.strerror or exc}"]) from exc
     except UnicodeDecodeError as exc:
-        raise ConfigError([f"{src}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected a YAML config"]) from None
+        raise ConfigError([f"{src}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected {what}"]) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
     except _DuplicateKey as exc:
@@ -843,7 +854,42 @@ def load_config(path: str | Path) -> Config:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError([f"{src}: invalid YAML{where}: {problem}"]) from exc
-    return parse_config(data, source=src)
+    except RecursionError:
+        raise ConfigError([f"{src}: invalid YAML: nested too deeply"]) from None
+    problem = document_size_problem(data)
+    if problem is not None:
+        raise ConfigError([f"{src}: {problem}"])
+    return data
+
+
+MAX_YAML_BYTES = 1024 * 1024
+"""Largest YAML file read (the config, a job mix): a real config is a few KiB."""
+MAX_VALUES = 100_000
+"""Most values (mappings, lists and scalars, each alias counted as often as it is used) one
+config document may hold: a real config has a few hundred."""
+MAX_DEPTH = 32
+"""Deepest nesting of one config document (a config is six levels deep)."""
+
+
+def document_size_problem(data: Any) -> str | None:
+    """Why the loaded YAML is too large to validate, or None. YAML aliases are references: nine
+    aliases of nine aliases ... (a "billion laughs") load in microseconds as a small graph but
+    expand to 9**9 values, which validation and the error messages then walked (minutes and
+    gigabytes). Counted without expanding: the walk stops at the first value beyond the bounds."""
+    seen = 0
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            return f"more than {MAX_VALUES:,} values once its YAML aliases are expanded (an alias bomb?)"
+        if depth > MAX_DEPTH:
+            return f"nested more than {MAX_DEPTH} levels deep"
+        if isinstance(value, Mapping):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, (list, tuple, set)):
+            stack.extend((v, depth + 1) for v in value)
+    return None
 
 
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
@@ -875,15 +921,53 @@ def _build_loader() -> tuple[type[Any], type[Exception]]:
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: set[Any] = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # "<<: *defaults": SafeLoader merges it below (keys written here win)
                 key = self.construct_object(key_node, deep=deep)
-                if isinstance(key, typing.Hashable) and key in seen:
+                if not isinstance(key, typing.Hashable):
+                    continue  # a list as a key: SafeLoader's own "found unhashable key" below
+                if key in seen:
                     raise DuplicateKey(
                         f"duplicate key {_show(key)} at line {key_node.start_mark.line + 1}"
                     )
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+        def construct_object(self, node: Any, deep: bool = False) -> Any:
+            """A scalar its tag's constructor refuses (``!!int zz``, ``!!timestamp 2020-99-99``,
+            an integer of 5,000 digits) is a YAML error at its line, not a ValueError."""
+            try:
+                return super().construct_object(node, deep=deep)
+            except (ValueError, OverflowError) as exc:
+                shown = node.value if isinstance(node.value, str) else str(node.tag)
+                shown = shown if len(shown) <= 40 else shown[:40] + "..."
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"cannot read {shown!r} as {node.tag.rsplit(':', 1)[-1]}: {exc}", node.start_mark
+                ) from None
+
+    # YAML 1.1's base-60 numbers: an unquoted 20:00 was the integer 1200 and 1:30 was 90; they
+    # are strings here, as in YAML 1.2 (a calendar's start: 20:00 means what it says)
+    UniqueKeyLoader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    UniqueKeyLoader.add_implicit_resolver(_INT_TAG, _YAML_INT, list("-+0123456789"))
+    UniqueKeyLoader.add_implicit_resolver(_FLOAT_TAG, _YAML_FLOAT, list("-+0123456789."))
     return UniqueKeyLoader, DuplicateKey
+
+
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+# PyYAML's own resolvers without their base-60 alternatives; a float's exponent as YAML 1.2
+# writes it (1e3, 1e-3, 1e400: YAML 1.1 wanted a dot and a sign, so 1e3 was the string "1e3")
+_YAML_INT = re.compile(r"""^(?:[-+]?0b[0-1_]+
+    |[-+]?0[0-7_]+
+    |[-+]?(?:0|[1-9][0-9_]*)
+    |[-+]?0x[0-9a-fA-F_]+)$""", re.X)
+_YAML_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    |\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
 
 
 _UniqueKeyLoader, _DuplicateKey = _build_loader()

@@ -204,6 +204,7 @@ def join(*, now: float, config: Config, kube_nodes: Sequence[KubeNode], pods: Ma
 
 
 _BY_NAME = attrgetter("name")
+FUTURE_SINCE_S = 3600.0  # a phase-since this far ahead of the clock is no clock skew between two daemons
 
 
 def _our_nodes(kube_nodes: Sequence[KubeNode], config: Config) -> list[tuple[KubeNode, PoolConfig]]:
@@ -279,6 +280,10 @@ class _Tick:
         None. ``ready``: a live serving pod of it is Ready."""
         if kn.problem:
             return kn.problem
+        if kn.phase_since is not None and kn.phase_since - self.now > FUTURE_SINCE_S:
+            # hand-edited (a wrong year): every timeout counts from it and would never expire
+            return (f"annotation {wk.ANNOTATION_PHASE_SINCE}: {kn.phase_since:.0f} is {kn.phase_since - self.now:.0f} s "
+                    "in the future; the phase's timeouts count from it")
         try:  # a name that cannot go into Slurm's argv: a transition could never finish
             validate_node_name(kn.name)
         except AdapterError as exc:

@@ -5,9 +5,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from bridge.wellknown import LAST_UNIX_S
 
 EVENT_REASON = "GpuBridgeJobPreempted"
 
@@ -29,8 +32,10 @@ def _iso(t: float) -> str:
 
 
 def preemption_message(*, job_id: str, node: str, grace_s: float, lost_gpu_hours: float, checkpoint_time: float | None) -> str:
-    """The Event's message: one sentence, its numbers in a fixed form (``parse_preemption``)."""
-    ckpt = f"last checkpoint {_iso(checkpoint_time)}" if checkpoint_time is not None else "no checkpoint published"
+    """The Event's message: one sentence, its numbers in a fixed form (``parse_preemption``).
+    A checkpoint time no date can show (a job's comment is the job owner's text) is none."""
+    shown = checkpoint_time is not None and math.isfinite(checkpoint_time) and 0 <= checkpoint_time <= LAST_UNIX_S
+    ckpt = f"last checkpoint {_iso(checkpoint_time)}" if shown and checkpoint_time is not None else "no checkpoint published"
     return (
         f"job {job_id} preempted to reclaim {node} for serving: GraceTime {grace_s:g} s, then requeued; "
         f"{lost_gpu_hours:.3f} GPU-h of work lost ({ckpt})"
@@ -45,16 +50,20 @@ _MESSAGE = re.compile(
 
 
 def parse_preemption(message: str, t: float) -> Preemption | None:
-    """The preemption a ``preemption_message`` text describes (None: not one of ours)."""
+    """The preemption a ``preemption_message`` text describes (None: not one of ours). An Event's
+    text is whatever its writer put there (anyone allowed to create Events can write one with
+    this reason): numbers or a date it cannot read make it not one of ours, never an exception
+    (``GraceTime 1..2 s`` raised ValueError, and every job page of the web view with it)."""
     m = _MESSAGE.match(message)
     if m is None:
         return None
     ckpt = m.group("ckpt")
-    return Preemption(
-        job_id=m.group("job"),
-        node=m.group("node"),
-        t=t,
-        grace_s=float(m.group("grace")),
-        lost_gpu_hours=float(m.group("lost")),
-        checkpoint_time=datetime.strptime(ckpt, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() if ckpt else None,
-    )
+    try:
+        grace_s, lost = float(m.group("grace")), float(m.group("lost"))
+        checkpoint = datetime.strptime(ckpt, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() if ckpt else None
+    except ValueError:
+        return None
+    if not (math.isfinite(grace_s) and math.isfinite(lost)):
+        return None
+    return Preemption(job_id=m.group("job"), node=m.group("node"), t=t, grace_s=grace_s, lost_gpu_hours=lost,
+                      checkpoint_time=checkpoint)

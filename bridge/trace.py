@@ -63,6 +63,9 @@ class Trace:
         return Trace(self.starts_s, tuple(r * factor for r in self.rates), self.cvs, self.window_s, self.source)
 
 
+MAX_TRACE_BYTES = 256 * 1024 * 1024
+
+
 def load_trace(path: str | Path | None = None) -> Trace:
     """Read a trace CSV; every problem is reported with file, line and column."""
     p = Path(path) if path is not None else default_trace_path()
@@ -71,7 +74,12 @@ def load_trace(path: str | Path | None = None) -> Trace:
     rates: list[float] = []
     cvs: list[float] = []
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as fh:  # bounded: /dev/zero was read until memory ran out (MemoryError)
+            data = fh.read(MAX_TRACE_BYTES + 1)
+        if len(data) > MAX_TRACE_BYTES:
+            raise ConfigError([f"{p}: larger than {MAX_TRACE_BYTES // 1024 // 1024} MiB; expected a CSV trace "
+                               "(a year of 1-minute windows is about 25 MiB)"])
+        text = data.decode("utf-8")
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read trace: {exc.strerror or exc}"]) from exc
     except UnicodeDecodeError as exc:

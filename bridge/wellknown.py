@@ -46,6 +46,7 @@ SLURM_HOLD_JOB_PREFIX = "gpu-bridge-hold:"  # job name of a placeholder holding 
 SLURM_WARM_PARTITION = "gpu-bridge-warm"
 SLURM_WARM_HOLD_JOB_PREFIX = "gpu-bridge-warm:"  # job name of a memory hold: gpu-bridge-warm:<node>
 SLURM_CHECKPOINT_COMMENT = "gpu-bridge:checkpoint="  # jobs publish their last checkpoint time
+LAST_UNIX_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z: a time beyond it cannot be shown (datetime raises)
 # jobs that checkpoint on the preemption signal publish how long that takes (seconds)
 SLURM_SIGNAL_SAVE_COMMENT = "gpu-bridge:save-on-signal="
 # Exit code of a job that saved its work on the preemption signal and wants to run again:

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import signal
 import sys
 import threading
@@ -52,7 +53,7 @@ def register_cli(subparsers: Any) -> None:
         p = subparsers.add_parser(name, help=helptext)
         p.add_argument("node")
         p.add_argument("--config", required=True)
-        p.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the move to finish")
+        p.add_argument("--wait", type=wait_seconds, default=0.0, metavar="S", help="wait up to S seconds for the move to finish")
         p.set_defaults(func=cmd_request, request=name)
     pin = subparsers.add_parser("pin", help="keep NODE on one side (moving it there first); the policy leaves it alone")
     pin.add_argument("node")
@@ -371,6 +372,18 @@ def _writer(args: argparse.Namespace) -> Iterator[tuple[Config, Adapters]]:
         yield config, adapters
     finally:
         adapters.close()
+
+
+def wait_seconds(text: str) -> float:
+    """``--wait S``: a finite number of seconds >= 0 (a usage error otherwise, exit 2, before
+    anything is read or written: ``nan`` and ``-5`` did not wait at all, ``inf`` waited forever)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
 
 
 def _pool_node(adapters: Adapters, config: Config, name: str) -> NodeInfo:

@@ -14,7 +14,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from bridge.config import Config, VictimRule, default_config, load_config, redact_url, replace
+from bridge.config import Config, VictimRule, default_config, load_config, read_yaml, redact_url, replace
 from bridge.errors import AdapterError, BridgeError, ConfigError
 
 if TYPE_CHECKING:
@@ -215,19 +215,8 @@ def _config_and_mix(args: argparse.Namespace) -> tuple[Config, Any]:
     cfg = apply_overrides(cfg, pool=args.pool, cold_start_s=args.cold_start_s, drain_s=args.drain_s,
                           grace_s=args.grace_s, tick_s=args.tick_s, scrape_s=args.scrape_s, victims=args.victims)
     mix = JobMix()
-    if args.job_mix:
-        import yaml
-
-        try:
-            with open(args.job_mix, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh)
-        except OSError as exc:
-            raise ConfigError([f"{args.job_mix}: cannot read: {exc.strerror or exc}"]) from exc
-        except UnicodeDecodeError as exc:
-            raise ConfigError([f"{args.job_mix}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected a YAML job mix"]) from None
-        except yaml.YAMLError as exc:
-            raise ConfigError([f"{args.job_mix}: invalid YAML: {exc}"]) from exc
-        mix = parse_job_mix(data, args.job_mix)
+    if args.job_mix:  # the config's reader: duplicate keys, alias bombs and bad scalars are errors
+        mix = parse_job_mix(read_yaml(args.job_mix, what="a YAML job mix"), args.job_mix)
     return cfg, mix
 
 

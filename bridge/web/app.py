@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -84,9 +84,10 @@ def build_app(source: WebSource) -> Starlette:
                 page, doc, extra = await run_in_threadpool(build, request)
             except BadInput as exc:
                 return error(request, exc.status, exc.message, as_json=as_json)
-            except AdapterError as exc:
+            except AdapterError as exc:  # the details (addresses, the client's own text) stay in the log
                 log.warning("web_read_failed", path=request.url.path, error=str(exc))
-                return error(request, 503, f"cannot read {exc.system} now: {exc}", as_json=as_json)
+                return error(request, 503, f"cannot read {exc.system} now (the web view's log has the details)",
+                             as_json=as_json)
             if as_json:
                 return JSONResponse(doc)
             return render(request, page, doc, **extra)
@@ -177,7 +178,23 @@ def build_app(source: WebSource) -> Starlette:
         path = request.url.path
         hint = f" (did you mean {path.rstrip('/')[:80]}?)" if status == 404 and len(path) > 1 and path.endswith("/") else ""
         msg = f"no page at {path[:80]}{hint}" if status == 404 else str(detail)
-        return error(request, status, msg, as_json=as_json)
+        response = error(request, status, msg, as_json=as_json)
+        if isinstance(exc, HTTPException) and exc.headers:  # a 405's Allow
+            response.headers.update(exc.headers)
+        return response
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        """Any other exception: logged with its traceback; the client gets a 500 page (JSON under
+        /api/) with no detail, and the same headers as every other answer: Starlette answers
+        this one outside the middleware (a bare text/plain 500 without CSP or nosniff before)."""
+        log.error("web_internal_error", path=request.url.path, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+        try:
+            response = error(request, 500, "internal error (the web view's log has the details)",
+                             as_json=request.url.path.startswith("/api/"))
+        except Exception:  # noqa: BLE001 - the error page itself failed: plain text
+            response = PlainTextResponse("500: internal error", status_code=500)
+        _secure(response)
+        return response
 
     routes: list[BaseRoute] = [Route("/", home)]
     for path, build in (("/pool", pool_page), ("/outlook", outlook_page), ("/jobs", jobs_page),
@@ -188,7 +205,7 @@ def build_app(source: WebSource) -> Starlette:
     routes.append(Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"))
     app = Starlette(
         routes=routes,
-        exception_handlers={404: not_found, 405: not_found},
+        exception_handlers={404: not_found, 405: not_found, Exception: internal_error},
         middleware=[Middleware(BaseHTTPMiddleware, dispatch=_headers)],
     )
     # no redirect of /pool/ to /pool: Starlette builds it from the request's Host header, which a
@@ -202,11 +219,25 @@ async def _headers(request: Request, call_next: Callable[[Request], Awaitable[Re
     the time it took, for the 300 ms target (Server-Timing)."""
     t0 = time.perf_counter()
     response = await call_next(request)
-    response.headers["Content-Security-Policy"] = (
-        "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'self'"
-    )
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "same-origin"
-    response.headers["Cache-Control"] = "no-store"
+    _secure(response)
     response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1000:.1f}"
     return response
+
+
+SECURITY_HEADERS = {
+    # no script may run (the pages have none), no <base> may move relative links elsewhere,
+    # styles only from the view's own stylesheet (no inline style in the templates or charts)
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+    "frame-ancestors 'self'; base-uri 'none'",
+    "X-Frame-Options": "SAMEORIGIN",  # frame-ancestors for browsers without CSP level 2
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def _secure(response: Response) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers[name] = value

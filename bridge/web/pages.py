@@ -16,6 +16,7 @@ from bridge.adapters.slurm.types import SlurmJobInfo
 from bridge.policy.outlook import HourOutlook, first_free_window
 from bridge.policy.victims import job_loss_gpu_hours
 from bridge.preemption import Preemption
+from bridge.wellknown import LAST_UNIX_S
 
 JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,9})?")
 USER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
@@ -31,7 +32,9 @@ class BadInput(ValueError):
 
 
 def iso(t: float | None) -> str | None:
-    return None if t is None or not math.isfinite(t) else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if t is None or not math.isfinite(t) or not 0 <= t <= LAST_UNIX_S:  # Slurm's numbers: no date beyond 9999
+        return None
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def check_job_id(raw: str) -> str:

@@ -29,6 +29,7 @@ log = logs.get(__name__)
 T = TypeVar("T")
 OUTLOOK_CACHE_S = 60.0
 OUTLOOK_HOURS = 24
+HISTORY_CACHED = 16  # history windows kept (each ?days= value is its own reading)
 
 
 def web_identity(config: Config) -> Config:
@@ -90,7 +91,16 @@ class WebSource:
                 return hit[1]  # type: ignore[no-any-return]
             value = read()
             self._cache[key] = (time.monotonic(), value)
+            self._prune()
             return value
+
+    def _prune(self) -> None:
+        """At most ``HISTORY_CACHED`` history readings, the oldest dropped first: the key holds
+        the client's ``days``, so without a bound every distinct value (0.1, 0.11, 0.111 ...)
+        stayed in memory for the life of the process."""
+        hist = sorted((t, k) for k, (t, _) in self._cache.items() if k.startswith("history:"))
+        for _, k in hist[: max(0, len(hist) - HISTORY_CACHED)]:
+            del self._cache[k]
 
     def now(self) -> float:
         return self.clock()

@@ -217,3 +217,96 @@ def test_resolved_config_round_trips() -> None:
     cfg = parse_config(VALID, source=SRC)
     assert parse_config(to_dict(cfg), source=SRC) == cfg
     assert default_config() == parse_config(to_dict(default_config()), source=SRC)
+
+
+POOL_YAML = "pools:\n  - name: a\n"
+
+
+def _nested_aliases(levels: int) -> str:
+    """A "billion laughs": each level a list of nine aliases of the one below (9**levels values)."""
+    v = "&a0 [x, x, x, x, x, x, x, x, x]"
+    for i in range(1, levels + 1):
+        v = f"&a{i} [{v}, " + ", ".join([f"*a{i - 1}"] * 8) + "]"
+    return v
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        # 9**8 values: pydantic and the error messages walked them (minutes, gigabytes) before
+        (f"slurm:\n  own_drain_reasons: {_nested_aliases(8)}\n" + POOL_YAML, "more than 100,000 values once its YAML aliases are expanded"),
+        (POOL_YAML + f"    model_name: {_nested_aliases(8)}\n", "more than 100,000 values once its YAML aliases are expanded"),
+        ("[" * 40 + "]" * 40 + "\n", "nested more than 32 levels deep"),
+        ("[" * 5000 + "]" * 5000 + "\n", "invalid YAML: nested too deeply"),  # a RecursionError before
+        ("{a: " * 5000 + "1" + "}" * 5000 + "\n", "invalid YAML: nested too deeply"),
+        # a ValueError / TypeError out of the loader before
+        (POOL_YAML + "    min_serving: " + "9" * 5000 + "\n", "invalid YAML at line 3, column 18: cannot read '9999"),
+        (POOL_YAML + "    min_serving: !!int zz\n", "invalid YAML at line 3, column 18: cannot read 'zz' as int"),
+        (POOL_YAML + "    cold_start_s: !!float zz\n", "invalid YAML at line 3, column 19: cannot read 'zz' as float"),
+        (POOL_YAML + "    model_name: !!timestamp 2020-99-99\n", "cannot read '2020-99-99' as timestamp: month must be in 1..12"),
+        (POOL_YAML + "? [a, b]\n: 1\n", "invalid YAML at line 3, column 3: found unhashable key"),
+        # YAML 1.1 base 60: 1:30 was silently the number 90
+        (POOL_YAML + "    cold_start_s: 1:30\n", 'pools[0].cold_start_s: expected a number, got "1:30"'),
+        (POOL_YAML + "    min_serving: 1:30\n", 'pools[0].min_serving: expected an integer, got "1:30"'),
+    ],
+    ids=["alias-bomb-list", "alias-bomb-string", "deep-32", "deep-list", "deep-map", "int-5000-digits", "bad-int-tag",
+         "bad-float-tag", "bad-timestamp", "list-as-key", "base60-float", "base60-int"],
+)
+def test_hostile_yaml_is_a_config_error_naming_the_problem(tmp_path: Path, text: str, says: str) -> None:
+    import time
+
+    p = tmp_path / SRC
+    p.write_text(text, encoding="utf-8")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    assert time.monotonic() - t0 < 10
+    assert len(info.value.problems) == 1 and info.value.problems[0].startswith(f"{p}: ")
+    assert says in info.value.problems[0], info.value.problems
+    assert len(info.value.problems[0]) < 400
+
+
+def test_unquoted_clock_times_and_merge_keys_read_as_written(tmp_path: Path) -> None:
+    """``start: 20:00`` unquoted was the integer 1200 (YAML 1.1 base 60): refused as "expected a
+    string, got 1200"; a merge key (``<<: *defaults``) was refused as an unknown tag by the
+    duplicate-key check. Both are what the operator wrote now; a duplicate is still an error."""
+    p = tmp_path / SRC
+    p.write_text(
+        "pools:\n  - &first {name: a, namespace: serving, deployment: vllm, model_name: m}\n"
+        "  - <<: *first\n    name: b\n    model_name: other\n"
+        "policy:\n  calendar:\n    - {name: nights, effect: lend_only, start: 20:00, end: 08:00}\n",
+        encoding="utf-8",
+    )
+    cfg = load_config(p)
+    assert [(q.name, q.namespace, q.model_name) for q in cfg.pools] == [("a", "serving", "m"), ("b", "serving", "other")]
+    assert (cfg.policy.calendar[0].start, cfg.policy.calendar[0].end) == ("20:00", "08:00")
+    p.write_text("pools:\n  - name: a\n    name: b\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match='duplicate key "name" at line 3'):
+        load_config(p)
+
+
+def test_a_file_that_never_ends_is_refused_not_read_into_memory(tmp_path: Path) -> None:
+    """``check-config /dev/zero`` (or a log given by mistake) was read whole: MemoryError."""
+    from bridge.config import MAX_YAML_BYTES
+
+    with pytest.raises(ConfigError, match=r"^/dev/zero: larger than 1 MiB; expected a YAML config$"):
+        load_config("/dev/zero")
+    big = tmp_path / SRC
+    big.write_text(POOL_YAML + "#" * MAX_YAML_BYTES, encoding="utf-8")
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        load_config(big)
+    big.write_text(POOL_YAML + "#" * (MAX_YAML_BYTES - len(POOL_YAML)), encoding="utf-8")
+    assert load_config(big).pools[0].name == "a"  # exactly the bound: read
+
+
+@pytest.mark.parametrize(("written", "read"), [("1e3", 1000.0), ("1E-3", 0.001), ("2.5e+2", 250.0), ("1e400", None)])
+def test_exponents_are_numbers(tmp_path: Path, written: str, read: float | None) -> None:
+    """YAML 1.1 wanted a dot and a signed exponent: ``cold_start_s: 1e3`` was the string "1e3"
+    ('expected a number, got "1e3"') and 1e400 was never infinity; now as YAML 1.2 reads them."""
+    p = tmp_path / SRC
+    p.write_text(POOL_YAML + f"    cold_start_s: {written}\n", encoding="utf-8")
+    if read is None:
+        with pytest.raises(ConfigError, match=r"pools\[0\]\.cold_start_s: expected a finite number, got inf"):
+            load_config(p)
+    else:
+        assert load_config(p).pools[0].cold_start_s == read

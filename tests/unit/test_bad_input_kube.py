@@ -274,3 +274,48 @@ def test_deployment_missing_a_field_holds_every_node_of_the_pool(remove: tuple[s
     assert not plan.actions
     assert (kube._nodes, kube._pods) == (nodes_before, pods_before)
     assert kube.calls[("update", "deployments/scale")] == 0 and runner.writes() == []
+
+
+@pytest.mark.parametrize("raw", ["1767139200000", "1e300", "253402300800"])
+def test_a_phase_since_beyond_any_date_is_a_problem_not_a_crash(raw: str) -> None:
+    """A hand-edited phase-since in milliseconds (``date +%s%3N``) or 1e300 was taken: finite and
+    >= 0. ``gpu-bridge status`` and the web view then raised ValueError ('year 57976 is out of
+    range') on every call, and the node's timeouts (``now - since``) could never expire."""
+    n = full_node()
+    n["metadata"]["annotations"][wk.ANNOTATION_PHASE_SINCE] = raw
+    info = parse_node(n)
+    assert info.phase_since is None
+    assert info.problem is not None and f"annotation {wk.ANNOTATION_PHASE_SINCE}: expected unix seconds" in info.problem
+    assert raw in info.problem
+
+
+def test_status_rows_and_the_web_view_survive_such_a_node() -> None:
+    from bridge.cli.daemon import status_rows
+    from tests.unit.test_web_app import T0, site
+    from starlette.testclient import TestClient
+    from bridge.model import Phase
+    from bridge.web.app import build_app
+
+    s = site()
+    s.kube.set_phase("gpu-node-03", Phase.LENT, "hand-edited", 1.8e12)  # milliseconds
+    rows = {r["node"]: r for r in status_rows(s.source._daemon.observe(T0))}
+    assert rows["gpu-node-03"]["problem"] and "phase-since" in rows["gpu-node-03"]["problem"]
+    with TestClient(build_app(s.source)) as c:
+        r = c.get("/pool")
+        assert r.status_code == 200 and "held: " in r.text
+
+
+def test_a_phase_since_far_in_the_future_holds_the_node_with_the_reason() -> None:
+    """A hand-edited phase-since a year ahead (a wrong year) is a date, so it parses; every
+    timeout of the phase counts from it and would never expire ('lent for -31536000 s'). The
+    node is held, saying why; an hour of clock skew between two daemons is not."""
+    from tests.unit.test_web_app import T0, site
+    from bridge.model import Phase
+
+    s = site()
+    s.kube.set_phase("gpu-node-03", Phase.LENT, "hand-edited", T0 + 365 * 86400)
+    s.kube.set_phase("gpu-node-02", Phase.SERVING, "skewed clock", T0 + 1800)
+    nodes = {n.name: n for n in s.source._daemon.observe(T0).view.nodes}
+    assert nodes["gpu-node-03"].problem == (f"annotation {wk.ANNOTATION_PHASE_SINCE}: {T0 + 365 * 86400:.0f} is "
+                                            f"{365 * 86400} s in the future; the phase's timeouts count from it")
+    assert nodes["gpu-node-02"].problem is None

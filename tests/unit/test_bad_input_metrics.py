@@ -126,6 +126,29 @@ def test_bad_value_is_a_missing_signal_and_no_lend(case: str, tag: str, value: A
         assert lends(r.signals) == [], f"{case}: lent on {r.problems}"
 
 
+@pytest.mark.parametrize("tag", [f"value:{RUNNING}", f"value:{KV_V1}", "rate:generation"])
+def test_a_series_given_twice_is_a_missing_signal_not_the_last_value(tag: str) -> None:
+    """One replica's series twice in one answer (a broken or hostile Prometheus; a real one
+    refuses a vector with two equal label sets): the last value won silently before, so a 0
+    after the real value read the replica as idle (running 210 instead of 240 here: load
+    under-read, the direction that lends)."""
+    busy = clean(running=30.0)  # every replica busy: nothing to lend
+    assert not lends(read(busy).signals)
+    r = read(busy + [item(tag, "0", pod="vllm-3")])
+    assert any("vllm-3" in text and "appears more than once in one answer" in text for text in r.problems.values()), r.problems
+    if tag != "rate:generation":  # tokens/s is not a default target
+        assert lends(r.signals) == []
+
+
+def test_finite_values_whose_sum_overflows_are_a_named_missing_signal() -> None:
+    """Two replicas at 1e308 each: the sum was inf with no problem named (the policy read it as
+    missing without saying why); now the signal's problem says so."""
+    r = read(with_value(clean(), f"value:{RUNNING}", "1e308", n=2))
+    assert r.signals.running is None
+    assert r.problems["running"] == f"the sum over {REPLICAS} replicas is not a finite number (each value finite)"
+    assert lends(r.signals) == []
+
+
 def test_missing_model_label_is_ignored_then_no_series_no_lend() -> None:
     result = [{"metric": {k: v for k, v in it["metric"].items() if k != "model_name"}, "value": it["value"]} for it in clean()]
     r = read(result)

@@ -78,6 +78,53 @@ def test_unknown_shapes_are_adapter_errors(text: str) -> None:
         assert str(info.value).startswith("slurm: ") and len(str(info.value)) < 600
 
 
+JOB = {"job_id": 12, "job_state": ["RUNNING"], "nodes": "gpu-node-01", "name": "x", "partition": "preempt",
+       "start_time": {"set": True, "infinite": False, "number": 1000}, "requeue": True, "restart_cnt": 0}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        # read as job 1, job -5, job 0 and job 7 before: a write meant for a job would go to another
+        ("job_id", 1.5, "job_id: expected a positive whole job id, got 1.5"),
+        ("job_id", -5, "job_id: expected a positive whole job id, got -5"),
+        ("job_id", 0, "job_id: expected a positive whole job id, got 0"),
+        ("job_id", {"set": True, "infinite": False, "number": 7.9}, "job_id: expected a positive whole job id"),
+        ("job_id", float("nan"), "job_id: expected a finite number, got nan"),
+        # NaN / Infinity (json.loads reads them) were kept as times: compared as nothing, summed as nan
+        ("start_time", float("nan"), "job 12 start_time: expected a finite number, got nan"),
+        ("start_time", float("inf"), "job 12 start_time: expected a finite number, got inf"),
+        ("preempt_time", float("nan"), "job 12 preempt_time: expected a finite number, got nan"),
+        ("end_time", float("-inf"), "job 12 end_time: expected a finite number, got -inf"),
+        # a count of -3, 2.7 or 1e300 was kept (int(1e300) has 301 digits)
+        ("restart_cnt", -3, "job 12 restart_cnt: expected a whole number 0..1,000,000,000, got -3.0"),
+        ("restart_cnt", 2.7, "job 12 restart_cnt: expected a whole number 0..1,000,000,000, got 2.7"),
+        ("restart_cnt", 1e300, "job 12 restart_cnt: expected a whole number"),
+        # "false" was read as requeueable (bool() of any non-empty value), null as not
+        ("requeue", "false", "job 12: key 'requeue': expected true or false, got 'false'"),
+        ("requeue", None, "job 12: key 'requeue': expected true or false, got None"),
+        ("requeue", [1], "job 12: key 'requeue': expected true or false, got [1]"),
+    ],
+)
+def test_job_fields_of_the_wrong_kind_are_named(key: str, value: Any, says: str) -> None:
+    with pytest.raises(AdapterError) as info:
+        parse_jobs(json.dumps({"jobs": [JOB | {key: value}]}), active_only=False)
+    assert str(info.value).startswith("slurm: squeue --json: ") and says in str(info.value), info.value
+
+
+def test_a_nan_time_in_sinfo_is_named() -> None:
+    node = {"name": "gpu-node-01", "state": "idle", "state_flags": ["DRAIN"], "reason": "x", "reason_changed_at": float("nan")}
+    with pytest.raises(AdapterError, match="node 'gpu-node-01' reason_changed_at: expected a finite number, got nan"):
+        parse_nodes(json.dumps({"nodes": [node]}))
+
+
+def test_well_formed_job_fields_still_parse() -> None:
+    (job,) = parse_jobs(json.dumps({"jobs": [JOB | {"requeue": False, "restart_cnt": 3.0}]}), active_only=False)
+    assert (job.job_id, job.requeueable, job.restart_count, job.start_time) == ("12", False, 3, 1000.0)
+    (job,) = parse_jobs(json.dumps({"jobs": [{k: v for k, v in JOB.items() if k != "requeue"}]}), active_only=False)
+    assert job.requeueable  # absent: Slurm's default
+
+
 garbage = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(), st.text(max_size=20),
     st.lists(st.one_of(st.integers(), st.text(max_size=8), st.none()), max_size=3),
@@ -262,6 +309,8 @@ def test_expand_fast_path_equals_the_general_one(text: str) -> None:
         stripped = text.strip()
         if stripped and stripped not in ("(null)", "None"):
             slow = tuple(x for item in hostlist._split_top(stripped) for x in hostlist._expand_one(item))
+            if len(slow) > hostlist.MAX_EXPANDED:
+                raise ValueError("too many names in all")
     except ValueError:
         slow = None
     try:
@@ -269,6 +318,16 @@ def test_expand_fast_path_equals_the_general_one(text: str) -> None:
     except AdapterError:
         fast = None
     assert fast == slow
+
+
+def test_a_hostlist_is_bounded_in_all_not_only_per_item() -> None:
+    """Each bracket was bounded (100,000 names) but not their sum: 30 items of 99,991 names each
+    expanded to 3 million strings (4 s, 250 MB) per job; now an AdapterError naming the list."""
+    from bridge.adapters.slurm import hostlist
+
+    with pytest.raises(AdapterError, match="more than 100,000 names"):
+        hostlist.expand(",".join(["n[0-99990]"] * 30))
+    assert len(hostlist.expand("n[0-99990]")) == 99_991
 
 
 @settings(max_examples=300, deadline=None)
@@ -294,7 +353,7 @@ def test_checkpoint_fast_path_equals_the_scan(comment: str) -> None:
                 v = float(tok[len(wk.SLURM_CHECKPOINT_COMMENT):])
             except ValueError:
                 break
-            want = v if v > 0 and v == v and v != float("inf") else None
+            want = v if 0 < v <= wk.LAST_UNIX_S else None
             break
     assert checkpoint_time(comment) == want
 

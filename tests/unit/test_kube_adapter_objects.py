@@ -84,9 +84,9 @@ def test_node_without_our_labels_is_not_a_problem() -> None:
             'label gpu-bridge.io/phase: expected one of serving|lending|lent|reclaiming|returning, got "borrowed"',
         ),
         (phased(labels={wk.LABEL_PIN: "k8s"}), 'label gpu-bridge.io/pin: expected one of serving|slurm, got "k8s"'),
-        (phased(since="yesterday"), 'annotation gpu-bridge.io/phase-since: expected unix seconds (a number >= 0), got "yesterday"'),
-        (phased(since="nan"), 'annotation gpu-bridge.io/phase-since: expected unix seconds (a number >= 0), got "nan"'),
-        (phased(since="-5"), 'annotation gpu-bridge.io/phase-since: expected unix seconds (a number >= 0), got "-5"'),
+        (phased(since="yesterday"), 'annotation gpu-bridge.io/phase-since: expected unix seconds (a number >= 0 up to 253402300799), got "yesterday"'),
+        (phased(since="nan"), 'annotation gpu-bridge.io/phase-since: expected unix seconds (a number >= 0 up to 253402300799), got "nan"'),
+        (phased(since="-5"), 'annotation gpu-bridge.io/phase-since: expected unix seconds (a number >= 0 up to 253402300799), got "-5"'),
         (
             node_json(labels={wk.LABEL_PHASE: "serving"}),
             "annotation gpu-bridge.io/phase-since: missing while label gpu-bridge.io/phase is set",

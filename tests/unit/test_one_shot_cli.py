@@ -100,3 +100,21 @@ def test_a_config_that_is_not_utf8_is_one_error_naming_the_file(tmp_path: Path, 
     assert cli.main(["check-config", str(cfg)]) == 1
     err = capsys.readouterr()
     assert f"{cfg}: not UTF-8 text (byte 17: invalid start byte); expected a YAML config" in err.out + err.err
+
+
+@pytest.mark.parametrize("wait", ["nan", "-5", "inf", "1e400", "soon"])
+def test_a_bad_wait_is_a_usage_error_before_anything_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], wait: str
+) -> None:
+    """``--wait nan`` and ``--wait -5`` wrote the request and did not wait at all; ``--wait inf``
+    (or 1e400) waited forever. Each is now argparse's usage error: exit 2, nothing written."""
+    cfg = write_config(tmp_path / "gpu-bridge.yaml", to_dict(default_config()))
+    opened: list[str] = []
+    monkeypatch.setattr(daemon_cli, "build_adapters", lambda *a, **k: opened.append("opened"))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["reclaim", "gpu-node-01", "--config", str(cfg), "--wait", wait])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --wait:" in err and repr(wait) in err and "Traceback" not in err, err
+    assert opened == []
+    assert daemon_cli.wait_seconds("0") == 0.0 and daemon_cli.wait_seconds("90") == 90.0

@@ -140,6 +140,23 @@ def test_bad_flags_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert f"{bad}: not UTF-8 text (byte 19: invalid start byte)" in capsys.readouterr().err
 
 
+def test_job_mix_is_read_like_the_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The job mix went through plain ``yaml.safe_load``: a duplicate key silently kept the last
+    value, an alias bomb expanded, ``!!int zz`` was a ValueError traceback."""
+    mix = tmp_path / "mix.yaml"
+    cls = "{name: a, nodes: 1, min_hours: 1, max_hours: 2, checkpoint_s: 600}"
+    for text, says in (
+        (f"queue_depth: 5\nqueue_depth: 50\nclasses: [{cls}]\n", 'duplicate key "queue_depth" at line 2'),
+        (f"queue_depth: !!int zz\nclasses: [{cls}]\n", "invalid YAML at line 1, column 14: cannot read 'zz' as int"),
+        ("x: &a [" + ", ".join(["&b [" + ", ".join(["y"] * 400) + "]"] + ["*b"] * 400) + f"]\nclasses: [{cls}]\n",
+         "more than 100,000 values once its YAML aliases are expanded"),
+    ):
+        mix.write_text(text, encoding="utf-8")
+        assert main(["simulate", "--job-mix", str(mix), "--days", "0.1"]) == 2
+        err = capsys.readouterr().err
+        assert f"{mix}: " in err and says in err and "Traceback" not in err, err
+
+
 HEADER = b"window_start_s,rate_req_per_s,cv,clients_active\n"
 
 
@@ -197,3 +214,10 @@ def test_plot_without_matplotlib_says_which_extra(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     assert main(["simulate", "--days", "0.1", "--policy", "reactive", "--plot", str(tmp_path / "p.png")]) == 2
     assert "--plot: needs matplotlib, the [plot] extra: pip install 'gpu-bridge[plot]'" in capsys.readouterr().err
+
+
+def test_a_trace_that_never_ends_is_refused_not_read_into_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    """``simulate --trace /dev/zero`` was read whole: a MemoryError traceback (or the machine's memory)."""
+    assert main(["simulate", "--trace", "/dev/zero", "--days", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "/dev/zero: larger than 256 MiB; expected a CSV trace" in err and "Traceback" not in err

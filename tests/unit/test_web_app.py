@@ -257,3 +257,119 @@ def test_the_outlook_says_when_the_slo_budget_holds_lending(s: Site, client: Tes
     assert page.status_code == 200 and f"now; {held}</td>" in page.text
     doc = client.get("/api/outlook").json()
     assert [h["held"] for h in doc["hours"]] == [held, None] and [h["lendable_nodes"] for h in doc["hours"]] == [0, 2]
+
+
+HOSTILE = '<script>alert(1)</script>"\'><img src=x onerror=alert(1)>'
+
+
+def test_hostile_names_from_slurm_and_kubernetes_are_escaped_everywhere(s: Site) -> None:
+    """Job names, users, comments and the node's reason arrive from Slurm and Kubernetes as anyone
+    typed them: every page shows them as text, never as markup; the JSON is JSON."""
+    s.kube.set_phase("gpu-node-03", Phase.LENT, "reason " + HOSTILE, T0 - 600)
+    job = s.slurm.add_job("gpu-node-03", name="job" + HOSTILE, user="u" + HOSTILE, comment="gpu-bridge:checkpoint=" + HOSTILE)
+    with TestClient(build_app(s.source)) as c:
+        for path in ("/pool", "/jobs", f"/job/{job}"):
+            page = c.get(path)
+            assert page.status_code == 200
+            assert "<script" not in page.text and "<img" not in page.text
+        assert "&lt;script&gt;" in c.get("/jobs").text and "&lt;script&gt;" in c.get("/pool").text
+        api = c.get(f"/api/job/{job}")
+        assert api.headers["content-type"] == "application/json" and api.json()["name"] == "job" + HOSTILE
+
+
+def test_every_answer_carries_the_security_headers_even_an_internal_error(s: Site) -> None:
+    """An exception the view did not expect: a 500 without its details, JSON under /api/, and the
+    same CSP / nosniff / framing headers (Starlette's own 500 had none: text/plain, no CSP)."""
+    def broken() -> object:
+        raise KeyError("secret-internal-detail")
+
+    s.source.jobs = broken  # type: ignore[method-assign]
+    with TestClient(build_app(s.source), raise_server_exceptions=False) as c:
+        for path in ("/pool", "/jobs", "/api/jobs", "/nope", "/static/style.css"):
+            r = c.get(path)
+            assert r.headers["x-content-type-options"] == "nosniff", path
+            assert r.headers["x-frame-options"] == "SAMEORIGIN", path
+            assert "frame-ancestors 'self'" in r.headers["content-security-policy"], path
+            assert "base-uri 'none'" in r.headers["content-security-policy"], path
+            assert "script-src" not in r.headers["content-security-policy"]  # default-src 'none': no script at all
+        page, api = c.get("/jobs"), c.get("/api/jobs")
+        assert page.status_code == api.status_code == 500
+        assert "secret-internal-detail" not in page.text + api.text and "Traceback" not in page.text + api.text
+        assert api.headers["content-type"] == "application/json" and api.json()["status"] == 500
+        assert "internal error" in page.text and page.headers["content-type"].startswith("text/html")
+
+
+def test_other_methods_get_a_405_with_allow(client: TestClient) -> None:
+    for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"):
+        for path in ("/pool", "/api/pool", "/job/1", "/job", "/"):
+            r = client.request(method, path)
+            assert r.status_code == 405, (method, path)
+            assert set(r.headers["allow"].replace(" ", "").split(",")) == {"GET", "HEAD"}, (method, path)
+    assert client.head("/pool").status_code == 200 and client.head("/pool").text == ""
+
+
+def test_static_files_only_from_the_static_directory(client: TestClient) -> None:
+    assert client.get("/static/style.css").status_code == 200
+    for path in ("/static/../app.py", "/static/%2e%2e/app.py", "/static/..%2fapp.py", "/static/%2e%2e%2f%2e%2e%2fconfig.py",
+                 "/static//etc/passwd", "/static/%00", "/static/"):
+        r = client.get(path)
+        assert r.status_code == 404 and "import" not in r.text, path
+
+
+def test_an_unreachable_system_is_named_but_not_its_address(client: TestClient) -> None:
+    """The 503 says which system cannot be read; the adapter's text (its URL, host and port, the
+    client's exception) stays in the log, not in a page researchers see."""
+    for path in ("/outlook", "/api/outlook"):
+        r = client.get(path)
+        assert r.status_code == 503 and "cannot read prometheus now" in r.text
+        assert "127.0.0.1" not in r.text and "Connection" not in r.text
+
+
+def test_history_windows_cached_are_bounded(s: Site, client: TestClient) -> None:
+    """Each ?days= value is its own cached reading: distinct values no longer pile up forever."""
+    from bridge.web.source import HISTORY_CACHED
+
+    for i in range(1, 200):
+        assert client.get(f"/api/history?days=0.{i:03d}").status_code == 200
+    assert sum(k.startswith("history:") for k in s.source._cache) == HISTORY_CACHED
+
+
+def test_times_no_date_can_show_are_left_out_not_a_500() -> None:
+    """Slurm's numbers are finite but unbounded (a start time of 1e300): ``iso`` raised
+    OverflowError / ValueError, a 500 for the job's page."""
+    from bridge.web import pages
+
+    assert [pages.iso(t) for t in (1e300, 1.8e15, -1.0, float("nan"))] == [None] * 4
+    assert pages.iso(T0) == "2027-01-15 08:00:00 UTC"
+
+
+def test_daemon_history_values_that_are_not_counts_are_unknown_steps() -> None:
+    """+Inf, -5, NaN or text from Prometheus: an unknown step (None on the page), not a number
+    the page cannot draw (``ceil(inf)``) or JSON cannot hold; a sample time of NaN or Infinity is
+    a malformed answer: AdapterError, not an OverflowError out of the adapter."""
+    from bridge.adapters.prom.signals import PromAdapter
+    from bridge.errors import AdapterError
+    from tests.unit.test_bad_input_metrics import FakeClient
+
+    result = [{"metric": {"bridge_q": "lent"}, "values": [[100, "+Inf"], [160, "-5"], [220, "NaN"], [280, "two"], [340, "3"]]}]
+    h = parse_daemon_history(result, start=100, end=340, step_s=60)
+    assert [None if math.isnan(v) else v for v in h.series["lent"]] == [None, None, None, None, 3.0]
+    doc = history_doc_of(h)
+    assert doc["steps"][0]["lent"] is None and doc["steps"][4]["lent"] == 3.0
+    for bad_t in ("NaN", "+Inf"):
+        client = FakeClient([], range_result=[{"metric": {"bridge_q": "lent"}, "values": [[bad_t, "1"]]}])
+        adapter = PromAdapter("http://unused", client=client)  # type: ignore[arg-type]
+        with pytest.raises(AdapterError, match="unexpected query_range result"):
+            adapter.daemon_history(PromPool("default", "m"), start=100, end=340, step_s=60)
+
+
+def history_doc_of(h: DaemonHistory) -> dict[str, object]:
+    import json
+
+    from bridge.web import pages
+
+    doc = pages.history_doc("default", h, days=1, now=T0)
+    json.dumps(doc, allow_nan=False)  # what JSONResponse does: no inf, no nan
+    svg.history_chart([r["t"] for r in doc["steps"]], [r["lent"] for r in doc["steps"]], [r["lends"] for r in doc["steps"]],
+                      [r["reclaims"] for r in doc["steps"]], nodes=3)
+    return doc

@@ -183,15 +183,17 @@ def _enum_value(kind: str, key: str, raw: str | None, enum_type: type[enum.StrEn
 
 
 def parse_since(raw: str | None, problems: list[str]) -> float | None:
-    """Annotation phase-since: unix seconds (float), finite and not negative."""
+    """Annotation phase-since: unix seconds (float), finite, not negative, and a date (by year
+    9999: milliseconds, 1.8e12, made ``gpu-bridge status`` and the web view raise)."""
     if raw is None:
         return None
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 0:
-        problems.append(f"annotation {wk.ANNOTATION_PHASE_SINCE}: expected unix seconds (a number >= 0), got {_quote(raw)}")
+    if not math.isfinite(value) or not 0 <= value <= wk.LAST_UNIX_S:
+        problems.append(f"annotation {wk.ANNOTATION_PHASE_SINCE}: expected unix seconds (a number >= 0 up to "
+                        f"{wk.LAST_UNIX_S:.0f}), got {_quote(raw)}")
         return None
     return value
 

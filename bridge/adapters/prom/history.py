@@ -46,7 +46,10 @@ def build_daemon_query(pool: PromPool, *, step_s: float) -> str:
 
 
 def parse_daemon_history(result: Sequence[Mapping[str, Any]], *, start: float, end: float, step_s: float) -> DaemonHistory:
-    """A ``daemon_history`` answer on a regular grid (pure)."""
+    """A ``daemon_history`` answer on a regular grid (pure). A value that is not a finite
+    number >= 0 (NaN, +Inf, -5, text) is an unknown step (NaN), as a step with no sample; a
+    timestamp that is not a finite number is a malformed answer (ValueError). ``+Inf`` was kept
+    and made the web view's history page and its JSON fail (``ceil(inf)``, JSON has no inf)."""
     n = int(math.floor((end - start) / step_s + 1e-9)) + 1
     out = {k: [math.nan] * n for k in DAEMON_SERIES}
     for series in result:
@@ -54,9 +57,13 @@ def parse_daemon_history(result: Sequence[Mapping[str, Any]], *, start: float, e
         if tag not in out:
             continue
         for t_raw, v_raw in series["values"]:
-            i = int(round((float(t_raw) - start) / step_s))
+            t = float(t_raw)
+            if not math.isfinite(t):
+                raise ValueError(f"sample time {t_raw!r:.40} is not a finite number")
+            i = int(round((t - start) / step_s))
             if 0 <= i < n:
-                out[tag][i] = float(v_raw)
+                v = _float(v_raw)
+                out[tag][i] = v if _bad(v) is None else math.nan
     return DaemonHistory(start=start, step_s=step_s, series={k: tuple(v) for k, v in out.items()})
 
 

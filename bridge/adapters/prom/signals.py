@@ -109,6 +109,15 @@ class _Step:
 
     values: dict[str, dict[frozenset[tuple[str, str]], float]] = field(default_factory=dict)
     stamps: dict[str, dict[frozenset[tuple[str, str]], float]] = field(default_factory=dict)
+    # (metric, replica) given more than once: which sample is the reading? (the last one won)
+    twice: set[tuple[str, frozenset[tuple[str, str]]]] = field(default_factory=set)
+
+    def put(self, table: dict[str, dict[frozenset[tuple[str, str]], float]], name: str,
+            key: frozenset[tuple[str, str]], value: float) -> None:
+        series = table.setdefault(name, {})
+        if key in series:
+            self.twice.add((name, key))
+        series[key] = value
 
 
 class _Signal:
@@ -136,8 +145,13 @@ class _Signal:
         if self.problem is not None:
             return None
         if mean_per_replica:
-            return sum(sum(v) / len(v) for v in self.by_replica.values())
-        return sum(sum(v) for v in self.by_replica.values())
+            total = sum(sum(v) / len(v) for v in self.by_replica.values())
+        else:
+            total = sum(sum(v) for v in self.by_replica.values())
+        if not math.isfinite(total):  # finite values (1e308 each) whose sum overflows: said, not a bare inf
+            self.problem = f"the sum over {len(self.by_replica)} replicas is not a finite number (each value finite)"
+            return None
+        return total
 
 
 def signals_from_step(step: _Step, *, t: float, staleness_s: float | None, check_timestamps: bool,
@@ -175,6 +189,9 @@ def signals_from_step(step: _Step, *, t: float, staleness_s: float | None, check
                 if age > staleness_s:
                     sig.problem = sig.problem or f"{what} is stale: last sample {age:.0f} s old (limit {staleness_s:g} s)"
                     continue
+            if (metric, key) in step.twice:
+                sig.problem = sig.problem or f"{what} appears more than once in one answer"
+                continue
             sig.add(key, values[key], what, upper=upper)
         return sig
 
@@ -192,6 +209,9 @@ def signals_from_step(step: _Step, *, t: float, staleness_s: float | None, check
         if not series and tokens.problem is None:
             tokens.problem = f"no series of {name}"
         for key in sorted(series, key=_describe):
+            if (tag, key) in step.twice:
+                tokens.problem = tokens.problem or f"rate({name}{_describe(key)}) appears more than once in one answer"
+                continue
             tokens.add(key, series[key], f"rate({name}{_describe(key)})")
 
     r = running.result(f"no series of {RUNNING}")
@@ -230,11 +250,11 @@ def _absorb(step: _Step, metric: Mapping[str, str], raw: Any, pool: PromPool, ig
         ignored.add(f"{tag} {_describe(key)}: {why}")
         return
     if tag.startswith("value:"):
-        step.values.setdefault(tag[len("value:") :], {})[key] = _float(raw)
+        step.put(step.values, tag[len("value:") :], key, _float(raw))
     elif tag.startswith("ts:"):
-        step.stamps.setdefault(tag[len("ts:") :], {})[key] = _float(raw)
+        step.put(step.stamps, tag[len("ts:") :], key, _float(raw))
     elif tag.startswith("rate:"):
-        step.values.setdefault(tag, {})[key] = _float(raw)
+        step.put(step.values, tag, key, _float(raw))
 
 
 def parse_instant(result: Sequence[Mapping[str, Any]], *, pool: PromPool, staleness_s: float, at: float | None,
@@ -281,7 +301,7 @@ def _parsed(kind: str, pool: PromPool, parse: Callable[[], T]) -> T:
     """``parse()`` of a ``kind`` result; a result of an unexpected shape is an AdapterError."""
     try:
         return parse()
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, ArithmeticError) as e:  # OverflowError: int(inf)
         raise AdapterError("prometheus", f"pool {pool.name}: unexpected {kind} result: {str(e)[:ERROR_CAP]}") from None
 
 

@@ -73,6 +73,8 @@ def expand(hostlist: str) -> tuple[str, ...]:
         out: list[str] = []
         for item in _split_top(text):
             out.extend(_expand_one(item))
+            if len(out) > MAX_EXPANDED:  # each item was bounded, their sum was not (30 items: 3 million names)
+                raise ValueError(f"more than {MAX_EXPANDED:,} names")
     except ValueError as e:
         raise AdapterError("slurm", f"hostlist {hostlist[:80]!r}: {e}") from None
     return tuple(out)

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import gc
 import json
+import math
 import re
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
@@ -129,6 +130,8 @@ def number(value: Any, what: str) -> float | None:
     if isinstance(value, bool):
         raise _fail(what, f"expected a number, got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):  # json.loads reads NaN and Infinity: a time of nan compared as nothing
+            raise _fail(what, f"expected a finite number, got {value!r}")
         return float(value) if value else None
     if isinstance(value, dict):
         if "number" not in value:
@@ -141,9 +144,37 @@ def number(value: Any, what: str) -> float | None:
     raise _fail(what, f"expected a number, got {type(value).__name__}")
 
 
+MAX_COUNT = 1_000_000_000  # a restart count beyond it is not one Slurm keeps
+
+
 def _int(value: Any, what: str) -> int:
+    """A count (``restart_cnt``): a whole number 0..``MAX_COUNT``; unset -> 0."""
     v = number(value, what)
-    return int(v) if v is not None else 0
+    if v is None:
+        return 0
+    if not v.is_integer() or not 0 <= v <= MAX_COUNT:
+        raise _fail(what, f"expected a whole number 0..{MAX_COUNT:,}, got {v!r}")
+    return int(v)
+
+
+def _job_id(value: Any, what: str) -> str:
+    """A job id: a positive whole number (1.5 was read as job 1, -5 and 0 taken as they came:
+    a wrong id would be a write to another job)."""
+    v = number(value, what)
+    if v is None or not v.is_integer() or not 0 < v < 2**63:
+        raise _fail(what, f"expected a positive whole job id, got {value!r:.60}")
+    return str(int(v))
+
+
+def _requeue(rec: Mapping[str, Any], what: str) -> bool:
+    """``requeue``: true/false (absent: true, Slurm's default); a string ``"false"`` was read as
+    true (any non-empty value was), and the victim choice counts a checkpoint only if requeued."""
+    v = rec.get("requeue", True)
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    raise _fail(what, f"key 'requeue': expected true or false, got {v!r:.60}")
 
 
 def _str(rec: Mapping[str, Any], key: str, what: str, default: str | None = None) -> str:
@@ -277,7 +308,9 @@ def parse_nodes(text: str) -> tuple[SlurmNode, ...]:
 def checkpoint_time(comment: str) -> float | None:
     """``gpu-bridge:checkpoint=<unix time>`` anywhere in the comment (comma/space separated);
     a malformed value -> None (a job's comment is user data, never trusted to parse)."""
-    return _comment_number(comment, wellknown.SLURM_CHECKPOINT_COMMENT, lo=0.0)
+    # bounded: the daemon writes it as a date in the preemption Event (checkpoint=1e300 raised
+    # OverflowError out of the reclaim's first step: any researcher could stop the daemon)
+    return _comment_number(comment, wellknown.SLURM_CHECKPOINT_COMMENT, lo=0.0, hi=wellknown.LAST_UNIX_S)
 
 
 def signal_save_s(comment: str) -> float | None:
@@ -307,7 +340,7 @@ def _job(rec: Any, i: int) -> SlurmJobInfo:
         raise _fail(what, "expected an object")
     if "job_id" not in rec:
         raise _fail(what, "missing key 'job_id'")
-    jid = _int(rec["job_id"], what + " job_id")
+    jid = _job_id(rec["job_id"], what + " job_id")
     what = f"squeue --json: job {jid}"
     st = rec.get("job_state")
     if isinstance(st, list) and st and all(isinstance(s, str) for s in st):
@@ -324,7 +357,7 @@ def _job(rec: Any, i: int) -> SlurmJobInfo:
         gpus = max((gpu_count(str(g)) for g in gd), default=0) if isinstance(gd, list) else 0
     running = state in JOB_STATES_HOLDING_NODES
     return SlurmJobInfo(
-        job_id=str(jid),
+        job_id=jid,
         name=_str(rec, "name", what),
         user=_str(rec, "user_name", what, ""),
         partition=_str(rec, "partition", what),
@@ -333,7 +366,7 @@ def _job(rec: Any, i: int) -> SlurmJobInfo:
         start_time=number(rec.get("start_time"), what + " start_time") if running else None,
         checkpoint_time=checkpoint_time(_str(rec, "comment", what, "")),
         signal_save_s=signal_save_s(_str(rec, "comment", what, "")),
-        requeueable=bool(rec.get("requeue", True)),
+        requeueable=_requeue(rec, what),
         gpus_per_node=gpus,
         restart_count=_int(rec.get("restart_cnt", 0), what + " restart_cnt"),
         preempt_time=number(rec.get("preempt_time"), what + " preempt_time"),

@@ -13,7 +13,7 @@ BASE_STATES = frozenset(
 )
 ACTIVE_JOB_STATES = frozenset(
     {"pending", "running", "completing", "configuring", "suspended", "requeued", "requeue_hold",
-     "requeue_fed", "resizing", "signaling", "stage_out", "stopped", "resv_del_hold"}
+     "requeue_fed", "resizing", "signaling", "stage_out", "stopped", "resv_del_hold", "special_exit"}
 )
 
 

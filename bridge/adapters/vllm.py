@@ -11,6 +11,7 @@ takes seconds), the caller's lifecycle decides.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ SYSTEM = "vllm"
 LEVELS = (1, 2)  # 1: weights to host memory, KV cache discarded; 2: both discarded
 TAGS = ("weights", "kv_cache")
 BODY_CAP = 200  # characters of an error body kept in a message
+READ_CAP = 65536  # bytes of an answer read at most
 
 
 class SleepModeUnavailable(AdapterError):
@@ -63,36 +65,41 @@ class VllmSleepClient:
         log.info("vllm_sleep_mode", step="wake_up", reason=f"tags {','.join(tags) or 'all'}", url=self.base_url)
 
     def is_sleeping(self) -> bool:
-        resp = self._call("GET", "is_sleeping", None)
+        text = self._call("GET", "is_sleeping", None)
         try:
-            doc: Any = resp.json()
+            doc: Any = json.loads(text)
         except ValueError:
-            raise AdapterError(SYSTEM, f"GET {self.base_url}/is_sleeping: expected JSON, got {_cap(resp.text)!r}") from None
+            raise AdapterError(SYSTEM, f"GET {self.base_url}/is_sleeping: expected JSON, got {_cap(text)!r}") from None
         value = doc.get("is_sleeping") if isinstance(doc, dict) else None
         if not isinstance(value, bool):
             raise AdapterError(SYSTEM, f"GET {self.base_url}/is_sleeping: expected {{\"is_sleeping\": true|false}}, "
-                                       f"got {_cap(resp.text)!r}")
+                                       f"got {_cap(text)!r}")
         return value
 
-    def _call(self, method: str, path: str, params: dict[str, Any] | None) -> requests.Response:
+    def _call(self, method: str, path: str, params: dict[str, Any] | None) -> str:
+        """The answer's body (at most ``READ_CAP`` bytes read: an answer is a few bytes of JSON,
+        a server sending more is not read into memory)."""
         url = f"{self.base_url}/{path}"
         try:
-            resp = self._session.request(method, url, params=params, timeout=self.timeout_s)
+            with self._session.request(method, url, params=params, timeout=self.timeout_s, stream=True,
+                                       allow_redirects=False) as resp:
+                status, raw = resp.status_code, resp.raw.read(READ_CAP + 1, decode_content=True)
         except requests.RequestException as exc:
             raise AdapterError(SYSTEM, f"{method} {url}: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code == 404 and _route_missing(resp):
+        text = raw[:READ_CAP].decode("utf-8", "replace") + ("..." if len(raw) > READ_CAP else "")
+        if status == 404 and _route_missing(text):
             raise SleepModeUnavailable(SYSTEM, f"{method} {url}: 404: no sleep mode here (vLLM needs "
                                                "VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode)")
-        if resp.status_code != 200:
-            raise AdapterError(SYSTEM, f"{method} {url}: HTTP {resp.status_code}: {_cap(resp.text)}")
-        return resp
+        if status != 200:
+            raise AdapterError(SYSTEM, f"{method} {url}: HTTP {status}: {_cap(text)}")
+        return text
 
 
-def _route_missing(resp: requests.Response) -> bool:
+def _route_missing(text: str) -> bool:
     """vLLM's (FastAPI's) answer for a route it did not register: ``{"detail": "Not Found"}``.
     Any other 404 (a proxy's, an unknown replica's) is reported with its body."""
     try:
-        return bool(resp.json() == {"detail": "Not Found"})
+        return bool(json.loads(text) == {"detail": "Not Found"})
     except ValueError:
         return False
 

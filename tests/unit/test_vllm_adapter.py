@@ -125,8 +125,11 @@ class _Garbage(BaseHTTPRequestHandler):
         ((200, json.dumps([True]).encode()), "expected {\"is_sleeping\""),
         ((200, b"{}"), "expected {\"is_sleeping\""),
         ((503, b"x" * 1000), r"HTTP 503: x{200}\.\.\.$"),
+        # an answer far larger than any of vLLM's is not read whole: what was read is not JSON
+        ((200, b'{"is_sleeping": true}' + b" " * 5_000_000), "expected JSON"),
+        ((503, b"y" * 5_000_000), r"HTTP 503: y{200}\.\.\.$"),
     ],
-    ids=["not-json", "string", "list", "missing", "503-capped"],
+    ids=["not-json", "string", "list", "missing", "503-capped", "huge-200", "huge-503"],
 )
 def test_garbage_is_an_error_never_a_state(answer: tuple[int, bytes], match: str) -> None:
     _Garbage.answers = {"/is_sleeping": answer}

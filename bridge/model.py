@@ -267,6 +267,18 @@ EVICT_AFTER_S = 20.0
 JOB_STATES_HOLDING_NODES = frozenset(
     {"running", "completing", "configuring", "suspended", "stopped", "signaling", "stage_out", "resizing"}
 )
+# States in which a job holds no node: waiting (pending, being requeued, held) or ended (still
+# listed for MinJobAge). A state in none of the three lists (one a later Slurm adds) is read as
+# holding the nodes the job names (``holds_nodes``): never a free node by mistake.
+JOB_STATES_WAITING = frozenset({"pending", "requeued", "requeue_hold", "requeue_fed", "resv_del_hold", "special_exit"})
+JOB_STATES_ENDED = frozenset(
+    {"completed", "cancelled", "failed", "timeout", "node_fail", "preempted", "boot_fail", "deadline", "out_of_memory", "revoked"}
+)
+
+
+def holds_nodes(state: str) -> bool:
+    """Whether a job in Slurm state ``state`` (lowercase) holds the nodes it names."""
+    return state in JOB_STATES_HOLDING_NODES or (state not in JOB_STATES_WAITING and state not in JOB_STATES_ENDED)
 
 
 @dataclass(frozen=True, slots=True)

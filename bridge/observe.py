@@ -20,7 +20,7 @@ from bridge.errors import AdapterError
 from bridge.config import Config, PoolConfig
 from bridge.lifecycle import HoldFacts, NodeFacts, PodFacts, PreemptedJob
 from bridge.names import validate_node_name
-from bridge.model import (JOB_STATES_HOLDING_NODES, ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob, Tier,
+from bridge.model import (ClusterView, LoadSignals, NodeState, Phase, Pin, PoolState, SlurmJob, Tier, holds_nodes,
                           WarmRecord)
 
 
@@ -333,7 +333,7 @@ class _JobsByNode:
             if is_hold_job(job, config, mem=True):
                 # not in ``allocated`` (research or a serving hold there): beside it the node takes research jobs
                 node = job.name[len(wk.SLURM_WARM_HOLD_JOB_PREFIX):]
-                running = job.state in JOB_STATES_HOLDING_NODES and node in job.nodes
+                running = holds_nodes(job.state) and node in job.nodes
                 if job.state != "completing" and (job.state == "pending" or running):  # completing: cancelled
                     out.mem_holds.setdefault(node, HoldFacts(job.job_id, running=running))
                 continue
@@ -343,12 +343,12 @@ class _JobsByNode:
                     if target in job.nodes:
                         out.allocated.add(target)
                     continue
-                running = job.state in JOB_STATES_HOLDING_NODES and target in job.nodes
+                running = holds_nodes(job.state) and target in job.nodes
                 if job.state == "pending" or running:
                     out.holds[target] = HoldFacts(job.job_id, running=running)
                 if running:
                     out.allocated.add(target)
-            elif job.state in JOB_STATES_HOLDING_NODES:
+            elif holds_nodes(job.state):
                 out.research[job.job_id] = job
                 preempt_time = getattr(job, "preempt_time", None)
                 for n in job.nodes:

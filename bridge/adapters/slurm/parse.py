@@ -27,10 +27,10 @@ import orjson
 
 from bridge import wellknown
 from bridge.errors import AdapterError
-from bridge.model import JOB_STATES_HOLDING_NODES
+from bridge.model import JOB_STATES_ENDED, holds_nodes
 
 from .hostlist import expand
-from .types import ACTIVE_JOB_STATES, BASE_STATES, SlurmJobInfo, SlurmNode
+from .types import BASE_STATES, SlurmJobInfo, SlurmNode
 
 _GPU_COUNT = re.compile(r"(?:^|[,\s])(?:gres[:/])?gpu(?::[A-Za-z0-9_.-]+)?:(\d+)")
 
@@ -355,7 +355,7 @@ def _job(rec: Any, i: int) -> SlurmJobInfo:
     if not gpus:
         gd = rec.get("gres_detail") or []
         gpus = max((gpu_count(str(g)) for g in gd), default=0) if isinstance(gd, list) else 0
-    running = state in JOB_STATES_HOLDING_NODES
+    running = holds_nodes(state)
     return SlurmJobInfo(
         job_id=jid,
         name=_str(rec, "name", what),
@@ -389,7 +389,7 @@ def parse_jobs(text: str, *, active_only: bool = True) -> tuple[SlurmJobInfo, ..
         raise _fail("squeue --json", "'jobs' is not a list")
     jobs = [_guarded(f"squeue --json: jobs[{i}]", _job, r, i) for i, r in enumerate(raw)]
     if active_only:
-        jobs = [j for j in jobs if j.state in ACTIVE_JOB_STATES]
+        jobs = [j for j in jobs if j.state not in JOB_STATES_ENDED]  # a state unknown here is kept
     return tuple(sorted(jobs, key=lambda j: (len(j.job_id), j.job_id)))
 
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bridge import wellknown
-from bridge.model import SlurmJob
+from bridge.model import JOB_STATES_HOLDING_NODES, JOB_STATES_WAITING, SlurmJob
 
 # Base node states as Slurm prints them (lowercase); anything else is a flag.
 BASE_STATES = frozenset(
     {"idle", "mixed", "allocated", "down", "error", "future", "unknown", "planned"}
 )
-ACTIVE_JOB_STATES = frozenset(
-    {"pending", "running", "completing", "configuring", "suspended", "requeued", "requeue_hold",
-     "requeue_fed", "resizing", "signaling", "stage_out", "stopped", "resv_del_hold", "special_exit"}
-)
+ACTIVE_JOB_STATES = JOB_STATES_HOLDING_NODES | JOB_STATES_WAITING  # the states known not to have ended
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 VICTIMS = {"bridge": VictimRule.LEAST_LOST_WORK, "naive": VictimRule.NEWEST_FIRST}
 
 
+MAX_NODES = 100_000  # a pool larger than any serving fleet: beyond it a run would take hours, not an answer
+MAX_GPUS_PER_NODE = 64
+
+
 def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "simulate",
@@ -136,10 +140,10 @@ def run(args: argparse.Namespace) -> int:
     args.nodes = 24 if args.nodes is None else args.nodes
     args.replica_rps = 4.0 if args.replica_rps is None else args.replica_rps
     try:
-        if args.nodes < 1:
-            raise ConfigError([f"--nodes: must be >= 1, got {args.nodes}"])
-        if args.gpus_per_node < 1:
-            raise ConfigError([f"--gpus-per-node: must be >= 1, got {args.gpus_per_node}"])
+        if not 1 <= args.nodes <= MAX_NODES:
+            raise ConfigError([f"--nodes: must be 1..{MAX_NODES:,}, got {args.nodes}"])
+        if not 1 <= args.gpus_per_node <= MAX_GPUS_PER_NODE:
+            raise ConfigError([f"--gpus-per-node: must be 1..{MAX_GPUS_PER_NODE}, got {args.gpus_per_node}"])
         cfg, mix = _config_and_mix(args)
         pool = cfg.pool(args.pool) if args.pool else cfg.pools[0]
         peak = args.peak_replicas if args.peak_replicas is not None else 0.8 * args.nodes * pool.replicas_per_node

@@ -129,6 +129,10 @@ def test_bad_flags_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "--days: must be a finite number > 0, got inf" in capsys.readouterr().err
     assert main(["simulate", "--fixed-floor", "30"]) == 2
     assert "--fixed-floor: must be 0..24 (--nodes), got 30" in capsys.readouterr().err
+    assert main(["simulate", "--nodes", "100000000"]) == 2  # was a run of hours, no answer
+    assert "--nodes: must be 1..100,000, got 100000000" in capsys.readouterr().err
+    assert main(["simulate", "--gpus-per-node", "0"]) == 2
+    assert "--gpus-per-node: must be 1..64, got 0" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(tmp_path / "missing.csv")]) == 2
     assert "cannot read trace" in capsys.readouterr().err
     bad = tmp_path / "mix.yaml"

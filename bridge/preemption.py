@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from bridge.wellknown import LAST_UNIX_S
+from bridge.wellknown import is_date
 
 EVENT_REASON = "GpuBridgeJobPreempted"
 
@@ -34,8 +34,8 @@ def _iso(t: float) -> str:
 def preemption_message(*, job_id: str, node: str, grace_s: float, lost_gpu_hours: float, checkpoint_time: float | None) -> str:
     """The Event's message: one sentence, its numbers in a fixed form (``parse_preemption``).
     A checkpoint time no date can show (a job's comment is the job owner's text) is none."""
-    shown = checkpoint_time is not None and math.isfinite(checkpoint_time) and 0 <= checkpoint_time <= LAST_UNIX_S
-    ckpt = f"last checkpoint {_iso(checkpoint_time)}" if shown and checkpoint_time is not None else "no checkpoint published"
+    ckpt = ("no checkpoint published" if checkpoint_time is None or not is_date(checkpoint_time)
+            else f"last checkpoint {_iso(checkpoint_time)}")
     return (
         f"job {job_id} preempted to reclaim {node} for serving: GraceTime {grace_s:g} s, then requeued; "
         f"{lost_gpu_hours:.3f} GPU-h of work lost ({ckpt})"

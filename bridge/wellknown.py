@@ -72,3 +72,10 @@ def is_slurm_reason(reason: str, own: str) -> bool:
 
 # --- Leader election -----------------------------------------------------------------------
 LEASE_NAME = "gpu-bridge"
+
+
+def is_date(t: float) -> bool:
+    """Whether unix time ``t`` is a date that can be shown (1970 to 9999: ``datetime`` raises
+    beyond, and NaN compares as nothing). Times from outside (annotations, job comments, Slurm's
+    numbers, a flag) are checked with it before they are formatted."""
+    return 0 <= t <= LAST_UNIX_S

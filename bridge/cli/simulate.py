@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.config import Config, VictimRule, default_config, load_config, read_yaml, redact_url, replace
 from bridge.errors import AdapterError, BridgeError, ConfigError
+from bridge.wellknown import LAST_UNIX_S, is_date
 
 if TYPE_CHECKING:
     from bridge.simulate.engine import Result, Setup
@@ -242,9 +243,6 @@ def parse_duration(text: str, flag: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
-_LAST_UNIX_S = 253_402_300_799.0  # 9999-12-31T23:59:59Z, the last time datetime can show
-
-
 def parse_time(text: str, flag: str) -> float:
     """ISO 8601 (UTC unless an offset is given) or unix seconds -> unix seconds."""
     try:
@@ -256,8 +254,8 @@ def parse_time(text: str, flag: str) -> float:
             raise ConfigError([f"{flag}: expected ISO 8601 (2026-11-02T00:00, UTC unless it says) or unix seconds, "
                                f"got {text!r}"]) from None
         seconds = (dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)).timestamp()
-    if not 0 <= seconds <= _LAST_UNIX_S:
-        raise ConfigError([f"{flag}: must be between 1970-01-01 and 9999-12-31 (unix seconds 0 to {_LAST_UNIX_S:.0f}), "
+    if not is_date(seconds):
+        raise ConfigError([f"{flag}: must be between 1970-01-01 and 9999-12-31 (unix seconds 0 to {LAST_UNIX_S:.0f}), "
                            f"got {text!r}"])
     return seconds
 

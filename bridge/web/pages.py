@@ -16,7 +16,7 @@ from bridge.adapters.slurm.types import SlurmJobInfo
 from bridge.policy.outlook import HourOutlook, first_free_window
 from bridge.policy.victims import job_loss_gpu_hours
 from bridge.preemption import Preemption
-from bridge.wellknown import LAST_UNIX_S
+from bridge.wellknown import is_date
 
 JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,9})?")
 USER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
@@ -32,7 +32,7 @@ class BadInput(ValueError):
 
 
 def iso(t: float | None) -> str | None:
-    if t is None or not math.isfinite(t) or not 0 <= t <= LAST_UNIX_S:  # Slurm's numbers: no date beyond 9999
+    if t is None or not is_date(t):  # Slurm's numbers: no date beyond 9999
         return None
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 

@@ -191,7 +191,7 @@ def parse_since(raw: str | None, problems: list[str]) -> float | None:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or not 0 <= value <= wk.LAST_UNIX_S:
+    if not wk.is_date(value):
         problems.append(f"annotation {wk.ANNOTATION_PHASE_SINCE}: expected unix seconds (a number >= 0 up to "
                         f"{wk.LAST_UNIX_S:.0f}), got {_quote(raw)}")
         return None

@@ -230,10 +230,15 @@ class Governor:
                     f"so at most {lend} nodes lent while lending, {keep} otherwise")
         else:
             text = f"{head}; lending held: one incident would cost {self.incident_min} min"
-        if self.resume_t is None:
+        when = self.resume_utc
+        if when is None:
             return text
-        when = datetime.fromtimestamp(self.resume_t, UTC).strftime("%Y-%m-%d %H:%M UTC")
         return f"{text}; new lends may resume {when}, as old violation minutes leave the window (if no new one)"
+
+    @property
+    def resume_utc(self) -> str | None:
+        """``resume_t`` as shown to people (None: not held, or not known)."""
+        return None if self.resume_t is None else datetime.fromtimestamp(self.resume_t, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 @dataclass(frozen=True, slots=True)

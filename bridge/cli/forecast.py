@@ -96,7 +96,7 @@ def read_outlook(
     AdapterError (Prometheus) or NoHistoryError."""
     from bridge.adapters.prom.types import PromPool, selector
     from bridge.policy.demand import replicas_needed
-    from bridge.policy.calibrate import Calibrator
+    from bridge.policy.calibrate import history_span_s
     from bridge.policy.outlook import OUTLOOK_STEP_S, lendable_outlook, outlook_calibration, outlook_span_s
 
     from bridge.wiring import prom_adapter
@@ -106,7 +106,7 @@ def read_outlook(
     # the calibration needs policy.calibration.window_s at its own step, as the daemon reads it
     cc = cfg.policy.calibration
     step = cc.step_s if cc.enabled else OUTLOOK_STEP_S
-    span = max(outlook_span_s(cfg, hours), Calibrator(cfg, pool).span_s if cc.enabled else 0.0)  # with the governor's window
+    span = max(outlook_span_s(cfg, hours), history_span_s(cfg) if cc.enabled else 0.0)  # with the governor's window
     start = math.floor((now - span) / step) * step
     hist = adapter.history(ppool, start=start, end=now, step_s=step)
     nodes = pool_nodes

@@ -297,6 +297,11 @@ def level_held(d: np.ndarray, at: int, hours: np.ndarray, steps_per_hour: int) -
     return bool(np.median(level / np.maximum(before, 1e-9)) >= CP_LEVEL_RATIO)
 
 
+def history_span_s(config: Config) -> float:
+    """History a pool's policy memory is rebuilt from: the calibration's window and the governor's."""
+    return max(config.policy.calibration.window_s, config.policy.governor.window_s)
+
+
 class Calibrator:
     """One pool's calibration input (peak demand and fewest Ready replicas per step) kept
     incrementally, and its ``Calibration`` recomputed at most every ``interval_s``.
@@ -344,8 +349,8 @@ class Calibrator:
 
     @property
     def span_s(self) -> float:
-        """History to rebuild at start-up: the calibration's window and the governor's."""
-        return max(self.config.policy.calibration.window_s, self.governor_window_s)
+        """History to rebuild at start-up (``history_span_s``)."""
+        return history_span_s(self.config)
 
     def governor(self, now: float, *, capacity: float, nodes: int, horizon_s: float | None = None) -> Governor | None:
         """The governor's state as of ``now`` (None when ``policy.governor.enabled`` is off):

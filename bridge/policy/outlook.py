@@ -14,7 +14,6 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 
 from bridge.config import Config, PoolConfig
 from bridge.model import Calibration, Governor, LoadSignals
@@ -87,7 +86,7 @@ def governed(hour: HourOutlook, governor: Governor | None) -> HourOutlook:
     if cap == 0:
         if governor.resume_t is not None and governor.resume_t <= hour.start:
             return hour
-        until = "" if governor.resume_t is None else f" until {datetime.fromtimestamp(governor.resume_t, UTC):%Y-%m-%d %H:%M UTC}"
+        until = "" if governor.resume_utc is None else f" until {governor.resume_utc}"
         return replace(hour, lendable_nodes=0, held=f"SLO budget spent: lending held{until}")
     if hour.lendable_nodes <= cap:
         return hour

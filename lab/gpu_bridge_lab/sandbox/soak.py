@@ -2,7 +2,8 @@
 
 From one seed: load flips at random intervals, faults at random times (the daemon SIGKILLed,
 slurmctld SIGKILLed and restarted, Prometheus paused, a second daemon, the leader paused past
-its Lease), several research jobs in flight that checkpoint unit by unit. Invariants are
+its Lease, kube-apiserver or etcd paused past the Lease, a node's slurmd SIGKILLed and
+restarted), several research jobs in flight that checkpoint unit by unit. Invariants are
 checked every second from outside, through the real CLIs (``scontrol``, ``squeue``,
 ``kubectl``), never through the daemon:
 
@@ -63,7 +64,11 @@ from gpu_bridge_lab.sandbox.reliability import GRACE_S, HIGH, LOW, Harness
 
 BAD_JOB_STATES = frozenset({"TIMEOUT", "FAILED", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                             "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"})
-FAULTS = ("daemon_kill", "slurmctld_kill", "prometheus_pause", "second_daemon", "leader_pause")
+FAULTS = ("daemon_kill", "slurmctld_kill", "prometheus_pause", "second_daemon", "leader_pause",
+          "apiserver_pause", "etcd_pause", "slurmd_kill")
+# paused past the soak's Lease (6 s) so the leader cannot renew it: leadership must lapse and
+# be taken again once the control plane answers (etcd: the apiserver answers, with errors)
+CONTROL_PLANE_PAUSES = {"apiserver_pause": "kube-apiserver", "etcd_pause": "etcd"}
 LEADER_EVENTS_START = ("lease_acquired", "lease_expired_taking_over")
 LEADER_EVENTS_END = ("leadership_lost", "leadership_lapsed", "lease_released")
 
@@ -352,6 +357,28 @@ class Soak:
                 self.paused.discard("prometheus")
 
             self.at(hold, "resume prometheus", cont)
+        elif kind in CONTROL_PLANE_PAUSES and CONTROL_PLANE_PAUSES[kind] in h.sb.records \
+                and CONTROL_PLANE_PAUSES[kind] not in self.paused:
+            name = CONTROL_PLANE_PAUSES[kind]
+            hold = round(rng.uniform(5.0, 25.0), 1)
+            self._signal_component(name, signal.SIGSTOP)
+            self.paused.add(name)
+            self.fault(kind, f"SIGSTOP {name} for {hold} s (Lease {self.cfg.lease_duration_s:g} s)")
+
+            def cont_plane() -> None:
+                self._signal_component(name, signal.SIGCONT)
+                self.paused.discard(name)
+
+            self.at(hold, f"resume {name}", cont_plane)
+        elif kind == "slurmd_kill":
+            node = rng.choice(sorted(n for n in h.sb.node_names if f"slurmd:{n}" in h.sb.records) or [""])
+            if not node:
+                self.fault(kind + "_skipped", "no slurmd running")
+                return
+            down = round(rng.uniform(2.0, 12.0), 1)
+            h.sb.kill_process(f"slurmd:{node}")
+            self.fault(kind, f"SIGKILL slurmd of {node} (its jobs' steps run on), restarted in {down} s")
+            self.at(down, f"restart slurmd of {node}", lambda: h.sb.ensure_daemons())
         elif kind == "second_daemon" and self.second is None:
             hold = round(rng.uniform(15.0, 60.0), 1)
             self.second = h.daemon("soak-second", config=self.h.dir / "soak.yaml")

@@ -143,7 +143,19 @@ def soak_args_problem(args: argparse.Namespace) -> str:
         return f"--seed: expected an integer or a comma list of integers, got {args.seed!r}"
     if args.duration <= 0:
         return f"--duration: must be > 0 seconds, got {args.duration:g}"
+    from gpu_bridge_lab.sandbox.soak import FAULTS
+
+    unknown = sorted(set(soak_faults(args)) - set(FAULTS))
+    if unknown or not soak_faults(args):
+        return f"--faults: the soak's faults are {', '.join(FAULTS)}; got {args.faults!r}"
     return ""
+
+
+def soak_faults(args: argparse.Namespace) -> tuple[str, ...]:
+    """The soak's fault kinds from ``--faults`` (every kind when it is not given)."""
+    from gpu_bridge_lab.sandbox.soak import FAULTS
+
+    return tuple(x.strip() for x in args.faults.split(",") if x.strip()) if args.faults else FAULTS
 
 
 def soak(args: argparse.Namespace) -> int:
@@ -152,7 +164,7 @@ def soak(args: argparse.Namespace) -> int:
     seeds = [int(x) for x in str(args.seed).split(",") if x.strip()]
     results = []
     for seed in seeds:
-        r = Soak(SoakConfig(seed=seed, duration_s=args.duration), log=say, keep_dir=Path(args.keep)).run()
+        r = Soak(SoakConfig(seed=seed, duration_s=args.duration, faults=soak_faults(args)), log=say, keep_dir=Path(args.keep)).run()
         results.append(r)
         say(r.summary())
         for v in r.violations:
@@ -185,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="warm lending's cold-fallback rows (= --only crash-warm-fallback)")
     ap.add_argument("--points", default="", help="crash: only these injection points (comma list; --warm-fallback: "
                     "or these failures, e.g. wake_hangs,unreachable)")
-    ap.add_argument("--faults", default="", help="outages: only these (prometheus,stale,kube-500,...,slurmctld,slurmd,pdb,notready)")
+    ap.add_argument("--faults", default="", help="outages: only these (prometheus,stale,kube-500,...,slurmctld,slurmd,pdb,notready); "
+                         "soak: draw only these (daemon_kill,...,apiserver_pause,etcd_pause,slurmd_kill)")
     ap.add_argument("--soak", action="store_true", help="the randomized soak instead of the tables")
     ap.add_argument("--seed", default="1", help="soak: seed, or a comma list of seeds run one after another")
     ap.add_argument("--duration", type=float, default=120.0, help="soak: seconds of faults per seed")

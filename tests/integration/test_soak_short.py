@@ -1,6 +1,6 @@
 """A short seeded soak in the default suite: random load flips and faults (the daemon
 SIGKILLed, slurmctld SIGKILLed and restarted, Prometheus paused, a second daemon, the Lease
-holder paused), research jobs in flight, invariants checked every second through the real CLIs.
+holder paused, kube-apiserver or etcd paused, a slurmd SIGKILLed), research jobs in flight, invariants checked every second through the real CLIs.
 The long run across seeds is ``scripts/reliability.py --soak`` (docs/reliability.md)."""
 
 from __future__ import annotations

@@ -188,3 +188,19 @@ def test_soak_arguments_are_checked_before_anything_starts(capsys) -> None:  # t
     assert "--seed: expected an integer or a comma list of integers, got '7,x'" in capsys.readouterr().out
     assert mod.main(["--soak", "--seed", "7", "--duration", "0"]) == 2
     assert "--duration: must be > 0 seconds, got 0" in capsys.readouterr().out
+    assert mod.main(["--soak", "--seed", "7", "--faults", "apiserver_pause,kubelet_kill"]) == 2
+    assert "--faults: the soak's faults are daemon_kill, " in capsys.readouterr().out
+    assert mod.main(["--soak", "--seed", "7", "--faults", ","]) == 2
+    assert "got ','" in capsys.readouterr().out
+
+
+def test_the_soak_draws_only_the_faults_it_is_given() -> None:
+    import argparse
+
+    from gpu_bridge_lab.sandbox.soak import FAULTS
+
+    mod = _reliability_script()
+    assert mod.soak_faults(argparse.Namespace(faults="")) == FAULTS
+    assert mod.soak_faults(argparse.Namespace(faults=" etcd_pause, slurmd_kill ")) == ("etcd_pause", "slurmd_kill")
+    assert mod.soak_args_problem(argparse.Namespace(seed="3", duration=60.0, faults="etcd_pause,apiserver_pause")) == ""
+    assert {"apiserver_pause", "etcd_pause", "slurmd_kill"} <= set(FAULTS)

@@ -114,6 +114,7 @@ class SoakConfig:
     tick_s: float = 1.0
     lease_duration_s: float = 6.0
     drain_timeout_s: float = 420.0  # after the faults: time for every job to complete
+    faults: tuple[str, ...] = FAULTS  # the kinds drawn from (``--faults``: a focused run)
 
 
 @dataclass
@@ -665,7 +666,7 @@ class Soak:
         self.say(f"soak: seed {cfg.seed}, {cfg.duration_s:.0f} s, {cfg.nodes} nodes, GraceTime {GRACE_S} s, tick "
                  f"{cfg.tick_s:g} s, Lease {cfg.lease_duration_s:g} s, {cfg.jobs_in_flight} jobs in flight, "
                  f"flips every {cfg.flip_s[0]:g}-{cfg.flip_s[1]:g} s, faults every {cfg.fault_gap_s[0]:g}-"
-                 f"{cfg.fault_gap_s[1]:g} s from {', '.join(FAULTS)}")
+                 f"{cfg.fault_gap_s[1]:g} s from {', '.join(cfg.faults)}")
         self.h.up()
         try:
             self.config()
@@ -693,7 +694,7 @@ class Soak:
                     self.say(f"[{self.now():7.1f} s] load {load}")
                     next_flip = now + rng.uniform(*cfg.flip_s)
                 if now >= next_fault:
-                    self.inject(rng.choice(FAULTS))
+                    self.inject(rng.choice(cfg.faults))
                     next_fault = now + rng.uniform(*cfg.fault_gap_s)
                 while self.agenda and self.agenda[0][0] <= now:
                     _, _, _, action = heapq.heappop(self.agenda)

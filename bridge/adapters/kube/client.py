@@ -13,10 +13,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from urllib3 import BaseHTTPResponse
+from urllib3.connectionpool import ConnectionPool
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
+from urllib3.util.retry import Retry
 
 from bridge import logs
 from bridge import wellknown as wk
@@ -44,6 +49,21 @@ log = logs.get(__name__)
 
 SMP = "application/strategic-merge-patch+json"
 EVENT_COMPONENT = "gpu-bridge"
+
+
+class NoRetryAfterTimeout(Retry):
+    """urllib3's default retries a GET or PUT three times after a timeout, so an API server
+    that hangs held a tick (or a Lease renewal, or a list) for four timeouts: 40 s a call at
+    the default 10 s. A timeout is the daemon's to handle (the next tick, the informer's
+    backoff); a connection refused or closed under us (a stale pooled one) is still retried."""
+
+    def increment(
+        self, method: str | None = None, url: str | None = None, response: BaseHTTPResponse | None = None,
+        error: Exception | None = None, _pool: ConnectionPool | None = None, _stacktrace: TracebackType | None = None,
+    ) -> Self:
+        if isinstance(error, Urllib3Timeout):
+            raise error
+        return super().increment(method, url, response, error, _pool, _stacktrace)
 
 
 def api_client_from_config(
@@ -78,6 +98,7 @@ def api_client_from_config(
         register_secret(str(value).split()[-1] if value else None)
     register_secret(cfg.password or None)
     cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 32)  # one per watch + writes
+    cfg.retries = NoRetryAfterTimeout(3)  # urllib3's default count, less the timeouts
     return k8s.ApiClient(cfg)
 
 

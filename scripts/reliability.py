@@ -145,9 +145,11 @@ def soak_args_problem(args: argparse.Namespace) -> str:
         return f"--duration: must be > 0 seconds, got {args.duration:g}"
     from gpu_bridge_lab.sandbox.soak import FAULTS
 
-    unknown = sorted(set(soak_faults(args)) - set(FAULTS))
-    if unknown or not soak_faults(args):
-        return f"--faults: the soak's faults are {', '.join(FAULTS)}; got {args.faults!r}"
+    faults = soak_faults(args)
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown or not faults:
+        return (f"--faults: {'no such soak fault ' + ', '.join(unknown) if unknown else 'no fault named'} "
+                f"(the soak's: {', '.join(FAULTS)}); got {args.faults!r}")
     return ""
 
 

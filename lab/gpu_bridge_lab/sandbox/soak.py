@@ -372,10 +372,11 @@ class Soak:
 
             self.at(hold, f"resume {name}", cont_plane)
         elif kind == "slurmd_kill":
-            node = rng.choice(sorted(n for n in h.sb.node_names if f"slurmd:{n}" in h.sb.records) or [""])
-            if not node:
+            running = sorted(n for n in h.sb.node_names if f"slurmd:{n}" in h.sb.records)
+            if not running:
                 self.fault(kind + "_skipped", "no slurmd running")
                 return
+            node = rng.choice(running)
             down = round(rng.uniform(2.0, 12.0), 1)
             h.sb.kill_process(f"slurmd:{node}")
             self.fault(kind, f"SIGKILL slurmd of {node} (its jobs' steps run on), restarted in {down} s")

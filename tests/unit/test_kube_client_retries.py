@@ -4,6 +4,7 @@ closed without answering (a stale pooled one) is still retried."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ from kubernetes import client as k8s
 from bridge.adapters.kube.client import api_client_from_config
 
 
+@contextlib.contextmanager
 def _server(answer: Callable[[int, socket.socket], None]) -> Iterator[tuple[int, list[int]]]:
     """A loopback TCP server calling ``answer(i, conn)`` for its i-th connection."""
     srv = socket.socket()
@@ -35,10 +37,12 @@ def _server(answer: Callable[[int, socket.socket], None]) -> Iterator[tuple[int,
             answer(len(seen) - 1, conn)
 
     threading.Thread(target=loop, daemon=True).start()
-    yield srv.getsockname()[1], seen
-    srv.close()
-    for c in held:
-        c.close()
+    try:
+        yield srv.getsockname()[1], seen
+    finally:
+        srv.close()
+        for c in held:
+            c.close()
 
 
 def _core(port: int, tmp_path: Path) -> k8s.CoreV1Api:
@@ -54,7 +58,8 @@ def _core(port: int, tmp_path: Path) -> k8s.CoreV1Api:
 
 @pytest.fixture
 def hung() -> Iterator[tuple[int, list[int]]]:
-    yield from _server(lambda i, conn: None)  # accepts, reads nothing, never answers
+    with _server(lambda i, conn: None) as server:  # accepts, reads nothing, never answers
+        yield server
 
 
 @pytest.mark.parametrize("verb", ["get", "put", "patch"])
@@ -84,7 +89,7 @@ def test_a_connection_closed_without_an_answer_is_still_retried(tmp_path: Path) 
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                      + str(len(body)).encode() + b"\r\n\r\n" + body)
 
-    for port, seen in _server(answer):
+    with _server(answer) as (port, seen):
         resp = _core(port, tmp_path).read_node("gpu-node-01", _preload_content=False, _request_timeout=2.0)
         assert resp.status == 200 and b"gpu-node-01" in resp.data
         assert seen == [0, 1]

@@ -72,7 +72,12 @@ def build_app(source: WebSource) -> Starlette:
 
     def user_of(request: Request) -> str | None:
         header = config.web.user_header
-        return None if header is None else pages.check_user(request.headers.get(header), header)
+        if header is None:
+            return None
+        got = request.headers.getlist(header)
+        if len(got) > 1:  # the client's own before the proxy's, if the proxy appends: which one?
+            raise BadInput(400, f"{header}: given {len(got)} times, expected once")
+        return pages.check_user(got[0] if got else None, header)
 
     def render(request: Request, page: str, doc: dict[str, Any], **extra: Any) -> Response:
         base = request.scope.get("root_path", "")

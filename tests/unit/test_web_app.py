@@ -206,6 +206,19 @@ def test_user_header_filters_jobs_and_refuses_requests_without_it() -> None:
         assert c.get("/api/pool", headers={"X-Forwarded-User": "bob; rm -rf"}).status_code == 400
 
 
+def test_a_user_header_given_twice_is_refused() -> None:
+    """A proxy that appends its header (instead of replacing the client's) passes the client's
+    first: the first one was trusted, so anyone could read the view as another user."""
+    s = site({"user_header": "X-Forwarded-User"})
+    with TestClient(build_app(s.source)) as c:
+        twice = [("X-Forwarded-User", "alice"), ("X-Forwarded-User", "bob")]
+        for path in ("/api/jobs", f"/api/job/{s.running}", "/api/pool", "/api/history"):
+            r = c.get(path, headers=twice)
+            assert r.status_code == 400, path
+            assert r.json()["error"] == "X-Forwarded-User: given 2 times, expected once"
+        assert c.get("/jobs", headers=twice).status_code == 400
+
+
 def test_the_web_source_never_writes(s: Site, client: TestClient) -> None:
     def state() -> object:
         return (s.kube.nodes(), s.kube.pods("default"), s.kube.deployment("default"), s.slurm.snapshot(),

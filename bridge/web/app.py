@@ -64,6 +64,22 @@ def _days_param(request: Request, default: float) -> float:
     return days
 
 
+def _base(request: Request) -> str:
+    """The view's public prefix (``web.root_path``) for links and redirects: inside the /static
+    mount the scope's ``root_path`` ends in ``/static`` (its error pages linked /static/pool)."""
+    return str(request.scope.get("app_root_path", request.scope.get("root_path", "")))
+
+
+def _is_api(request: Request) -> bool:
+    """A request under /api/ below the root path (uvicorn puts ``root_path`` in front of the
+    path: /gpu-bridge/api/nope got an HTML 404)."""
+    path: str = request.scope["path"]
+    base = _base(request)
+    if base and path.startswith(base + "/"):
+        path = path[len(base):]
+    return path.startswith("/api/")
+
+
 def build_app(source: WebSource) -> Starlette:
     """The ASGI application over ``source``."""
     config = source.config
@@ -80,8 +96,7 @@ def build_app(source: WebSource) -> Starlette:
         return pages.check_user(got[0] if got else None, header)
 
     def render(request: Request, page: str, doc: dict[str, Any], **extra: Any) -> Response:
-        base = request.scope.get("root_path", "")
-        return templates.TemplateResponse(request, page, {"doc": doc, "base": base, **extra})
+        return templates.TemplateResponse(request, page, {"doc": doc, "base": _base(request), **extra})
 
     def endpoint(build: Callable[[Request], tuple[str, dict[str, Any], dict[str, Any]]], *, as_json: bool) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
@@ -102,9 +117,9 @@ def build_app(source: WebSource) -> Starlette:
     def error(request: Request, status: int, message: str, *, as_json: bool) -> Response:
         if as_json:
             return JSONResponse({"error": message, "status": status}, status_code=status)
-        base = request.scope.get("root_path", "")
         return templates.TemplateResponse(
-            request, "error.html", {"status": status, "message": message, "base": base, "doc": {}}, status_code=status
+            request, "error.html", {"status": status, "message": message, "base": _base(request), "doc": {}},
+            status_code=status
         )
 
     # --- the documents ---------------------------------------------------------------------
@@ -171,15 +186,15 @@ def build_app(source: WebSource) -> Starlette:
             job_id = pages.check_job_id((_param(request, "id") or "").strip())
         except BadInput as exc:
             return error(request, exc.status, exc.message, as_json=False)
-        return RedirectResponse(f"{request.scope.get('root_path', '')}/job/{job_id}", status_code=303)
+        return RedirectResponse(f"{_base(request)}/job/{job_id}", status_code=303)
 
     async def home(request: Request) -> Response:
-        return RedirectResponse(f"{request.scope.get('root_path', '')}/pool", status_code=307)
+        return RedirectResponse(f"{_base(request)}/pool", status_code=307)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
-        as_json = request.url.path.startswith("/api/")
+        as_json = _is_api(request)
         path = request.url.path
         hint = f" (did you mean {path.rstrip('/')[:80]}?)" if status == 404 and len(path) > 1 and path.endswith("/") else ""
         msg = f"no page at {path[:80]}{hint}" if status == 404 else str(detail)
@@ -195,7 +210,7 @@ def build_app(source: WebSource) -> Starlette:
         log.error("web_internal_error", path=request.url.path, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
         try:
             response = error(request, 500, "internal error (the web view's log has the details)",
-                             as_json=request.url.path.startswith("/api/"))
+                             as_json=_is_api(request))
         except Exception:  # noqa: BLE001 - the error page itself failed: plain text
             response = PlainTextResponse("500: internal error", status_code=500)
         _secure(response)

@@ -321,6 +321,26 @@ def test_other_methods_get_a_405_with_allow(client: TestClient) -> None:
     assert client.head("/pool").status_code == 200 and client.head("/pool").text == ""
 
 
+def test_under_a_root_path_the_api_answers_json_and_every_page_links_below_it(s: Site) -> None:
+    """uvicorn puts ``web.root_path`` in front of the path: /gb/api/nope was an HTML 404 (as
+    /api/ is looked for first), and the error pages of the /static mount linked /gb/static/pool."""
+    def broken() -> object:
+        raise KeyError("boom")
+
+    s.source.jobs = broken  # type: ignore[method-assign]
+    with TestClient(build_app(s.source), root_path="/gb", raise_server_exceptions=False) as c:
+        assert c.get("/gb/api/pool").status_code == 200
+        for method, path, status in (("GET", "/gb/api/nope", 404), ("POST", "/gb/api/pool", 405), ("GET", "/gb/api/jobs", 500)):
+            r = c.request(method, path)
+            assert (r.status_code, r.headers["content-type"]) == (status, "application/json"), path
+            assert r.json()["status"] == status
+        for method, path in (("GET", "/gb/static/nope.css"), ("POST", "/gb/static/style.css"), ("GET", "/gb/nope")):
+            page = c.request(method, path)
+            assert page.status_code in (404, 405) and page.headers["content-type"].startswith("text/html"), path
+            assert 'href="/gb/static/style.css"' in page.text and 'href="/gb/pool"' in page.text, path
+            assert "/static/pool" not in page.text and "/static/static/" not in page.text, path
+
+
 def test_static_files_only_from_the_static_directory(client: TestClient) -> None:
     assert client.get("/static/style.css").status_code == 200
     for path in ("/static/../app.py", "/static/%2e%2e/app.py", "/static/..%2fapp.py", "/static/%2e%2e%2f%2e%2e%2fconfig.py",

@@ -12,15 +12,17 @@ not double count.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 
 from bridge import __version__
 from bridge.model import Calibration, ClusterView, Governor, NodeState, Phase, Plan, ReclaimMode, SlurmJob, Tier
@@ -370,10 +372,93 @@ class MetricsServer:
         self._thread.join(timeout=5)
 
 
-def serve(registry: CollectorRegistry, *, port: int, addr: str = "127.0.0.1") -> MetricsServer:
-    """Serve ``registry`` at http://addr:port/metrics in a daemon thread; port 0 picks a free one."""
-    server, thread = start_http_server(port, addr=addr, registry=registry)
+METRICS_PATH = "/metrics"
+CLIENT_TIMEOUT_S = 10.0  # a scrape sends its request at once; a client silent this long is dropped
+MAX_CLIENTS = 128  # connections served at once (a thread each); more are closed unanswered
+
+_WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def serve(registry: CollectorRegistry, *, port: int, addr: str = "127.0.0.1", timeout_s: float = CLIENT_TIMEOUT_S,
+          max_clients: int = MAX_CLIENTS) -> MetricsServer:
+    """Serve ``registry`` at http://addr:port/metrics in a daemon thread; port 0 picks a free one.
+    Not prometheus_client's ``start_http_server``: it answered every path with the metrics, named
+    the Python version in ``Server``, and gave each connection a thread for as long as the client
+    kept it open, with no bound (slow clients could pile up the daemon's threads)."""
+    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+    server = _Server(addr, port, family=family, timeout_s=timeout_s, max_clients=max_clients)
+    server.set_app(_metrics_only(make_wsgi_app(registry)))
+    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
     return MetricsServer(port=int(server.server_address[1]), addr=addr, _server=server, _thread=thread)
+
+
+def _metrics_only(app: _WSGIApp) -> _WSGIApp:
+    """/metrics only (any other path is a 404), HEAD as GET without the body, and a ``Server``
+    header naming no version (wsgiref's adds its own and Python's otherwise)."""
+
+    def serve_metrics(environ: dict[str, Any], respond: Callable[..., Any]) -> Iterable[bytes]:
+        def start_response(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
+            return respond(status, [*headers, ("Server", _Handler.server_version)], *exc_info)
+
+        if environ.get("PATH_INFO") != METRICS_PATH:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"# HTTP 404: only {METRICS_PATH} is served here\n".encode()]
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return app(environ, start_response)
+        got: list[Any] = []
+        body = b"".join(app({**environ, "REQUEST_METHOD": "GET"}, lambda status, headers, *_: got.extend((status, headers))))
+        start_response(got[0], [*got[1], ("Content-Length", str(len(body)))])
+        return []
+
+    return serve_metrics
+
+
+class _Handler(WSGIRequestHandler):
+    """No access log, no Python version in ``Server`` (the errors it answers itself, 400 and
+    414, included); a client too slow to send its request or read the answer is dropped."""
+
+    server_version = "gpu-bridge"
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except OSError:  # timed out or reset by the client: nothing left to answer
+            self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+class _Server(ThreadingWSGIServer):
+    """A thread per connection, at most ``max_clients`` at once (one more is closed at once),
+    each connection's socket with a ``timeout_s`` timeout."""
+
+    def __init__(self, addr: str, port: int, *, family: int, timeout_s: float, max_clients: int) -> None:
+        self.address_family = family
+        self.timeout_s = timeout_s
+        self._slots = threading.BoundedSemaphore(max_clients)
+        super().__init__((addr, port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            request.settimeout(self.timeout_s)
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def metric_names(registry: CollectorRegistry) -> Mapping[str, str]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -172,6 +174,63 @@ def test_http_endpoint_on_free_port() -> None:
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["gpu_bridge_lends"].samples[0].value == 1
     assert 'gpu_bridge_build_info{version="' in text
+
+
+def test_http_endpoint_serves_only_metrics_and_names_no_version() -> None:
+    """prometheus_client answered any path with the metrics (/foo, /../../etc/passwd), refused
+    HEAD, and its ``Server`` header named the Python version."""
+    import http.client
+
+    server = serve(BridgeMetrics().registry, port=0)
+    try:
+        def ask(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+            try:
+                conn.request(method, path)
+                r = conn.getresponse()
+                return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+            finally:
+                conn.close()
+
+        status, headers, body = ask("GET", "/metrics?name[]=gpu_bridge_build_info")
+        assert status == 200 and body.startswith(b"# HELP gpu_bridge_build_info")
+        assert "python" not in headers["server"].lower() and headers["server"] == "gpu-bridge"
+        for path in ("/", "/foo", "/metrics/", "/../../etc/passwd", "/favicon.ico"):
+            status, headers, body = ask("GET", path)
+            assert status == 404 and b"gpu_bridge" not in body, path
+        status, headers, body = ask("HEAD", "/metrics")
+        assert status == 200 and body == b"" and int(headers["content-length"]) > 0
+        assert ask("POST", "/metrics")[0] == 405
+    finally:
+        server.close()
+
+
+def test_a_slow_client_neither_blocks_others_nor_holds_a_thread_for_ever() -> None:
+    """Slowloris: a connection that never finishes its request kept a thread until the client
+    left, and every new one started another (no bound: thousands of idle connections were
+    thousands of the daemon's threads). Now each is dropped after ``timeout_s`` and at most
+    ``max_clients`` are served at once; the others are closed at once."""
+    server = serve(BridgeMetrics().registry, port=0, timeout_s=0.5, max_clients=4)
+    slow: list[socket.socket] = []
+    try:
+        for _ in range(4):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no end of headers
+            slow.append(s)
+        time.sleep(0.1)
+        extra = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        assert extra.recv(1) == b""  # over the bound: closed, no thread for it
+        extra.close()
+        t0 = time.monotonic()
+        for s in slow:
+            assert s.recv(65536) == b""  # dropped by the server, not by the client
+        assert time.monotonic() - t0 < 3
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as resp:
+            assert resp.status == 200
+    finally:
+        for s in slow:
+            s.close()
+        server.close()
 
 
 def exposed_names() -> set[str]:

@@ -62,7 +62,8 @@ class WebSource:
             config, kube=adapters.kube, slurm=adapters.slurm, prom=adapters.prom, prom_pools=adapters.prom_pools, dry_run=True,
             replicas=adapters.replicas,
         )
-        self._lock = threading.RLock()  # a reading may use another (the outlook counts the pool nodes)
+        self._lock = threading.Lock()  # guards the two dicts, held for no reading
+        self._reading: dict[str, threading.Lock] = {}  # one reader per key (see _cached)
         self._cache: dict[str, tuple[float, Any]] = {}
 
     @classmethod
@@ -82,16 +83,28 @@ class WebSource:
             self._on_close()
 
     def _cached(self, key: str, max_age_s: float, read: Callable[[], T], *, none_max_age_s: float | None = None) -> T:
-        with self._lock:  # one reader at a time: concurrent page loads share one reading
-            hit = self._cache.get(key)
+        """Concurrent page loads of ``key`` share one reading; other keys are read meanwhile (one
+        lock over all of them made the job list wait out a Prometheus query's timeout)."""
+        with self._lock:
+            reading = self._reading.setdefault(key, threading.Lock())
+        with reading:  # a reading may use another key (the outlook counts the pool nodes), never its own
+            with self._lock:
+                hit = self._cache.get(key)
             now = time.monotonic()
             if hit is not None and hit[1] is None and none_max_age_s is not None:
                 max_age_s = none_max_age_s
             if hit is not None and now - hit[0] < max_age_s:
                 return hit[1]  # type: ignore[no-any-return]
-            value = read()
-            self._cache[key] = (time.monotonic(), value)
-            self._prune()
+            try:
+                value = read()
+            except BaseException:
+                with self._lock:  # no reading kept, no lock kept (a new ?days= each time: no pile of locks)
+                    if key not in self._cache:
+                        self._reading.pop(key, None)
+                raise
+            with self._lock:
+                self._cache[key] = (time.monotonic(), value)
+                self._prune()
             return value
 
     def _prune(self) -> None:
@@ -101,6 +114,7 @@ class WebSource:
         hist = sorted((t, k) for k, (t, _) in self._cache.items() if k.startswith("history:"))
         for _, k in hist[: max(0, len(hist) - HISTORY_CACHED)]:
             del self._cache[k]
+            self._reading.pop(k, None)
 
     def now(self) -> float:
         return self.clock()

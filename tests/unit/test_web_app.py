@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import html
 import math
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -365,6 +367,43 @@ def test_history_windows_cached_are_bounded(s: Site, client: TestClient) -> None
     for i in range(1, 200):
         assert client.get(f"/api/history?days=0.{i:03d}").status_code == 200
     assert sum(k.startswith("history:") for k in s.source._cache) == HISTORY_CACHED
+    assert sum(k.startswith("history:") for k in s.source._reading) == HISTORY_CACHED  # one lock per reading kept
+
+
+def test_failed_readings_keep_no_lock(s: Site, client: TestClient) -> None:
+    from bridge.errors import AdapterError
+
+    def down(*_args: object, **_kwargs: object) -> DaemonHistory:
+        raise AdapterError("prometheus", "down")
+
+    s.source.adapters.prom.daemon_history = down  # type: ignore[method-assign]
+    for i in range(1, 50):
+        assert client.get(f"/api/history?days=0.{i:03d}").status_code == 503
+    assert not any(k.startswith("history:") for k in s.source._reading)
+
+
+def test_a_slow_reading_holds_up_only_the_pages_that_need_it(s: Site, client: TestClient) -> None:
+    """One lock was held over every reading: a history query that took Prometheus its timeout
+    (10 s by default) held up the job list, which reads only squeue, for as long."""
+    started, release = threading.Event(), threading.Event()
+    read = s.source.adapters.prom.daemon_history
+
+    def slow(*args: object, **kwargs: object) -> DaemonHistory:
+        started.set()
+        release.wait(10)
+        return read(*args, **kwargs)  # type: ignore[arg-type]
+
+    s.source.adapters.prom.daemon_history = slow  # type: ignore[method-assign]
+    history = threading.Thread(target=client.get, args=("/api/history",))
+    history.start()
+    try:
+        assert started.wait(5)
+        t0 = time.monotonic()
+        assert client.get("/api/jobs").status_code == 200
+        assert time.monotonic() - t0 < 2
+    finally:
+        release.set()
+        history.join()
 
 
 def test_times_no_date_can_show_are_left_out_not_a_500() -> None:

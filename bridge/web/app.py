@@ -32,6 +32,7 @@ log = logs.get(__name__)
 HERE = Path(__file__).parent
 MAX_DAYS = 90.0
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), 127)}  # shown, not sent: a NUL or ESC from the client's path
 
 
 def _param(request: Request, name: str) -> str | None:
@@ -195,7 +196,7 @@ def build_app(source: WebSource) -> Starlette:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
         as_json = _is_api(request)
-        path = request.url.path
+        path = request.url.path.translate(_CONTROL)
         hint = f" (did you mean {path.rstrip('/')[:80]}?)" if status == 404 and len(path) > 1 and path.endswith("/") else ""
         msg = f"no page at {path[:80]}{hint}" if status == 404 else str(detail)
         response = error(request, status, msg, as_json=as_json)

@@ -323,6 +323,15 @@ def test_other_methods_get_a_405_with_allow(client: TestClient) -> None:
     assert client.head("/pool").status_code == 200 and client.head("/pool").text == ""
 
 
+def test_control_characters_of_an_unknown_path_are_shown_escaped(client: TestClient) -> None:
+    """/pool%00 put a raw NUL (any control character, an escape sequence too) into the 404 page."""
+    for raw, shown in (("/pool%00", "/pool\\x00"), ("/a%1b%5b2Jb", "/a\\x1b[2Jb"), ("/x%7fy", "/x\\x7fy")):
+        page, api = client.get(raw), client.get("/api" + raw)
+        assert page.status_code == api.status_code == 404
+        assert f"no page at {shown}" in page.text and not any(ord(c) < 32 and c not in "\n" for c in page.text), raw
+        assert api.json()["error"] == f"no page at /api{shown}"
+
+
 def test_under_a_root_path_the_api_answers_json_and_every_page_links_below_it(s: Site) -> None:
     """uvicorn puts ``web.root_path`` in front of the path: /gb/api/nope was an HTML 404 (as
     /api/ is looked for first), and the error pages of the /static mount linked /gb/static/pool."""

@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--points", default="", help="crash: only these injection points (comma list; --warm-fallback: "
                     "or these failures, e.g. wake_hangs,unreachable)")
     ap.add_argument("--faults", default="", help="outages: only these (prometheus,stale,kube-500,...,slurmctld,slurmd,pdb,notready); "
-                         "soak: draw only these (daemon_kill,...,apiserver_pause,etcd_pause,slurmd_kill)")
+                         "soak: draw only these (daemon_kill,...,apiserver_pause,etcd_pause,slurmd_kill,slurmctld_pause)")
     ap.add_argument("--soak", action="store_true", help="the randomized soak instead of the tables")
     ap.add_argument("--seed", default="1", help="soak: seed, or a comma list of seeds run one after another")
     ap.add_argument("--duration", type=float, default=120.0, help="soak: seconds of faults per seed")

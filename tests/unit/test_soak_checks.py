@@ -203,4 +203,4 @@ def test_the_soak_draws_only_the_faults_it_is_given() -> None:
     assert mod.soak_faults(argparse.Namespace(faults="")) == FAULTS
     assert mod.soak_faults(argparse.Namespace(faults=" etcd_pause, slurmd_kill ")) == ("etcd_pause", "slurmd_kill")
     assert mod.soak_args_problem(argparse.Namespace(seed="3", duration=60.0, faults="etcd_pause,apiserver_pause")) == ""
-    assert {"apiserver_pause", "etcd_pause", "slurmd_kill"} <= set(FAULTS)
+    assert {"apiserver_pause", "etcd_pause", "slurmd_kill", "slurmctld_pause"} <= set(FAULTS)

@@ -3,7 +3,7 @@
 From one seed: load flips at random intervals, faults at random times (the daemon SIGKILLed,
 slurmctld SIGKILLed and restarted, Prometheus paused, a second daemon, the leader paused past
 its Lease, kube-apiserver or etcd paused past the Lease, a node's slurmd SIGKILLed and
-restarted), several research jobs in flight that checkpoint unit by unit. Invariants are
+restarted, slurmctld paused), several research jobs in flight that checkpoint unit by unit. Invariants are
 checked every second from outside, through the real CLIs (``scontrol``, ``squeue``,
 ``kubectl``), never through the daemon:
 
@@ -65,10 +65,12 @@ from gpu_bridge_lab.sandbox.reliability import GRACE_S, HIGH, LOW, Harness
 BAD_JOB_STATES = frozenset({"TIMEOUT", "FAILED", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                             "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"})
 FAULTS = ("daemon_kill", "slurmctld_kill", "prometheus_pause", "second_daemon", "leader_pause",
-          "apiserver_pause", "etcd_pause", "slurmd_kill")
+          "apiserver_pause", "etcd_pause", "slurmd_kill", "slurmctld_pause")
 # paused past the soak's Lease (6 s) so the leader cannot renew it: leadership must lapse and
-# be taken again once the control plane answers (etcd: the apiserver answers, with errors)
-CONTROL_PLANE_PAUSES = {"apiserver_pause": "kube-apiserver", "etcd_pause": "etcd"}
+# be taken again once the control plane answers (etcd: the apiserver answers, with errors);
+# slurmctld paused (hung, not refusing): every Slurm command of the daemon waits out its
+# timeout, and a command sent before the pause may be carried out after it
+CONTROL_PLANE_PAUSES = {"apiserver_pause": "kube-apiserver", "etcd_pause": "etcd", "slurmctld_pause": "slurmctld"}
 LEADER_EVENTS_START = ("lease_acquired", "lease_expired_taking_over")
 LEADER_EVENTS_END = ("leadership_lost", "leadership_lapsed", "lease_released")
 
@@ -323,8 +325,8 @@ class Soak:
         self.jobs[job_id] = SoakJob(tag, job_id, units, mode, submitted_at=time.time())
 
     def top_up(self) -> None:
-        if not self.submitting or "slurmctld" not in self.h.sb.records:
-            return
+        if not self.submitting or "slurmctld" not in self.h.sb.records or "slurmctld" in self.paused:
+            return  # a submission to a hung slurmctld could be carried out after sbatch gave up: a job not tracked
         live = [j for j in self.jobs.values()
                 if not j.lost and not (j.states and j.states[-1] in BAD_JOB_STATES | {"COMPLETED"})]
         for _ in range(self.cfg.jobs_in_flight - len(live)):

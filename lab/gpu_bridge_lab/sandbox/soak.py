@@ -366,7 +366,8 @@ class Soak:
             hold = round(rng.uniform(5.0, 25.0), 1)
             self._signal_component(name, signal.SIGSTOP)
             self.paused.add(name)
-            self.fault(kind, f"SIGSTOP {name} for {hold} s (Lease {self.cfg.lease_duration_s:g} s)")
+            lease = "" if name == "slurmctld" else f" (Lease {self.cfg.lease_duration_s:g} s)"
+            self.fault(kind, f"SIGSTOP {name} for {hold} s{lease}")
 
             def cont_plane() -> None:
                 self._signal_component(name, signal.SIGCONT)

@@ -58,6 +58,9 @@ from .types import (
 
 log = logs.get(__name__)
 T = TypeVar("T")
+BODY_CAP = 64 * 1024 * 1024
+"""Most bytes of one Prometheus answer (decoded). A 28-day range read of a large pool is a few
+MB; a proxy or a broken server sending more is refused rather than held whole in memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +81,23 @@ class PromAccess:
             s.cert = (self.cert_file, self.key_file) if self.key_file else self.cert_file
         if self.bearer_token:
             s.headers["Authorization"] = f"Bearer {self.bearer_token}"
+        s.hooks["response"].append(_read_capped)
         return s
+
+
+def _read_capped(resp: requests.Response, *_args: Any, **kwargs: Any) -> requests.Response:
+    """Read the answer's body here, at most ``BODY_CAP`` bytes: the hook runs before requests
+    would read it all (``prometheus_api_client`` sends no ``stream``), and what it keeps is the
+    body the client parses."""
+    if kwargs.get("stream"):
+        return resp
+    body = resp.raw.read(BODY_CAP + 1, decode_content=True)
+    if len(body) > BODY_CAP:
+        resp.close()
+        raise requests.RequestException(f"answer larger than {BODY_CAP} bytes (HTTP {resp.status_code})")
+    resp._content = body  # what requests' own read leaves (its attributes since 2012)
+    resp._content_consumed = True  # type: ignore[attr-defined]
+    return resp
 
 
 # --- query building ---------------------------------------------------------------------------

@@ -19,6 +19,9 @@ from bridge.preemption import Preemption
 from bridge.wellknown import is_date
 
 JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,9})?")
+# "job 12" / "jobs 12, 13_4" in a node's reason or problem (actuate's sentences name the jobs on it)
+_JOBS_NAMED = re.compile(rf"\b(jobs? )({JOB_ID.pattern}(?:, {JOB_ID.pattern})*)\b")
+OTHER_JOB = "(another user's)"
 USER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 
 
@@ -66,11 +69,22 @@ def pool_doc(rows: Sequence[Mapping[str, Any]], *, now: float, user: str | None,
             jobs = [j for j in row["slurm_jobs"] if j in mine]
             row["other_jobs"] = len(row["slurm_jobs"]) - len(jobs)
             row["slurm_jobs"] = jobs
+            row["reason"], row["problem"] = (hide_other_jobs(row[k], mine) for k in ("reason", "problem"))
         else:
             row["other_jobs"] = 0
         nodes.append(row)
     counts = dict(Counter(r["phase"] for r in nodes))
     return {"now": now, "now_text": iso(now), "user": user, "phases": counts, "nodes": nodes}
+
+
+def hide_other_jobs(text: str | None, mine: Iterable[str]) -> str | None:
+    """``text`` with the ids it names after "job"/"jobs" that are not ``mine`` replaced by
+    ``OTHER_JOB``: a node's reason names the jobs on it, other users' included."""
+    if not text:
+        return text
+    own = set(mine)
+    return _JOBS_NAMED.sub(
+        lambda m: m.group(1) + ", ".join(j if j in own else OTHER_JOB for j in m.group(2).split(", ")), text)
 
 
 def outlook_chart_rows(hours: Sequence[HourOutlook]) -> list[dict[str, Any]]:

@@ -208,6 +208,25 @@ def test_user_header_filters_jobs_and_refuses_requests_without_it() -> None:
         assert c.get("/api/pool", headers={"X-Forwarded-User": "bob; rm -rf"}).status_code == 400
 
 
+def test_with_a_user_header_a_node_reason_names_only_the_users_own_jobs() -> None:
+    """A node's reason names the jobs on it ("Slurm jobs 12, 13 run on it"): with a user filter
+    the others' ids are not shown, in the page nor in its JSON, the user's own are."""
+    s, plain = site({"user_header": "X-Forwarded-User"}), site()
+    written = f"adopted by gpu-bridge as lent: Slurm jobs {s.pending}, {s.running} run on it"
+    for each in (s, plain):
+        each.kube.set_phase("gpu-node-03", Phase.LENT, written, T0 - 600)
+    with TestClient(build_app(s.source)) as c:
+        for user, foreign in (("alice", s.pending), ("bob", s.running)):
+            lent = next(n for n in c.get("/api/pool", headers={"X-Forwarded-User": user}).json()["nodes"]
+                        if n["node"] == "gpu-node-03")
+            shown = f"(another user's), {s.running}" if user == "alice" else f"{s.pending}, (another user's)"
+            assert lent["reason"] == f"adopted by gpu-bridge as lent: Slurm jobs {shown} run on it", user
+            page = html.unescape(c.get("/pool", headers={"X-Forwarded-User": user}).text)
+            assert f"Slurm jobs {shown} run on it" in page and f"{foreign}," not in page and f", {foreign}" not in page, user
+    with TestClient(build_app(plain.source)) as c:  # no user filter: the reason as written
+        assert c.get("/api/pool").json()["nodes"][2]["reason"] == written
+
+
 def test_a_user_header_given_twice_is_refused() -> None:
     """A proxy that appends its header (instead of replacing the client's) passes the client's
     first: the first one was trusted, so anyone could read the view as another user."""

@@ -79,12 +79,12 @@ def load_trace(path: str | Path | None = None) -> Trace:
         if len(data) > MAX_TRACE_BYTES:
             raise ConfigError([f"{p}: larger than {MAX_TRACE_BYTES // 1024 // 1024} MiB; expected a CSV trace "
                                "(a year of 1-minute windows is about 25 MiB)"])
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark (a spreadsheet's export) is not part of the header
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read trace: {exc.strerror or exc}"]) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError([f"{p}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected a CSV trace"]) from None
-    reader = csv.DictReader(text.splitlines())
+    reader = csv.DictReader(text.splitlines(), skipinitialspace=True)  # "a, b" as "a,b"
     missing = [c for c in COLUMNS[:2] if c not in (reader.fieldnames or [])]
     if missing:
         raise ConfigError([f"{p}: missing column(s) {', '.join(missing)}; expected header {','.join(COLUMNS)}"])

@@ -184,6 +184,20 @@ def test_a_bad_trace_file_is_one_clear_error_naming_it(tmp_path: Path, capsys: p
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("text", [
+    "\ufeffwindow_start_s,rate_req_per_s,cv,clients_active\n0,1.5,2,1\n600,3,1,1\n",  # a spreadsheet's byte-order mark
+    "window_start_s, rate_req_per_s, cv, clients_active\r\n0, 1.5, 2, 1\r\n600, 3, 1, 1\r\n",  # spaces, CRLF
+    "rate_req_per_s,clients_active,window_start_s,cv,note\n1.5,1,0,2,x\n3,1,600,1,y\n",  # columns in any order, one more
+], ids=["bom", "spaces-crlf", "reordered"])
+def test_a_trace_written_by_other_tools_reads_the_same(tmp_path: Path, text: str) -> None:
+    """A trace exported by a spreadsheet or written by hand: the same windows, rates and cvs
+    (a byte-order mark before the header read as "missing column(s) window_start_s")."""
+    path = tmp_path / "t.csv"
+    path.write_text(text, encoding="utf-8", newline="")
+    t = load_trace(path)
+    assert (t.starts_s, t.rates, t.cvs, t.window_s) == ((0.0, 600.0), (1.5, 3.0), (2.0, 1.0), 600.0)
+
+
 def test_trace_window_must_be_whole_minutes() -> None:
     t = Trace((0.0, 90.0), (1.0, 2.0), (1.0, 1.0), 90.0)
     with pytest.raises(ValueError, match="whole number of minutes"):

@@ -3,9 +3,9 @@
 From one seed: load flips at random intervals, faults at random times (the daemon SIGKILLed,
 slurmctld SIGKILLed and restarted, Prometheus paused, a second daemon, the leader paused past
 its Lease, kube-apiserver or etcd paused past the Lease, a node's slurmd SIGKILLed and
-restarted, slurmctld paused), several research jobs in flight that checkpoint unit by unit. Invariants are
-checked every second from outside, through the real CLIs (``scontrol``, ``squeue``,
-``kubectl``), never through the daemon:
+restarted, slurmctld paused), several research jobs in flight that checkpoint unit by unit.
+Invariants are checked every second from outside, through the real CLIs (``scontrol``,
+``squeue``, ``kubectl``), never through the daemon:
 
 1. no node usable by Slurm while a serving pod is bound to it (read Slurm, then Kubernetes,
    then Slurm again: a violation only if both Slurm reads say usable, so a transition between

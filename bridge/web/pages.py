@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set as AbstractSet
 from datetime import UTC, datetime
 from typing import Any
 
@@ -77,14 +77,13 @@ def pool_doc(rows: Sequence[Mapping[str, Any]], *, now: float, user: str | None,
     return {"now": now, "now_text": iso(now), "user": user, "phases": counts, "nodes": nodes}
 
 
-def hide_other_jobs(text: str | None, mine: Iterable[str]) -> str | None:
+def hide_other_jobs(text: str | None, mine: AbstractSet[str]) -> str | None:
     """``text`` with the ids it names after "job"/"jobs" that are not ``mine`` replaced by
     ``OTHER_JOB``: a node's reason names the jobs on it, other users' included."""
     if not text:
         return text
-    own = set(mine)
     return _JOBS_NAMED.sub(
-        lambda m: m.group(1) + ", ".join(j if j in own else OTHER_JOB for j in m.group(2).split(", ")), text)
+        lambda m: m.group(1) + ", ".join(j if j in mine else OTHER_JOB for j in m.group(2).split(", ")), text)
 
 
 def outlook_chart_rows(hours: Sequence[HourOutlook]) -> list[dict[str, Any]]:

@@ -35,12 +35,16 @@ _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), 127)}  # shown, not sent: a NUL or ESC from the client's path
 
 
-def _param(request: Request, name: str) -> str | None:
-    """One query parameter; given more than once it is refused (which one would be meant?)."""
-    got = request.query_params.getlist(name)
+def _once(got: list[str], name: str) -> str | None:
+    """The one value of a query parameter or header; given more than once it is refused (which
+    one would be meant?)."""
     if len(got) > 1:
         raise BadInput(400, f"{name}: given {len(got)} times, expected once")
     return got[0] if got else None
+
+
+def _param(request: Request, name: str) -> str | None:
+    return _once(request.query_params.getlist(name), name)
 
 
 def _pool_param(request: Request, config: Config) -> str:
@@ -91,10 +95,8 @@ def build_app(source: WebSource) -> Starlette:
         header = config.web.user_header
         if header is None:
             return None
-        got = request.headers.getlist(header)
-        if len(got) > 1:  # the client's own before the proxy's, if the proxy appends: which one?
-            raise BadInput(400, f"{header}: given {len(got)} times, expected once")
-        return pages.check_user(got[0] if got else None, header)
+        # twice: the client's own before the proxy's, if the proxy appends
+        return pages.check_user(_once(request.headers.getlist(header), header), header)
 
     def render(request: Request, page: str, doc: dict[str, Any], **extra: Any) -> Response:
         return templates.TemplateResponse(request, page, {"doc": doc, "base": _base(request), **extra})
